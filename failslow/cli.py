@@ -1,0 +1,72 @@
+"""The ``failslow`` console script: one subcommand per module under failslow/commands.
+
+Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int``. Modules are imported only when their command runs, so
+``failslow --help`` stays fast and a broken optional dependency breaks one
+command, not all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from failslow.config import add_connection_flags
+from failslow.errors import FailslowError
+
+COMMANDS: dict[str, str] = {
+    "demo": "run the whole pipeline on one machine with a simulated cluster",
+    "up": "start the embedded stack (broker + database) in the background",
+    "down": "stop the embedded stack",
+    "collect": "the host agent: GPU/NIC/host samplers and NCCL Inspector tailer -> Kafka",
+    "worker": "the stream processors (faust worker)",
+    "sink": "Kafka -> ClickHouse writer",
+    "notify": "incidents -> Slack / PagerDuty / webhook",
+    "replay": "publish a JSON Lines trace to the broker in ts order",
+    "detect": "offline detection over a JSON Lines trace; prints incidents as JSON Lines",
+    "query": "run SQL against the configured ClickHouse",
+    "simulate": "write a simulated trace and its ground truth",
+    "migrate": "apply the ClickHouse schema (idempotent)",
+}
+
+
+def _module(name: str):
+    return importlib.import_module(f"failslow.commands.{name}")
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="failslow",
+        description="Find fail-slows (stragglers) in large GPU training jobs.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:
+            mod = _module(name)
+            mod.add_arguments(p)
+            add_connection_flags(p)
+            p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except FailslowError as exc:
+        print(f"failslow {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The shared wire schema of CONTRACT.md v1: typed records, validation and the orjson codec."""
+
+from schema.codec import DeadLetter, decode, decode_lenient, encode, encode_deadletter
+from schema.events import (
+    KINDS,
+    CollectiveEvent,
+    Event,
+    GpuEvent,
+    HostEvent,
+    IncidentEvent,
+    NicEvent,
+    SchemaError,
+    StepEvent,
+    validate,
+)
+from schema.topics import Topics
+
+__all__ = [
+    "KINDS",
+    "CollectiveEvent",
+    "DeadLetter",
+    "Event",
+    "GpuEvent",
+    "HostEvent",
+    "IncidentEvent",
+    "NicEvent",
+    "SchemaError",
+    "StepEvent",
+    "Topics",
+    "decode",
+    "decode_lenient",
+    "encode",
+    "encode_deadletter",
+    "validate",
+]

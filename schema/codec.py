@@ -1,0 +1,89 @@
+"""orjson codec for Kafka message values and trace lines (CONTRACT.md "Encoding").
+
+A value is one event object or a JSON array of events of one kind. ``decode``
+is strict (raises SchemaError on the first problem); ``decode_lenient`` keeps
+every valid element of an array and reports the invalid ones, so one bad
+sample in a batch never costs the others.
+
+>>> decode(b'[{"v":1,"kind":"host","ts":1,"host":"a"}]')[0]["host"]
+'a'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from schema.events import SchemaError, validate
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One rejected record: why, where it came from, and the raw bytes as text."""
+
+    error: str
+    topic: str
+    raw: str
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"error": self.error, "topic": self.topic, "raw": self.raw})
+
+
+def _loads(data: bytes | bytearray | memoryview | str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise SchemaError(f"value: not JSON ({exc})") from None
+
+
+def decode(data: bytes | bytearray | memoryview | str) -> list[Any]:
+    """Decode one message value (an object or an array of one kind) into validated events."""
+    obj = _loads(data)
+    if type(obj) is list:
+        if not obj:
+            raise SchemaError("value: empty array")
+        kind = obj[0].get("kind") if type(obj[0]) is dict else None
+        for i, item in enumerate(obj):
+            try:
+                validate(item)
+            except SchemaError as exc:
+                raise SchemaError(f"[{i}] {exc}") from None
+            if item["kind"] != kind:
+                raise SchemaError(f"[{i}] event.kind: {item['kind']!r} in an array of {kind!r}")
+        return obj
+    return [validate(obj)]
+
+
+def decode_lenient(data: bytes | bytearray | memoryview | str) -> tuple[list[Any], list[str]]:
+    """Decode what can be decoded; return (valid events, one error line per rejected part)."""
+    try:
+        obj = _loads(data)
+    except SchemaError as exc:
+        return [], [str(exc)]
+    items = obj if type(obj) is list else [obj]
+    if not items:
+        return [], ["value: empty array"]
+    good: list[Any] = []
+    errors: list[str] = []
+    for i, item in enumerate(items):
+        try:
+            good.append(validate(item))
+        except SchemaError as exc:
+            errors.append(f"[{i}] {exc}" if type(obj) is list else str(exc))
+    return good, errors
+
+
+def encode(events: Any) -> bytes:
+    """Encode one event (dict) or a list of events as one message value."""
+    return orjson.dumps(events, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def encode_deadletter(error: str, topic: str, raw: bytes | str | None) -> bytes:
+    """The dead-letter value of CONTRACT.md: ``{"error", "topic", "raw"}``."""
+    if isinstance(raw, bytes | bytearray | memoryview):
+        text = bytes(raw).decode("utf-8", errors="replace")
+    else:
+        text = raw or ""
+    return DeadLetter(error=error, topic=topic, raw=text).to_json()

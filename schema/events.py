@@ -1,0 +1,273 @@
+"""Event kinds of CONTRACT.md v1 as typed records, and their validation.
+
+Events travel as plain dicts (that is what orjson gives and what the hot paths
+want); the ``TypedDict`` classes below are their static types, and ``SPECS``
+is the single table the validator reads. Fields may be added to the contract,
+never renamed or re-typed: unknown extra fields are kept, not rejected.
+
+>>> validate({"v": 1, "kind": "host", "ts": 1.5, "host": "h0"})["host"]
+'h0'
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, NotRequired, TypedDict
+
+from failslow.errors import FailslowError
+
+VERSION = 1
+
+
+class SchemaError(FailslowError):
+    """An event does not match CONTRACT.md v1; the message names the field."""
+
+
+# Field types: "str", "int", "num" (int or float, finite), "ints" (list of int),
+# "obj" (JSON object), or a tuple of allowed strings (an enum).
+FieldType = str | tuple[str, ...]
+
+OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall",
+       "barrier", "send", "recv")
+FAULTS = ("slow_rank", "slow_link", "slow_host", "job_slowdown")
+SEVERITIES = ("info", "warning", "critical")
+STATUSES = ("open", "resolved")
+ROOT_CAUSES = ("gpu_thermal", "gpu_power", "gpu_clock", "pcie_degraded", "gpu_errors",
+               "nic_congestion", "nic_errors", "cpu_contention", "input_stall", "unknown")
+MITIGATIONS = ("ignore", "rebalance_microbatches", "adjust_pipeline", "migrate_node",
+               "checkpoint_restart")
+
+# kind -> (required fields, optional fields); "v" and "kind" are checked apart.
+SPECS: dict[str, tuple[dict[str, FieldType], dict[str, FieldType]]] = {
+    "step": (
+        {"ts": "num", "job_id": "str", "rank": "int", "world_size": "int", "host": "str",
+         "step": "int", "duration_s": "num"},
+        {"gpu": "int", "compute_s": "num", "comm_s": "num", "data_s": "num", "tokens": "int",
+         "dp_rank": "int", "pp_rank": "int", "tp_rank": "int"},
+    ),
+    "collective": (
+        {"ts": "num", "job_id": "str", "rank": "int", "host": "str", "group": "str",
+         "group_size": "int", "op": OPS, "seq": "int", "start_ts": "num", "duration_s": "num",
+         "bytes": "int"},
+        {"step": "int", "peer": "int", "gpu": "int"},
+    ),
+    "gpu": (
+        {"ts": "num", "host": "str", "gpu": "int", "uuid": "str"},
+        {"sm_clock_mhz": "num", "max_sm_clock_mhz": "num", "mem_clock_mhz": "num",
+         "util_pct": "num", "mem_util_pct": "num", "power_w": "num", "power_limit_w": "num",
+         "temp_c": "num", "clocks_event_reasons": "int", "pcie_gen": "int", "pcie_width": "int",
+         "pcie_max_gen": "int", "pcie_max_width": "int", "pcie_tx_bytes_s": "num",
+         "pcie_rx_bytes_s": "num", "pcie_replay_total": "int", "ecc_sbe_total": "int",
+         "ecc_dbe_total": "int", "xid": "ints", "nvlink_crc_errors_total": "int",
+         "mem_used_bytes": "int", "job_id": "str", "rank": "int"},
+    ),
+    "nic": (
+        {"ts": "num", "host": "str", "nic": "str", "port": "int", "tx_bytes_total": "int",
+         "rx_bytes_total": "int"},
+        {"state": ("up", "down"), "speed_gbps": "num", "tx_packets_total": "int",
+         "rx_packets_total": "int", "rx_errors_total": "int", "tx_errors_total": "int",
+         "rx_drops_total": "int", "tx_pause_total": "int", "rx_pause_total": "int",
+         "cnp_sent_total": "int", "cnp_handled_total": "int", "ecn_marked_total": "int",
+         "out_of_sequence_total": "int", "link_downed_total": "int",
+         "symbol_errors_total": "int", "xmit_wait_total": "int"},
+    ),
+    "host": (
+        {"ts": "num", "host": "str"},
+        {"cpu_util_pct": "num", "cpu_iowait_pct": "num", "cpu_steal_pct": "num",
+         "load1": "num", "mem_available_bytes": "int", "procs_running": "int"},
+    ),
+    "incident": (
+        {"ts": "num", "incident_id": "str", "job_id": "str", "status": STATUSES,
+         "fault": FAULTS, "severity": SEVERITIES, "onset_ts": "num", "detected_ts": "num",
+         "slowdown_pct": "num"},
+        {"rank": "int", "host": "str", "gpu": "int", "peer_rank": "int", "peer_host": "str",
+         "resolved_ts": "num", "root_cause": ROOT_CAUSES, "mitigation": MITIGATIONS,
+         "evidence": "obj"},
+    ),
+}
+KINDS: tuple[str, ...] = tuple(SPECS)
+
+
+class _Base(TypedDict):
+    v: int
+    kind: str
+    ts: float
+
+
+class StepEvent(_Base):
+    job_id: str
+    rank: int
+    world_size: int
+    host: str
+    step: int
+    duration_s: float
+    gpu: NotRequired[int | None]
+    compute_s: NotRequired[float | None]
+    comm_s: NotRequired[float | None]
+    data_s: NotRequired[float | None]
+    tokens: NotRequired[int | None]
+    dp_rank: NotRequired[int | None]
+    pp_rank: NotRequired[int | None]
+    tp_rank: NotRequired[int | None]
+
+
+class CollectiveEvent(_Base):
+    job_id: str
+    rank: int
+    host: str
+    group: str
+    group_size: int
+    op: str
+    seq: int
+    start_ts: float
+    duration_s: float
+    bytes: int
+    step: NotRequired[int | None]
+    peer: NotRequired[int | None]
+    gpu: NotRequired[int | None]
+
+
+class GpuEvent(_Base, total=False):
+    host: str
+    gpu: int
+    uuid: str
+    sm_clock_mhz: float | None
+    max_sm_clock_mhz: float | None
+    mem_clock_mhz: float | None
+    util_pct: float | None
+    mem_util_pct: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    temp_c: float | None
+    clocks_event_reasons: int | None
+    pcie_gen: int | None
+    pcie_width: int | None
+    pcie_max_gen: int | None
+    pcie_max_width: int | None
+    pcie_tx_bytes_s: float | None
+    pcie_rx_bytes_s: float | None
+    pcie_replay_total: int | None
+    ecc_sbe_total: int | None
+    ecc_dbe_total: int | None
+    xid: list[int] | None
+    nvlink_crc_errors_total: int | None
+    mem_used_bytes: int | None
+    job_id: str | None
+    rank: int | None
+
+
+class NicEvent(_Base, total=False):
+    host: str
+    nic: str
+    port: int
+    tx_bytes_total: int
+    rx_bytes_total: int
+    state: Literal["up", "down"] | None
+    speed_gbps: float | None
+    tx_packets_total: int | None
+    rx_packets_total: int | None
+    rx_errors_total: int | None
+    tx_errors_total: int | None
+    rx_drops_total: int | None
+    tx_pause_total: int | None
+    rx_pause_total: int | None
+    cnp_sent_total: int | None
+    cnp_handled_total: int | None
+    ecn_marked_total: int | None
+    out_of_sequence_total: int | None
+    link_downed_total: int | None
+    symbol_errors_total: int | None
+    xmit_wait_total: int | None
+
+
+class HostEvent(_Base, total=False):
+    host: str
+    cpu_util_pct: float | None
+    cpu_iowait_pct: float | None
+    cpu_steal_pct: float | None
+    load1: float | None
+    mem_available_bytes: int | None
+    procs_running: int | None
+
+
+class IncidentEvent(_Base):
+    incident_id: str
+    job_id: str
+    status: str
+    fault: str
+    severity: str
+    onset_ts: float
+    detected_ts: float
+    slowdown_pct: float
+    rank: NotRequired[int | None]
+    host: NotRequired[str | None]
+    gpu: NotRequired[int | None]
+    peer_rank: NotRequired[int | None]
+    peer_host: NotRequired[str | None]
+    resolved_ts: NotRequired[float | None]
+    root_cause: NotRequired[str | None]
+    mitigation: NotRequired[str | None]
+    evidence: NotRequired[dict[str, Any] | None]
+
+
+Event = StepEvent | CollectiveEvent | GpuEvent | NicEvent | HostEvent | IncidentEvent
+
+
+def _type_error(kind: str, name: str, want: str, value: Any) -> SchemaError:
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return SchemaError(f"{kind}.{name}: expected {want}, got {type(value).__name__} {shown}")
+
+
+def _check(kind: str, name: str, ftype: FieldType, value: Any) -> None:
+    # bool is an int subclass in Python but never a valid number on the wire.
+    if ftype == "num":
+        if type(value) is float:
+            if not math.isfinite(value):
+                raise SchemaError(f"{kind}.{name}: non-finite number {value!r}")
+            return
+        if type(value) is int:
+            return
+        raise _type_error(kind, name, "a number", value)
+    if ftype == "int":
+        if type(value) is not int:
+            raise _type_error(kind, name, "an integer", value)
+    elif ftype == "str":
+        if type(value) is not str:
+            raise _type_error(kind, name, "a string", value)
+    elif ftype == "ints":
+        if type(value) is not list or any(type(x) is not int for x in value):
+            raise _type_error(kind, name, "a list of integers", value)
+    elif ftype == "obj":
+        if type(value) is not dict:
+            raise _type_error(kind, name, "an object", value)
+    elif value not in ftype:
+        raise SchemaError(f"{kind}.{name}: {value!r} is not one of {', '.join(ftype)}")
+
+
+def validate(obj: Any) -> Any:
+    """Check one decoded event against CONTRACT.md v1 and return it unchanged.
+
+    Raises SchemaError naming the first offending field. Extra fields are allowed.
+    """
+    if type(obj) is not dict:
+        raise SchemaError(f"event: expected a JSON object, got {type(obj).__name__}")
+    v = obj.get("v")
+    if v != VERSION or type(v) is not int:
+        raise SchemaError(f"event.v: unknown version {v!r} (this reader knows v=1)")
+    kind = obj.get("kind")
+    spec = SPECS.get(kind) if type(kind) is str else None
+    if spec is None:
+        raise SchemaError(f"event.kind: unknown kind {kind!r} (known: {', '.join(KINDS)})")
+    required, optional = spec
+    for name, ftype in required.items():
+        value = obj.get(name)
+        if value is None:
+            raise SchemaError(f"{kind}.{name}: required field is missing")
+        _check(kind, name, ftype, value)
+    for name, ftype in optional.items():
+        value = obj.get(name)
+        if value is not None:
+            _check(kind, name, ftype, value)
+    return obj

@@ -1,0 +1,47 @@
+"""Topic names and message keys of CONTRACT.md ("Topics")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+KIND_TOPIC = {
+    "gpu": "gpu",
+    "nic": "nic",
+    "host": "host",
+    "step": "steps",
+    "collective": "collectives",
+    "incident": "incidents",
+}
+DEADLETTER = "deadletter"
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Full topic names under one prefix (default ``failslow.``)."""
+
+    prefix: str = "failslow."
+
+    def for_kind(self, kind: str) -> str:
+        return self.prefix + KIND_TOPIC[kind]
+
+    @property
+    def deadletter(self) -> str:
+        return self.prefix + DEADLETTER
+
+    def all(self) -> list[str]:
+        return [self.prefix + t for t in (*KIND_TOPIC.values(), DEADLETTER)]
+
+    def inputs(self) -> list[str]:
+        return [self.prefix + t for k, t in KIND_TOPIC.items() if k != "incident"]
+
+
+def key_for(event: Any) -> str:
+    """The message key of an event: host for telemetry, job_id for steps and incidents,
+    ``job_id/group`` for collectives."""
+    kind = event["kind"]
+    if kind in ("gpu", "nic", "host"):
+        return str(event["host"])
+    if kind == "collective":
+        return f"{event['job_id']}/{event['group']}"
+    return str(event["job_id"])
