@@ -17,6 +17,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 from failslow.errors import FailslowError
 
 VERSION = 1
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
 
 class SchemaError(FailslowError):
@@ -220,6 +221,12 @@ def _type_error(kind: str, name: str, want: str, value: Any) -> SchemaError:
     return SchemaError(f"{kind}.{name}: expected {want}, got {type(value).__name__} {shown}")
 
 
+def _check_range(kind: str, name: str, value: int) -> None:
+    # JSON readers, orjson and ClickHouse columns stop at 64 bits.
+    if not INT_MIN <= value <= INT_MAX:
+        raise SchemaError(f"{kind}.{name}: integer {value} is outside the 64-bit range")
+
+
 def _check(kind: str, name: str, ftype: FieldType, value: Any) -> None:
     # bool is an int subclass in Python but never a valid number on the wire.
     if ftype == "num":
@@ -228,17 +235,21 @@ def _check(kind: str, name: str, ftype: FieldType, value: Any) -> None:
                 raise SchemaError(f"{kind}.{name}: non-finite number {value!r}")
             return
         if type(value) is int:
+            _check_range(kind, name, value)
             return
         raise _type_error(kind, name, "a number", value)
     if ftype == "int":
         if type(value) is not int:
             raise _type_error(kind, name, "an integer", value)
+        _check_range(kind, name, value)
     elif ftype == "str":
         if type(value) is not str:
             raise _type_error(kind, name, "a string", value)
     elif ftype == "ints":
         if type(value) is not list or any(type(x) is not int for x in value):
             raise _type_error(kind, name, "a list of integers", value)
+        for x in value:
+            _check_range(kind, name, x)
     elif ftype == "obj":
         if type(value) is not dict:
             raise _type_error(kind, name, "an object", value)
