@@ -170,3 +170,24 @@ def start_broker(port: int | None = None, log_path: Path | None = None,
         broker.stop(1)
         raise
     return broker
+
+
+def write_state(home: Path, state: dict) -> None:
+    import orjson
+
+    home.mkdir(parents=True, exist_ok=True)
+    tmp = home / "stack.json.tmp"
+    tmp.write_bytes(orjson.dumps(state, option=orjson.OPT_INDENT_2))
+    tmp.replace(home / "stack.json")
+
+
+def running_state(home: Path) -> dict | None:
+    """The recorded stack if its broker is still alive and listening, else None."""
+    from failslow.config import read_stack_state
+
+    state = read_stack_state(home)
+    if not state:
+        return None
+    if pid_alive(int(state.get("pid", 0) or 0)) and port_open(int(state["port"])):
+        return state
+    return None
