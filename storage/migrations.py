@@ -1,0 +1,228 @@
+"""The ClickHouse schema as versioned migrations, applied by `failslow migrate`.
+
+Each migration is a list of idempotent statements (IF NOT EXISTS), so a run that
+died half-way is simply run again; `schema_migrations` records what is applied.
+Placeholders: ``{db}`` (database), ``{ttl_days}`` (raw tables), ``{rollup_ttl_days}``.
+
+Design (why the tables look like this):
+- Every CONTRACT.md field is a column of its kind's table, under the same name;
+  optional fields are Nullable; strings with few distinct values (ids, hosts,
+  enums) are LowCardinality. Times are DateTime64(3, 'UTC'); durations stay Float64
+  seconds, so sub-millisecond timing is kept where it is measured.
+- Raw tables are ReplacingMergeTree ordered by their natural key, so a batch
+  redelivered after a crash (the sink is at-least-once) collapses on merge
+  (`FINAL` when a query must be exact before the merge).
+- TTL counts from `ingest_ts` (arrival), not from the event's `ts`: a replayed
+  old trace must not vanish on the first merge.
+- Codecs: DoubleDelta for timestamps and Delta for cumulative counters (both
+  nearly monotonic inside the sort order), then ZSTD.
+- `incidents` keeps every change; `incidents_current` picks each incident's
+  latest row with argMax over a tuple (argMax on a Nullable column alone skips
+  NULLs, which would resurrect a cleared field), so it is exact right after the
+  insert, with no wait for merges, and duplicate deliveries change nothing.
+"""
+
+from __future__ import annotations
+
+from storage.client import Client
+from storage.errors import StorageError
+from storage.url import check_identifier
+
+MIN_SERVER = (23, 3)
+DEFAULT_TTL_DAYS = 30
+DEFAULT_ROLLUP_TTL_DAYS = 365
+RAW_TABLES = ("steps", "collectives", "gpu", "nic", "host")
+
+_TS = "DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))"
+# DateTime64 rather than DateTime: chdb's Arrow output turns DateTime into bare integers.
+_INGEST = "ingest_ts DateTime64(0, 'UTC') DEFAULT now64(0) CODEC(DoubleDelta, ZSTD(1))"
+_CTR = "Nullable(Int64) CODEC(Delta, ZSTD(1))"
+_RAW = ("ENGINE = ReplacingMergeTree ORDER BY ({order}) "
+        "TTL ingest_ts + INTERVAL {{ttl_days}} DAY")
+
+_STEPS = f"""CREATE TABLE IF NOT EXISTS {{db}}.steps (
+    ts {_TS}, job_id LowCardinality(String), rank Int32, world_size Int32,
+    host LowCardinality(String), step Int64, duration_s Float64,
+    gpu Nullable(Int32), compute_s Nullable(Float64), comm_s Nullable(Float64),
+    data_s Nullable(Float64), tokens Nullable(Int64),
+    dp_rank Nullable(Int32), pp_rank Nullable(Int32), tp_rank Nullable(Int32),
+    {_INGEST}
+) {_RAW.format(order="job_id, rank, ts, step")}"""
+
+_COLLECTIVES = f"""CREATE TABLE IF NOT EXISTS {{db}}.collectives (
+    ts {_TS}, job_id LowCardinality(String), rank Int32, host LowCardinality(String),
+    `group` LowCardinality(String), group_size Int32, op LowCardinality(String),
+    seq Int64, start_ts {_TS}, duration_s Float64, bytes Int64,
+    step Nullable(Int64), peer Nullable(Int32), gpu Nullable(Int32),
+    {_INGEST}
+) {_RAW.format(order="job_id, `group`, seq, rank, ts")}"""
+
+_GPU = f"""CREATE TABLE IF NOT EXISTS {{db}}.gpu (
+    ts {_TS}, host LowCardinality(String), gpu Int32, uuid LowCardinality(String),
+    sm_clock_mhz Nullable(Float64), max_sm_clock_mhz Nullable(Float64),
+    mem_clock_mhz Nullable(Float64), util_pct Nullable(Float64),
+    mem_util_pct Nullable(Float64), power_w Nullable(Float64),
+    power_limit_w Nullable(Float64), temp_c Nullable(Float64),
+    clocks_event_reasons Nullable(Int64),
+    pcie_gen Nullable(Int32), pcie_width Nullable(Int32),
+    pcie_max_gen Nullable(Int32), pcie_max_width Nullable(Int32),
+    pcie_tx_bytes_s Nullable(Float64), pcie_rx_bytes_s Nullable(Float64),
+    pcie_replay_total {_CTR}, ecc_sbe_total {_CTR}, ecc_dbe_total {_CTR},
+    xid Array(Int64), nvlink_crc_errors_total {_CTR}, mem_used_bytes Nullable(Int64),
+    job_id LowCardinality(Nullable(String)), rank Nullable(Int32),
+    {_INGEST}
+) {_RAW.format(order="host, gpu, ts")}"""
+
+_NIC = f"""CREATE TABLE IF NOT EXISTS {{db}}.nic (
+    ts {_TS}, host LowCardinality(String), nic LowCardinality(String), port Int32,
+    tx_bytes_total Int64 CODEC(Delta, ZSTD(1)), rx_bytes_total Int64 CODEC(Delta, ZSTD(1)),
+    state LowCardinality(Nullable(String)), speed_gbps Nullable(Float64),
+    tx_packets_total {_CTR}, rx_packets_total {_CTR}, rx_errors_total {_CTR},
+    tx_errors_total {_CTR}, rx_drops_total {_CTR}, tx_pause_total {_CTR},
+    rx_pause_total {_CTR}, cnp_sent_total {_CTR}, cnp_handled_total {_CTR},
+    ecn_marked_total {_CTR}, out_of_sequence_total {_CTR}, link_downed_total {_CTR},
+    symbol_errors_total {_CTR}, xmit_wait_total {_CTR},
+    {_INGEST}
+) {_RAW.format(order="host, nic, port, ts")}"""
+
+_HOST = f"""CREATE TABLE IF NOT EXISTS {{db}}.host (
+    ts {_TS}, host LowCardinality(String),
+    cpu_util_pct Nullable(Float64), cpu_iowait_pct Nullable(Float64),
+    cpu_steal_pct Nullable(Float64), load1 Nullable(Float64),
+    mem_available_bytes Nullable(Int64), procs_running Nullable(Int32),
+    {_INGEST}
+) {_RAW.format(order="host, ts")}"""
+
+# Every change of an incident; exact duplicates (redelivery) collapse on merge
+# because the whole row's hash is part of the sort key.
+_INCIDENTS = f"""CREATE TABLE IF NOT EXISTS {{db}}.incidents (
+    ts {_TS}, incident_id String, job_id LowCardinality(String),
+    status LowCardinality(String), fault LowCardinality(String),
+    severity LowCardinality(String), onset_ts DateTime64(3, 'UTC'),
+    detected_ts DateTime64(3, 'UTC'), slowdown_pct Float64,
+    rank Nullable(Int32), host LowCardinality(Nullable(String)), gpu Nullable(Int32),
+    peer_rank Nullable(Int32), peer_host LowCardinality(Nullable(String)),
+    resolved_ts Nullable(DateTime64(3, 'UTC')),
+    root_cause LowCardinality(Nullable(String)), mitigation LowCardinality(Nullable(String)),
+    evidence String CODEC(ZSTD(3)),
+    {_INGEST}
+) ENGINE = ReplacingMergeTree
+ORDER BY (job_id, incident_id, ts, cityHash64(tuple(status, severity, slowdown_pct, rank,
+          host, gpu, peer_rank, peer_host, resolved_ts, root_cause, mitigation, evidence)))"""
+
+# Latest state per incident. At equal ts a `resolved` row wins over an `open` one.
+_INCIDENTS_CURRENT = """CREATE VIEW IF NOT EXISTS {db}.incidents_current AS
+SELECT incident_id, s.1 AS job_id, s.2 AS status, s.3 AS fault, s.4 AS severity,
+       s.5 AS rank, s.6 AS host, s.7 AS gpu, s.8 AS peer_rank, s.9 AS peer_host,
+       s.10 AS root_cause, s.11 AS mitigation, s.12 AS slowdown_pct, s.13 AS onset_ts,
+       s.14 AS detected_ts, s.15 AS resolved_ts, s.16 AS evidence,
+       last_ts AS updated_ts, first_ts AS first_seen_ts, changes
+FROM (
+    SELECT incident_id,
+           argMax(tuple(job_id, status, fault, severity, rank, host, gpu, peer_rank,
+                        peer_host, root_cause, mitigation, slowdown_pct, onset_ts,
+                        detected_ts, resolved_ts, evidence),
+                  tuple(ts, status = 'resolved')) AS s,
+           max(ts) AS last_ts, min(ts) AS first_ts,
+           uniqExact(ts, status, slowdown_pct, severity) AS changes
+    FROM {db}.incidents
+    GROUP BY incident_id
+)"""
+
+_DEAD_LETTERS = """CREATE TABLE IF NOT EXISTS {db}.dead_letters (
+    ts DateTime64(3, 'UTC'), topic LowCardinality(String), `partition` Nullable(Int32),
+    `offset` Nullable(Int64), key Nullable(String), error String, raw String CODEC(ZSTD(3)),
+    reporter LowCardinality(String),
+    ingest_ts DateTime64(0, 'UTC') DEFAULT now64(0)
+) ENGINE = ReplacingMergeTree
+ORDER BY (topic, ts, cityHash64(error, raw))
+TTL ingest_ts + INTERVAL {ttl_days} DAY"""
+
+# Per-minute step statistics per rank: cheap dashboards over months of data. Its TTL
+# also counts from arrival (the latest insert into that minute), like the raw tables.
+_STEPS_1M = """CREATE TABLE IF NOT EXISTS {db}.steps_1m (
+    minute DateTime64(0, 'UTC'), job_id LowCardinality(String), rank Int32,
+    host SimpleAggregateFunction(any, LowCardinality(String)),
+    steps SimpleAggregateFunction(sum, UInt64),
+    duration_s_sum SimpleAggregateFunction(sum, Float64),
+    duration_s_max SimpleAggregateFunction(max, Float64),
+    duration_s_q AggregateFunction(quantilesTDigest(0.5, 0.99), Float64),
+    ingest_ts SimpleAggregateFunction(max, DateTime64(0, 'UTC'))
+) ENGINE = AggregatingMergeTree ORDER BY (job_id, rank, minute)
+TTL ingest_ts + INTERVAL {rollup_ttl_days} DAY"""
+
+_STEPS_1M_MV = """CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.steps_1m_mv TO {db}.steps_1m AS
+SELECT toStartOfMinute(ts) AS minute, job_id, rank, any(host) AS host,
+       count() AS steps, sum(duration_s) AS duration_s_sum,
+       max(duration_s) AS duration_s_max,
+       quantilesTDigestState(0.5, 0.99)(duration_s) AS duration_s_q,
+       max(now64(0)) AS ingest_ts
+FROM {db}.steps GROUP BY minute, job_id, rank"""
+
+_SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
+    version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
+) ENGINE = ReplacingMergeTree ORDER BY version"""
+
+# (version, name, statements). Append new migrations; never edit an applied one.
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (1, "raw tables", [_STEPS, _COLLECTIVES, _GPU, _NIC, _HOST]),
+    (2, "incidents and incidents_current", [_INCIDENTS, _INCIDENTS_CURRENT]),
+    (3, "dead letters", [_DEAD_LETTERS]),
+    (4, "steps 1-minute rollup", [_STEPS_1M, _STEPS_1M_MV]),
+]
+
+
+def check_server(client: Client) -> None:
+    """Refuse servers older than MIN_SERVER with a message that says why."""
+    version = client.server_version()
+    if version[:2] < MIN_SERVER:
+        shown = ".".join(map(str, version))
+        raise StorageError(
+            f"ClickHouse {shown} is too old: the failslow schema needs ClickHouse >= "
+            f"{MIN_SERVER[0]}.{MIN_SERVER[1]} (DateTime64, TTL, codecs, LowCardinality)")
+
+
+def applied(client: Client, database: str) -> set[int]:
+    """Versions already applied (empty on a fresh database)."""
+    _, rows = client.query(f"SELECT DISTINCT version FROM {database}.schema_migrations")
+    return {int(r[0]) for r in rows}
+
+
+def migrate(client: Client, database: str | None = None, ttl_days: int | None = None,
+            rollup_ttl_days: int | None = None) -> list[int]:
+    """Apply missing migrations; return the versions applied now ([] when up to date).
+
+    ``ttl_days`` sets the raw tables' TTL: used when they are created, and applied
+    with ALTER ... MODIFY TTL to existing tables when it differs.
+    """
+    db = check_identifier(database or client.database)
+    check_server(client)
+    fill = {"db": db, "ttl_days": int(ttl_days or DEFAULT_TTL_DAYS),
+            "rollup_ttl_days": int(rollup_ttl_days or DEFAULT_ROLLUP_TTL_DAYS)}
+    if min(fill["ttl_days"], fill["rollup_ttl_days"]) < 1:
+        raise StorageError("TTL must be at least 1 day")
+    client.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
+    client.execute(_SCHEMA_MIGRATIONS.format(**fill))
+    done = applied(client, db)
+    now: list[int] = []
+    for version, name, statements in MIGRATIONS:
+        if version in done:
+            continue
+        for sql in statements:
+            client.execute(sql.format(**fill))
+        client.insert(f"{db}.schema_migrations", {"version": [version], "name": [name]})
+        now.append(version)
+    if ttl_days is not None:
+        _set_ttl(client, db, fill["ttl_days"])
+    return now
+
+
+def _set_ttl(client: Client, db: str, days: int) -> None:
+    want = f"toIntervalDay({days})"
+    _, rows = client.query(
+        "SELECT name, engine_full FROM system.tables WHERE database = {db:String} "
+        "AND name IN {names:Array(String)}",
+        {"db": db, "names": [*RAW_TABLES, "dead_letters"]})
+    for name, engine_full in rows:
+        if want not in engine_full:
+            client.execute(f"ALTER TABLE {db}.{name} MODIFY TTL ingest_ts + INTERVAL {days} DAY")
