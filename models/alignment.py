@@ -1,0 +1,80 @@
+"""Collective alignment: join the events of one collective (same group and
+``seq``) from all its members, and derive per rank and per step:
+
+- time spent inside collectives (seconds) — step time minus this is the
+  rank's own work when the step event carries no ``compute_s``;
+- arrival lag: at each collective the last member to arrive is the one the
+  others wait for; it is charged ``last start - second-to-last start``;
+- transfers: for every complete collective its transfer time once all
+  members were in (``min end - max start``, seconds) and its bytes, so the
+  link evaluation can compare effective bandwidth between groups and with a
+  group's own past.
+
+Per event the work is a dict append; the join runs once per complete
+collective (O(group size)). Collectives whose members never all arrive are
+dropped after ``max_age`` steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+P2P = ("send", "recv")
+
+
+class CollectiveAligner:
+    """Aligns the collective events of one job."""
+
+    def __init__(self, max_age: int = 4) -> None:
+        self.max_age = max_age
+        self.open: dict[tuple[str, int], list[Any]] = {}
+        self.coll_time: dict[tuple[int, int], float] = {}
+        self.late: dict[tuple[int, int], float] = {}
+        # step -> list of (group, op, member ranks, transfer seconds, bytes)
+        self.transfers: dict[int, list[tuple[str, str, tuple[int, ...], float, int]]] = {}
+        self.seen = False
+
+    def add(self, ev: dict[str, Any], step: int) -> None:
+        """Take one collective event of a rank; ``step`` is the step it belongs to."""
+        self.seen = True
+        key = (ev["rank"], step)
+        ct = self.coll_time
+        ct[key] = ct.get(key, 0.0) + ev["duration_s"]
+        gk = (ev["group"], ev["seq"])
+        members = self.open.get(gk)
+        if members is None:
+            members = self.open[gk] = [step]
+        members.append(ev)
+        if len(members) > ev["group_size"]:
+            del self.open[gk]
+            self._join(members[0], members[1:])
+
+    def _join(self, step: int, members: list[dict[str, Any]]) -> None:
+        starts = sorted((m["start_ts"], m["rank"]) for m in members)
+        last_start, last_rank = starts[-1]
+        if len(starts) > 1:
+            key = (last_rank, step)
+            self.late[key] = self.late.get(key, 0.0) + last_start - starts[-2][0]
+        end = min(m["start_ts"] + m["duration_s"] for m in members)
+        first = members[0]
+        ranks = tuple(sorted(m["rank"] for m in members))
+        self.transfers.setdefault(step, []).append(
+            (first["group"], first["op"], ranks, max(end - last_start, 0.0), first["bytes"]))
+
+    def take(self, rank: int, step: int) -> tuple[float | None, float]:
+        """Pop (seconds in collectives or None if none seen, arrival lag) of a rank-step."""
+        return self.coll_time.pop((rank, step), None), self.late.pop((rank, step), 0.0)
+
+    def take_transfers(self, step: int) -> list[tuple[str, str, tuple[int, ...], float, int]]:
+        return self.transfers.pop(step, [])
+
+    def expire(self, step: int) -> None:
+        """Forget anything of steps older than ``step - max_age`` (members that never came)."""
+        horizon = step - self.max_age
+        for gk in [k for k, v in self.open.items() if v[0] < horizon]:
+            del self.open[gk]
+        for d in (self.coll_time, self.late):
+            for k in [k for k in d if k[1] < horizon]:
+                del d[k]
+        for s in [s for s in self.transfers if s < horizon]:
+            del self.transfers[s]

@@ -1,0 +1,35 @@
+"""What one evaluated step says: the located culprits (``Finding``) that the
+incident tracker opens, keeps alive or lets resolve."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Finding:
+    """One located fail-slow as seen at one step.
+
+    ``key`` identifies the culprit across steps (fault + where); ``confirmed``
+    means it has stood out long enough to open an incident (a finding that is
+    only still weakly present keeps an open incident alive but opens none).
+    Times are epoch seconds; ``slowdown_pct`` is the job step-time increase
+    attributed to it.
+    """
+
+    key: str
+    fault: str
+    confirmed: bool
+    onset_ts: float
+    onset_step: int
+    slowdown_pct: float
+    rank: int | None = None
+    host: str | None = None
+    gpu: int | None = None
+    peer_rank: int | None = None
+    peer_host: str | None = None
+    hosts: list[str] = field(default_factory=list)          # hosts whose devices to inspect
+    gpus: list[tuple[str, int]] = field(default_factory=list)
+    data_share: float = 0.0
+    evidence: dict[str, Any] = field(default_factory=dict)

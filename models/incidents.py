@@ -1,0 +1,125 @@
+"""Incident tracker: turns per-step findings into CONTRACT ``incident`` events.
+
+An incident opens once, when its finding is confirmed, with a stable id
+``{job_id}:{fault}:{culprit}:{onset_step}`` (replays and restarts give the
+same id); it is updated only when something an operator cares about changes
+(severity, root cause, mitigation, or the slowdown by a quarter); it resolves
+after its culprit has been absent (back within its baseline and its peers)
+for ``resolve_steps`` consecutive steps of the job, so it does not flap.
+Severity never goes down while an incident is open: ``job_slowdown`` is always
+``info``; otherwise ``critical`` from ``critical_pct`` percent of job slowdown,
+else ``warning``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.findings import Finding
+
+SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+
+
+class Incident:
+    """An open incident: its last emitted event and what drives its updates."""
+
+    __slots__ = ("event", "absent", "causes", "emitted")
+
+    def __init__(self, event: dict[str, Any]) -> None:
+        self.event = event
+        self.absent = 0
+        self.causes: dict[str, int] = {}
+        self.emitted: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, d: dict) -> None:
+        for k, v in d.items():
+            setattr(self, k, v)
+
+
+class IncidentTracker:
+    """Open / update / resolve incidents of every job from their findings."""
+
+    def __init__(self, resolve_steps: int = 5, critical_pct: float = 20.0) -> None:
+        self.resolve_steps = resolve_steps
+        self.critical_pct = critical_pct
+        self.open: dict[tuple[str, str], Incident] = {}
+
+    def severity(self, fault: str, pct: float) -> str:
+        if fault == "job_slowdown":
+            return "info"
+        return "critical" if pct >= self.critical_pct else "warning"
+
+    def vote_cause(self, job_id: str, key: str, cause: str) -> str:
+        """Record this step's root cause; return the incident's most supported one."""
+        inc = self.open.get((job_id, key))
+        if inc is None:
+            return cause
+        inc.causes[cause] = inc.causes.get(cause, 0) + 1
+        known = {c: n for c, n in inc.causes.items() if c != "unknown"}
+        pool = known or inc.causes
+        return max(pool, key=lambda c: pool[c])
+
+    def step(self, job_id: str, ts: float, found: list[tuple[Finding, str, str, str, dict]]
+             ) -> list[dict[str, Any]]:
+        """Apply one evaluated step of a job. ``found`` holds (finding, root_cause,
+        mitigation, mitigation reason, root-cause evidence); ``ts`` is the time of the
+        newest event of the step. Returns the incident events to publish."""
+        out: list[dict[str, Any]] = []
+        seen = set()
+        ts = float(ts)
+        for f, cause, action, why, rc_ev in found:
+            k = (job_id, f.key)
+            inc = self.open.get(k)
+            if inc is None and not f.confirmed:
+                continue
+            seen.add(k)
+            pct = round(float(f.slowdown_pct), 2)
+            if inc is None:
+                culprit = f.key.split(":", 1)[1]
+                ev = {"v": 1, "kind": "incident", "ts": ts,
+                      "incident_id": f"{job_id}:{f.fault}:{culprit}:{f.onset_step}",
+                      "job_id": job_id, "status": "open", "fault": f.fault,
+                      "severity": self.severity(f.fault, pct), "onset_ts": float(f.onset_ts),
+                      "detected_ts": ts, "slowdown_pct": pct}
+                for name in ("rank", "host", "gpu", "peer_rank", "peer_host"):
+                    value = getattr(f, name)
+                    if value is not None:
+                        ev[name] = value
+                inc = self.open[k] = Incident(ev)
+                inc.causes[cause] = 1
+                self._fill(inc, f, cause, action, why, rc_ev, pct, ts)
+                out.append(dict(ev))
+                continue
+            inc.absent = 0
+            if self._fill(inc, f, cause, action, why, rc_ev, pct, ts):
+                out.append(dict(inc.event))
+        for k in [k for k in self.open if k[0] == job_id and k not in seen]:
+            inc = self.open[k]
+            inc.absent += 1
+            if inc.absent >= self.resolve_steps:
+                del self.open[k]
+                ev = dict(inc.event, ts=ts, status="resolved", resolved_ts=ts)
+                out.append(ev)
+        return out
+
+    def _fill(self, inc: Incident, f: Finding, cause: str, action: str, why: str,
+              rc_ev: dict, pct: float, ts: float) -> bool:
+        """Refresh the incident's fields; True when the change deserves an update event."""
+        ev = inc.event
+        sev = self.severity(f.fault, pct)
+        if SEVERITY_ORDER[sev] < SEVERITY_ORDER[ev["severity"]]:
+            sev = ev["severity"]
+        last = inc.emitted
+        changed = (not last or sev != last.get("severity") or cause != last.get("root_cause")
+                   or action != last.get("mitigation")
+                   or abs(pct - last.get("slowdown_pct", pct)) > 0.25 * max(last.get(
+                       "slowdown_pct", pct), 1.0))
+        ev.update(ts=ts, severity=sev, slowdown_pct=pct, root_cause=cause, mitigation=action,
+                  evidence={**f.evidence, "root_cause": rc_ev, "mitigation_reason": why})
+        if changed:
+            inc.emitted = {"severity": sev, "root_cause": cause, "mitigation": action,
+                           "slowdown_pct": pct}
+        return changed

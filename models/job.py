@@ -1,0 +1,291 @@
+"""One job's step-by-step evaluation: buffer the step events of every rank,
+and once a step is complete (all ranks in, or a later step has moved on)
+score every rank against its peers and its own past, confirm sustained
+outliers, localize them (rank / host) and watch the job's step time for a
+job-wide change point. The per-event work is a dict insert; the math runs
+once per step with numpy over the ranks.
+
+A rank's *own work* is the part of its step it did not spend blocked in
+collectives: ``compute_s + data_s`` when the step carries them, else
+``duration_s - comm_s``, else step time minus the time inside its collective
+events, else the step time itself (only informative when ranks do not
+synchronize). In synchronous training every step time equalizes, so own work
+(and arrival lag) carries the signal, and a rank whose own work is normal
+while it waits for a late neighbour is never blamed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from models.alignment import CollectiveAligner
+from models.changepoint import BOCPD
+from models.findings import Finding
+from models.links import LinkMonitor
+from models.peers import lower_half_ref, peer_scores
+from models.ranks import RankState
+from models.stats import EWMeanVar
+
+
+class JobConfig:
+    """Scale-free thresholds (fractions and z-scores) shared by the job's models.
+
+    ``min_rel``: smallest excess over peers (or over the own baseline) worth
+    flagging (0.05 = 5%); ``z_min``: how many noise sigmas that excess must
+    also be; ``confirm_steps``: consecutive flagged steps before a culprit is
+    confirmed (2: one-step spikes never confirm); ``lag_steps``: how far a
+    step may trail the newest one before it is evaluated with the ranks it has.
+    """
+
+    def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
+                 lag_steps: int = 3, warm_steps: int = 10) -> None:
+        self.min_rel = min_rel
+        self.z_min = z_min
+        self.confirm_steps = confirm_steps
+        self.lag_steps = lag_steps
+        self.warm_steps = warm_steps
+
+
+class JobState:
+    """Everything failslow knows about one job, fed one event at a time."""
+
+    def __init__(self, job_id: str, cfg: JobConfig) -> None:
+        self.job_id = job_id
+        self.cfg = cfg
+        self.pending: dict[int, dict[int, dict[str, Any]]] = {}
+        self.last_step: dict[int, int] = {}
+        self.newest = -1
+        self.evaluated = -1
+        self.world = 0
+        self.ranks: dict[int, RankState] = {}
+        self.rank_host: dict[int, str] = {}
+        self.rank_gpu: dict[int, int] = {}
+        self.aligner = CollectiveAligner()
+        self.links = LinkMonitor(cfg)
+        self.cpd = BOCPD()
+        self.noise = EWMeanVar(0.1)  # peers' relative spread, smoothed over steps
+        self.job_step_s = 0.0        # typical healthy step time, seconds
+        self.job_onset: tuple[float, int] | None = None
+
+    # -- ingestion (hot path) --------------------------------------------------
+
+    def add_step(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
+        s = ev["step"]
+        r = ev["rank"]
+        row = self.pending.get(s)
+        if row is None:
+            if s <= self.evaluated:
+                return []              # too late: that step was already judged
+            row = self.pending[s] = {}
+        row[r] = ev
+        self.last_step[r] = s
+        self.world = ev["world_size"]
+        out = []
+        if s > self.newest:
+            self.newest = s
+            for old in sorted(k for k in self.pending if k <= s - self.cfg.lag_steps):
+                out.append(self.evaluate(old))
+        if len(row) >= self.world and s in self.pending:
+            for old in sorted(k for k in self.pending if k <= s):
+                out.append(self.evaluate(old))
+        return out
+
+    def add_collective(self, ev: dict[str, Any]) -> None:
+        s = ev.get("step")
+        if s is None:
+            s = self.last_step.get(ev["rank"], -1) + 1
+        self.aligner.add(ev, s)
+
+    def drain(self) -> list[tuple[int, list[Finding], float]]:
+        return [self.evaluate(s) for s in sorted(self.pending)]
+
+    # -- once per step -----------------------------------------------------------
+
+    def evaluate(self, s: int) -> tuple[int, list[Finding], float]:
+        """Judge step ``s``; returns (step, findings, ts of the newest event in it)."""
+        row = self.pending.pop(s)
+        self.evaluated = max(self.evaluated, s)
+        cfg = self.cfg
+        ranks = sorted(row)
+        n = len(ranks)
+        work = np.empty(n)
+        data = np.zeros(n)
+        dur = np.empty(n)
+        late = np.zeros(n)
+        groups = np.zeros(n, dtype=np.int64)
+        ts_max = 0.0
+        for i, r in enumerate(ranks):
+            ev = row[r]
+            d = ev["duration_s"]
+            dur[i] = d
+            ts_max = max(ts_max, ev["ts"])
+            coll, late[i] = self.aligner.take(r, s)
+            dt = ev.get("data_s")
+            if dt is not None:
+                data[i] = dt
+            c = ev.get("compute_s")
+            if c is not None:
+                work[i] = c + data[i]
+            elif ev.get("comm_s") is not None:
+                work[i] = d - ev["comm_s"]
+            elif coll is not None:
+                work[i] = d - coll
+            else:
+                work[i] = d
+            pp = ev.get("pp_rank")
+            groups[i] = pp if pp is not None else 0
+            self.rank_host[r] = ev["host"]
+            g = ev.get("gpu")
+            if g is not None:
+                self.rank_gpu[r] = g
+        rel, z, perf, sig = peer_scores(work, groups, floor=max(0.01, self.noise.mean))
+        if sig > 0:
+            self.noise.update(sig)
+        rel2, z2 = self._self_scores(ranks, work)
+        flagged = (rel >= cfg.min_rel) & (z >= cfg.z_min) | (rel2 >= cfg.min_rel) & (z2 >= cfg.z_min)
+        weak = (rel >= cfg.min_rel / 2) & (z >= cfg.z_min / 2) \
+            | (rel2 >= cfg.min_rel / 2) & (z2 >= cfg.z_min / 2)
+        job_s = float(np.median(dur))
+        findings: list[Finding] = []
+        confirmed: list[int] = []
+        dref = float(np.median(data))
+        for i, r in enumerate(ranks):
+            st = self.ranks.get(r)
+            if st is None:
+                st = self.ranks[r] = RankState()
+            ev = row[r]
+            if flagged[i]:
+                if st.streak == 0:
+                    st.onset_ts = ev["ts"] - ev["duration_s"]
+                    st.onset_step = s
+                st.streak += 1
+            elif not weak[i]:
+                st.streak = 0
+            st.clear = 0 if weak[i] else st.clear + 1
+            ref = float(work[i]) / (1.0 + max(float(rel[i]), float(rel2[i])))
+            excess = float(work[i]) - ref
+            st.excess_s = excess if st.streak <= 1 else 0.7 * st.excess_s + 0.3 * excess
+            st.data_excess_s = max(float(data[i]) - dref, 0.0)
+            st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
+            st.observe(float(work[i]), float(data[i]), float(dur[i]), bool(weak[i]))
+            if st.streak >= cfg.confirm_steps:
+                confirmed.append(r)
+            elif weak[i] and st.streak > 0:
+                confirmed.append(r)      # still present: keeps an open incident alive
+        findings.extend(self._localize(confirmed, s, job_s, perf, ranks, late))
+        findings.extend(self.links.evaluate(s, self.aligner.take_transfers(s), self.rank_host,
+                                            ts_max, job_s))
+        self.aligner.expire(s)
+        findings.extend(self._job_level(s, job_s, ts_max, bool(findings)))
+        return s, findings, ts_max
+
+    def _self_scores(self, ranks: list[int], work: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each rank's work over its own baseline, compared across ranks: a job-wide
+        change moves every ratio alike, a rank or host that got slower stands out
+        (this catches the ranks whose peers are all on one slow host). The noise
+        is the larger of the ranks' spread and the rank's own step-to-step spread."""
+        n = len(ranks)
+        ratio = np.ones(n)
+        own = np.zeros(n)
+        ok = np.zeros(n, dtype=bool)
+        for i, r in enumerate(ranks):
+            st = self.ranks.get(r)
+            if st is not None and st.work.n >= self.cfg.warm_steps and st.work.mean > 0:
+                ratio[i] = work[i] / st.work.mean
+                own[i] = st.work.std / st.work.mean
+                ok[i] = True
+        if ok.sum() < 4:
+            return np.zeros(n), np.zeros(n)
+        ref, sigma = lower_half_ref(ratio[ok])
+        rel = np.where(ok, ratio / ref - 1.0, 0.0)
+        return rel, rel / np.maximum(max(sigma / ref, 0.01, self.noise.mean), own)
+
+    def _localize(self, culprits: list[int], s: int, job_s: float, perf: np.ndarray,
+                  ranks: list[int], late: np.ndarray) -> list[Finding]:
+        """Group present culprits: all ranks of a multi-rank host -> slow_host, else slow_rank."""
+        if not culprits:
+            return []
+        per_host: dict[str, list[int]] = {}
+        for r, h in self.rank_host.items():
+            per_host.setdefault(h, []).append(r)
+        out = []
+        left = set(culprits)
+        for h, members in per_host.items():
+            if len(members) >= 2 and all(m in left for m in members):
+                sts = [self.ranks[m] for m in members]
+                excess = float(np.median([st.excess_s for st in sts]))
+                data_ex = float(np.median([st.data_excess_s for st in sts]))
+                out.append(Finding(
+                    key=f"slow_host:{h}", fault="slow_host",
+                    confirmed=sum(st.streak >= self.cfg.confirm_steps for st in sts) * 2
+                    >= len(sts),
+                    onset_ts=min(st.onset_ts for st in sts),
+                    onset_step=min(st.onset_step for st in sts),
+                    slowdown_pct=_pct(excess, job_s), host=h, hosts=[h],
+                    gpus=[(h, self.rank_gpu[m]) for m in members if m in self.rank_gpu],
+                    data_share=_share(data_ex, excess),
+                    evidence={"ranks": sorted(members),
+                              "work_excess_s": round(excess, 4),
+                              "rel_to_peers": round(float(np.median([st.rel for st in sts])), 3),
+                              "rel_to_own_past": round(float(np.median(
+                                  [st.self_rel for st in sts])), 3)}))
+                left -= set(members)
+        pos = {r: i for i, r in enumerate(ranks)}
+        for r in sorted(left):
+            st = self.ranks[r]
+            h = self.rank_host.get(r)
+            g = self.rank_gpu.get(r)
+            i = pos.get(r)
+            out.append(Finding(
+                key=f"slow_rank:r{r}", fault="slow_rank",
+                confirmed=st.streak >= self.cfg.confirm_steps,
+                onset_ts=st.onset_ts, onset_step=st.onset_step,
+                slowdown_pct=_pct(st.excess_s, job_s), rank=r, host=h, gpu=g,
+                hosts=[h] if h else [], gpus=[(h, g)] if h is not None and g is not None else [],
+                data_share=_share(st.data_excess_s, st.excess_s),
+                evidence={"work_excess_s": round(st.excess_s, 4),
+                          "rel_to_peers": round(st.rel, 3), "z_to_peers": round(st.z, 1),
+                          "rel_to_own_past": round(st.self_rel, 3),
+                          "perf_vs_best": round(float(perf[i]), 3) if i is not None else None,
+                          "arrival_lag_s": round(float(late[i]), 4) if i is not None else None,
+                          "own_work_baseline_s": round(st.work.mean, 4)}))
+        return out
+
+    def _job_level(self, s: int, job_s: float, ts: float, located: bool) -> list[Finding]:
+        """Change point on the job's step time; a confirmed slowdown nobody in
+        particular explains is a job_slowdown (info)."""
+        if job_s <= 0:
+            return []
+        cpd = self.cpd
+        cpd.update(math.log(job_s))
+        if cpd.baseline.n:
+            self.job_step_s = math.exp(cpd.baseline.mean)
+        if cpd.drift_detected and cpd.shift > 0 and self.job_onset is None:
+            start = s - cpd.run_length + 1
+            self.job_onset = (ts - cpd.run_length * job_s, start)
+        elif self.job_onset is not None and (not cpd.baseline.n or
+                                              math.log(job_s) - cpd.baseline.mean
+                                              < cpd.min_shift / 2):
+            self.job_onset = None
+        if self.job_onset is None or located:
+            return []
+        pct = 100.0 * (job_s / self.job_step_s - 1.0) if self.job_step_s else 0.0
+        return [Finding(key="job_slowdown:job", fault="job_slowdown",
+                        confirmed=cpd.drift_detected, onset_ts=self.job_onset[0],
+                        onset_step=self.job_onset[1], slowdown_pct=max(pct, 0.0),
+                        evidence={"step_s": round(job_s, 4),
+                                  "baseline_step_s": round(self.job_step_s, 4),
+                                  "change_prob": round(cpd.change_prob, 3)})]
+
+
+def _pct(excess_s: float, job_s: float) -> float:
+    """Job step-time increase caused by ``excess_s`` extra seconds on the critical path."""
+    base = job_s - excess_s
+    return 100.0 * excess_s / base if base > 0 and excess_s > 0 else 0.0
+
+
+def _share(part: float, whole: float) -> float:
+    return min(max(part / whole, 0.0), 1.0) if whole > 0 else 0.0

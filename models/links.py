@@ -1,0 +1,160 @@
+"""Link evaluation: which rank pair or host NIC moves data slower than it
+should, while the compute at both ends is normal.
+
+Input per step: the transfers of every complete collective (from
+``models.alignment``): group, op, members, transfer seconds once all members
+were in, bytes. Only groups that cross hosts are judged (NVLink traffic inside
+a host never touches a NIC). A group's *cost* is its transfer seconds per byte
+in the step (the inverse of effective bandwidth). It is flagged when it stands
+out from its own past (protected baseline) or from the groups of the same
+shape (same op class, size and bytes; faster-half reference); it is confirmed
+after ``confirm_steps`` consecutive flagged steps.
+
+Localization (C4's per-pair view): among candidate culprits — each slow
+point-to-point pair, and each host of a slow group — pick the one that
+explains the most slow groups while touching the fewest healthy ones; a pair
+wins a tie with a host, being the narrower explanation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from models.findings import Finding
+from models.peers import lower_half_ref
+from models.stats import EWMeanVar
+
+P2P = ("send", "recv")
+
+
+class GroupState:
+    __slots__ = ("cost", "streak", "onset_ts", "onset_step", "extra_s", "rel")
+
+    def __init__(self) -> None:
+        self.cost = EWMeanVar(0.05)
+        self.streak = 0
+        self.onset_ts = 0.0
+        self.onset_step = 0
+        self.extra_s = 0.0
+        self.rel = 0.0
+
+    def __getstate__(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, d: dict) -> None:
+        for k, v in d.items():
+            setattr(self, k, v)
+
+
+class LinkMonitor:
+    """Per-group transfer baselines of one job, and link localization."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.groups: dict[str, GroupState] = {}
+
+    def evaluate(self, s: int, transfers: list[tuple[str, str, tuple[int, ...], float, int]],
+                 rank_host: dict[int, str], ts: float, job_s: float) -> list[Finding]:
+        if not transfers:
+            return []
+        cfg = self.cfg
+        agg: dict[str, list[Any]] = {}
+        for group, op, ranks, t, nbytes in transfers:
+            if nbytes <= 0:
+                continue
+            a = agg.get(group)
+            if a is None:
+                hosts = {rank_host.get(r) for r in ranks}
+                if len(hosts) < 2 or None in hosts:
+                    continue
+                a = agg[group] = [0.0, 0, ranks, ("p2p" if op in P2P else "coll", len(ranks))]
+            a[0] += t
+            a[1] += nbytes
+        if not agg:
+            return []
+        names = list(agg)
+        cost = np.array([agg[g][0] / agg[g][1] for g in names])
+        shapes = [(agg[g][3], agg[g][1]) for g in names]
+        peer_rel = np.zeros(len(names))
+        peer_z = np.zeros(len(names))
+        for shape in set(shapes):
+            idx = [i for i, sh in enumerate(shapes) if sh == shape]
+            if len(idx) < 4:
+                continue
+            ref, sigma = lower_half_ref(cost[idx])
+            if ref > 0:
+                peer_rel[idx] = cost[idx] / ref - 1.0
+                peer_z[idx] = peer_rel[idx] / max(sigma / ref, 0.02)
+        slow, healthy = [], []
+        for i, g in enumerate(names):
+            st = self.groups.get(g)
+            if st is None:
+                st = self.groups[g] = GroupState()
+            b = st.cost
+            self_rel = cost[i] / b.mean - 1.0 if b.n >= cfg.warm_steps and b.mean > 0 else 0.0
+            self_z = self_rel * b.mean / max(b.std, 0.02 * b.mean) if b.n >= cfg.warm_steps else 0.0
+            rel = max(self_rel, peer_rel[i])
+            flag = (self_rel >= cfg.min_rel and self_z >= cfg.z_min) or \
+                (peer_rel[i] >= cfg.min_rel and peer_z[i] >= cfg.z_min)
+            weak = (rel >= cfg.min_rel / 2) and max(self_z, peer_z[i]) >= cfg.z_min / 2
+            if flag:
+                if st.streak == 0:
+                    st.onset_ts = ts - job_s
+                    st.onset_step = s
+                st.streak += 1
+            elif not weak:
+                st.streak = 0
+            if not weak:
+                b.update(cost[i])
+                healthy.append(g)
+            elif st.streak > 0:
+                st.rel = rel
+                st.extra_s = agg[g][0] * rel / (1.0 + rel)
+                slow.append(g)
+        if not slow:
+            return []
+        return [self._localize(slow, healthy, agg, rank_host, job_s)]
+
+    def _localize(self, slow: list[str], healthy: list[str], agg: dict[str, list[Any]],
+                  rank_host: dict[int, str], job_s: float) -> Finding:
+        cands: list[tuple[str, Any]] = []
+        for g in slow:
+            ranks, shape = agg[g][2], agg[g][3]
+            if shape[0] == "p2p" and len(ranks) == 2:
+                cands.append(("pair", ranks))
+            cands.extend(("host", rank_host[r]) for r in ranks)
+
+        def covers(c: tuple[str, Any], g: str) -> bool:
+            ranks = agg[g][2]
+            if c[0] == "pair":
+                return c[1][0] in ranks and c[1][1] in ranks
+            return any(rank_host[r] == c[1] for r in ranks)
+
+        def score(c: tuple[str, Any]) -> tuple[int, int]:
+            hit = sum(covers(c, g) for g in slow)
+            miss = sum(covers(c, g) for g in healthy)
+            return hit - miss, c[0] == "pair"
+
+        best = max(dict.fromkeys(cands), key=score)
+        mine = [g for g in slow if covers(best, g)]
+        sts = [self.groups[g] for g in mine]
+        confirmed = any(st.streak >= self.cfg.confirm_steps for st in sts)
+        extra = max(st.extra_s for st in sts)
+        base = job_s - extra
+        pct = 100.0 * extra / base if base > 0 else 0.0
+        evidence = {"slow_groups": sorted(mine)[:16],
+                    "transfer_rel_slowdown": round(max(st.rel for st in sts), 3),
+                    "healthy_groups": len(healthy)}
+        common = dict(fault="slow_link", confirmed=confirmed,
+                      onset_ts=min(st.onset_ts for st in sts),
+                      onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
+                      evidence=evidence)
+        if best[0] == "pair":
+            a, b = best[1]
+            ha, hb = rank_host[a], rank_host[b]
+            return Finding(key=f"slow_link:r{a}-r{b}", rank=a, peer_rank=b, host=ha,
+                           peer_host=hb, hosts=[ha, hb], **common)
+        h = best[1]
+        return Finding(key=f"slow_link:{h}", host=h, hosts=[h], **common)

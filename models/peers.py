@@ -1,0 +1,67 @@
+"""Peer comparison (differential observability): how much a rank stands out
+from the ranks that do the same work, at one step.
+
+Slowdowns only ever make a rank slower, so the reference is the *faster half*
+of the peers: its median (the peers' lower quartile) and its spread. That
+stays clean while up to half the peers are slow, e.g. a whole host of a
+two-host job. Scores are relative, so they hold for any step time and model:
+
+- ``rel``: fractional excess over the reference (0.3 = 30% slower);
+- ``z``: that excess in units of the reference half's spread (floored at
+  ``floor`` of the reference, so a perfectly quiet group does not turn every
+  microsecond into an outlier);
+- ``perf``: nvidia-resiliency-ext's relative score, best peer / rank
+  (1 = as fast as the best, 0.7 = a 30% loss).
+
+>>> import numpy as np
+>>> rel, z, perf, _ = peer_scores(np.array([1.0, 1.0, 1.01, 0.99, 1.3]), np.zeros(5, dtype=int))
+>>> round(float(rel[4]), 2), bool(z[4] > 10), round(float(perf[4]), 2)
+(0.3, True, 0.76)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# For a normal sample, the median absolute deviation of its lower half around
+# that half's median is 0.3991 sigma (computed from the normal quantile function).
+LOWER_HALF_MAD = 0.3991
+
+
+def lower_half_ref(values: np.ndarray) -> tuple[float, float]:
+    """(reference, sigma) of the faster half of ``values``: its median, and a
+    standard-deviation estimate from its median absolute deviation."""
+    low = np.sort(values)[: max(1, (values.size + 1) // 2)]
+    ref = float(np.median(low))
+    return ref, float(np.median(np.abs(low - ref))) / LOWER_HALF_MAD
+
+
+def peer_scores(values: np.ndarray, groups: np.ndarray, floor: float = 0.01,
+                min_group: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Per-element (rel, z, perf) of ``values`` against the members of its group
+    (same label in ``groups``), and the median relative noise sigma of the groups
+    (callers smooth it over steps and pass it back as ``floor``: eight peers give
+    a noisy spread). Groups smaller than ``min_group`` are compared with the
+    whole population instead (two peers are no reference). Non-positive
+    references give zero scores."""
+    n = values.size
+    rel = np.zeros(n)
+    z = np.zeros(n)
+    perf = np.ones(n)
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    inverse = np.where(counts[inverse] < min_group, -1, inverse)
+    sigmas = []
+    for g in np.unique(inverse):
+        idx = np.flatnonzero(inverse == g)
+        ref_vals = values[idx] if g >= 0 else values
+        if ref_vals.size < 2:
+            continue
+        ref, sigma = lower_half_ref(ref_vals)
+        if ref <= 0.0:
+            continue
+        r = values[idx] / ref - 1.0
+        rel[idx] = r
+        sigmas.append(sigma / ref)
+        z[idx] = r / max(sigma / ref, floor)
+        perf[idx] = float(ref_vals.min()) / np.maximum(values[idx], 1e-12)
+    return rel, z, perf, float(np.median(sigmas)) if sigmas else 0.0

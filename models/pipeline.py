@@ -1,0 +1,133 @@
+"""The whole decision: feed CONTRACT.md events, get incident events back.
+
+>>> det = Detector()
+>>> det.process({"v": 1, "kind": "host", "ts": 1.0, "host": "h0"})
+[]
+
+``Detector`` routes each event: step and collective events to their job's
+state (``models.job``), device samples to the telemetry store
+(``models.telemetry``). Whenever a job completes a step, the step is judged
+(peer comparison, own-past comparison, change point, link evaluation,
+localization); every located finding gets a root cause from the culprit's
+telemetry (``models.rootcause``) and a mitigation (``models.mitigation``),
+and the incident tracker (``models.incidents``) decides what to emit.
+
+Events are expected to be valid (``schema.validate``); one that still lacks a
+needed field is counted in ``rejected`` and skipped, never raised.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from typing import Any
+
+from models.incidents import IncidentTracker
+from models.job import JobConfig, JobState
+from models.mitigation import Planner
+from models.rootcause import attribute
+from models.telemetry import TelemetryStore
+
+STATE_VERSION = 1
+
+
+class Detector:
+    """Fail-slow detection over a stream of events of any kinds and jobs.
+
+    Defaults are scale-free (see ``JobConfig``, ``IncidentTracker``,
+    ``Planner``): ``min_rel`` 5% excess over peers or own past, ``z_min`` 4
+    noise sigmas, ``confirm_steps`` 2, ``resolve_steps`` 5.
+    """
+
+    def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
+                 resolve_steps: int = 5, critical_pct: float = 20.0,
+                 planner: Planner | None = None) -> None:
+        self.min_rel = min_rel
+        self.z_min = z_min
+        self.confirm_steps = confirm_steps
+        self.resolve_steps = resolve_steps
+        self.critical_pct = critical_pct
+        self.planner = planner or Planner()
+        self.cfg = JobConfig(min_rel, z_min, confirm_steps)
+        self.jobs: dict[str, JobState] = {}
+        self.store = TelemetryStore()
+        self.tracker = IncidentTracker(resolve_steps, critical_pct)
+        self.rejected = 0
+
+    def clone(self) -> Detector:
+        return Detector(self.min_rel, self.z_min, self.confirm_steps, self.resolve_steps,
+                        self.critical_pct, self.planner.clone())
+
+    # -- feeding ----------------------------------------------------------------
+
+    def process(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """Take one event; return the incident events it caused (often none)."""
+        return self.process_batch((event,))
+
+    def process_batch(self, events) -> list[dict[str, Any]]:
+        """Take events in order; return the incident events they caused."""
+        out: list[dict[str, Any]] = []
+        jobs = self.jobs
+        store = self.store
+        for ev in events:
+            try:
+                kind = ev["kind"]
+                if kind == "collective":
+                    job = jobs.get(ev["job_id"])
+                    if job is None:
+                        job = jobs[ev["job_id"]] = JobState(ev["job_id"], self.cfg)
+                    job.add_collective(ev)
+                elif kind == "step":
+                    job = jobs.get(ev["job_id"])
+                    if job is None:
+                        job = jobs[ev["job_id"]] = JobState(ev["job_id"], self.cfg)
+                    for _, findings, ts in job.add_step(ev):
+                        out.extend(self._judge(job, findings, ts))
+                elif kind == "gpu":
+                    store.observe_gpu(ev)
+                elif kind == "nic":
+                    store.observe_nic(ev)
+                elif kind == "host":
+                    store.observe_host(ev)
+            except (KeyError, TypeError, ValueError):
+                self.rejected += 1
+        return out
+
+    def flush(self, now_ts: float | None = None) -> list[dict[str, Any]]:
+        """End of input: judge the steps still buffered. Open incidents stay open
+        (the trace ended, the fault did not); nothing is resolved for lack of data."""
+        out: list[dict[str, Any]] = []
+        for job in self.jobs.values():
+            for _, findings, ts in job.drain():
+                out.extend(self._judge(job, findings, ts))
+        return out
+
+    def _judge(self, job: JobState, findings: list, ts: float) -> list[dict[str, Any]]:
+        found = []
+        job_hosts = set(job.rank_host.values())
+        step_s = job.job_step_s or 1.0
+        for f in findings:
+            if not f.confirmed and (job.job_id, f.key) not in self.tracker.open:
+                continue
+            cause, rc_ev = ("unknown", {}) if f.fault == "job_slowdown" else attribute(
+                f.fault, self.store, f.hosts, f.gpus, job_hosts, f.data_share)
+            cause = self.tracker.vote_cause(job.job_id, f.key, cause)
+            action, why = self.planner.plan(f.fault, cause, f.slowdown_pct,
+                                            max(ts - f.onset_ts, 0.0), step_s)
+            found.append((f, cause, action, why, rc_ev))
+        return self.tracker.step(job.job_id, ts, found)
+
+    # -- recovery -----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-able snapshot (the pickled state, base64) for recovery."""
+        blob = pickle.dumps(self.__dict__, protocol=pickle.HIGHEST_PROTOCOL)
+        return {"version": STATE_VERSION, "state": base64.b64encode(blob).decode("ascii")}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> Detector:
+        if d.get("version") != STATE_VERSION:
+            raise ValueError(f"unknown detector state version {d.get('version')!r}")
+        det = cls.__new__(cls)
+        det.__dict__.update(pickle.loads(base64.b64decode(d["state"])))
+        return det

@@ -1,0 +1,52 @@
+"""Per-rank state: a protected baseline of the rank's own work and how long
+it has stood out from its peers.
+
+The baseline (exponentially weighted mean/variance of own work, input wait
+and step time, seconds) learns only from steps where the rank was *not*
+flagged, so it never drifts to the fault and the alarm never clears itself.
+
+>>> r = RankState()
+>>> r.observe(1.0, 0.01, 1.0, flagged=False); r.observe(2.0, 0.01, 2.0, flagged=True)
+>>> round(r.work.mean, 3)
+1.0
+"""
+
+from __future__ import annotations
+
+from models.stats import EWMeanVar
+
+BASELINE_ALPHA = 0.05     # ~20 steps of memory
+
+
+class RankState:
+    """Baselines and the run of consecutive flagged steps of one rank."""
+
+    __slots__ = ("work", "data", "dur", "streak", "clear", "onset_ts", "onset_step", "excess_s",
+                 "data_excess_s", "rel", "z", "self_rel")
+
+    def __init__(self) -> None:
+        self.work = EWMeanVar(BASELINE_ALPHA)
+        self.data = EWMeanVar(BASELINE_ALPHA)
+        self.dur = EWMeanVar(BASELINE_ALPHA)
+        self.streak = 0           # consecutive steps flagged
+        self.clear = 0            # consecutive steps not even weakly flagged
+        self.onset_ts = 0.0       # start of the first step of the current streak
+        self.onset_step = 0
+        self.excess_s = 0.0       # own work above the peer reference, smoothed, seconds
+        self.data_excess_s = 0.0  # the part of it spent waiting for input
+        self.rel = 0.0
+        self.z = 0.0
+        self.self_rel = 0.0
+
+    def observe(self, work: float, data: float, dur: float, flagged: bool) -> None:
+        if not flagged:
+            self.work.update(work)
+            self.data.update(data)
+            self.dur.update(dur)
+
+    def __getstate__(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, d: dict) -> None:
+        for k, v in d.items():
+            setattr(self, k, v)
