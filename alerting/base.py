@@ -103,9 +103,13 @@ def scrub(text: str, secrets: tuple[str | None, ...]) -> str:
         if not secret:
             continue
         text = text.replace(secret, "***")
-        path = urlsplit(secret).path
-        if len(path) > 1:
-            text = text.replace(path, "/***")
+        parts = urlsplit(secret)
+        # An endpoint may echo its path, or one token of it, back in an error body.
+        pieces = [parts.path, parts.path.strip("/"), parts.query,
+                  *(seg for seg in parts.path.split("/") if len(seg) >= 8)]
+        for piece in sorted(filter(None, pieces), key=len, reverse=True):
+            if len(piece) > 1:
+                text = text.replace(piece, "***")
     # A routing key or token echoed back by an endpoint in some other form.
     return re.sub(r"\b[0-9a-fA-F]{32}\b", "***", text)
 

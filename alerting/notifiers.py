@@ -45,7 +45,7 @@ class SlackNotifier(HttpNotifier):
             text = f":warning: {summary_text(ev)}"
             return {"text": text, "blocks": [_section(text)]}
         emoji = ":white_check_mark:" if note.action == RESOLVE else _EMOJI.get(
-            ev.get("severity"), ":grey_question:")
+            str(ev.get("severity")), ":grey_question:")
         title = f"{emoji} {headline(ev, note.action)}"
         lines = [f"*Where:* {where(ev)}",
                  f"*Root cause:* {ev.get('root_cause') or 'unknown'}",

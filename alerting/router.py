@@ -181,11 +181,12 @@ class Router:
                 d for d in self.policy.destinations(ev) if d not in PAGERS)
             status = "resolved"
         else:
-            reopened = prev is None or prev.status == "resolved"
-            if not reopened and SEVERITY_RANK[severity] <= SEVERITY_RANK[prev.severity]:
+            if prev is None or prev.status == "resolved":
+                action, told = OPEN, ()
+            elif SEVERITY_RANK[severity] > SEVERITY_RANK[prev.severity]:
+                action, told = ESCALATE, prev.destinations
+            else:
                 return []
-            action = OPEN if reopened else ESCALATE
-            told = () if reopened else prev.destinations
             targets = self.policy.destinations(ev)
             status = "open"
         notes = []
