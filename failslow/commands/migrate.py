@@ -1,15 +1,32 @@
-"""`failslow migrate` — not built yet."""
+"""`failslow migrate`: apply the ClickHouse schema (idempotent; run it as often as you like)."""
+
+from __future__ import annotations
 
 import argparse
-import sys
 
-HELP = "not built yet"
+HELP = "apply the ClickHouse schema (idempotent)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    return None
+    parser.add_argument("--ttl-days", type=int, default=None,
+                        help="keep raw rows this many days after arrival (default 30; "
+                             "changes existing tables too)")
+    parser.add_argument("--rollup-ttl-days", type=int, default=None,
+                        help="keep the 1-minute step rollup this many days (default 365; "
+                             "used when the rollup is created)")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("failslow migrate: not built yet (its issue is still open)", file=sys.stderr)
-    return 2
+    from failslow.config import resolve
+    from storage.client import connect
+    from storage.migrations import migrate
+
+    settings = resolve(args)
+    client = connect(settings.clickhouse)
+    try:
+        versions = migrate(client, ttl_days=args.ttl_days, rollup_ttl_days=args.rollup_ttl_days)
+    finally:
+        client.close()
+    done = ", ".join(map(str, versions)) if versions else "none (schema up to date)"
+    print(f"failslow migrate: database {client.database}: applied migrations {done}")
+    return 0

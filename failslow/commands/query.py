@@ -1,15 +1,82 @@
-"""`failslow query` — not built yet."""
+"""`failslow query SQL`: run SQL against the configured ClickHouse and print the result.
+
+With a chdb URL the query goes through the folder's owner (the running sink) when
+there is one, else the folder is opened directly (see storage.client.connect).
+"""
+
+from __future__ import annotations
 
 import argparse
+import csv
+import datetime as dt
 import sys
+from typing import Any
 
-HELP = "not built yet"
+import orjson
+
+from failslow.errors import ConfigError
+
+HELP = "run SQL against the configured ClickHouse"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    return None
+    parser.add_argument("sql", help="one SQL statement; unqualified tables are in the "
+                        "configured database, e.g. \"SELECT * FROM incidents_current\"")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                        help="table (default), json (one object per line) or csv")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="value for a {NAME:Type} placeholder in SQL (repeatable)")
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--param wants NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return str(value)
+
+
+def render_table(columns: list[str], rows: list[tuple], out: Any) -> None:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip() + "\n")
+    out.write("  ".join("-" * w for w in widths) + "\n")
+    for r in cells:
+        out.write("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
+
+
+def render(columns: list[str], rows: list[tuple], fmt: str, out: Any = sys.stdout) -> None:
+    if fmt == "json":
+        for row in rows:
+            out.write(orjson.dumps(dict(zip(columns, row, strict=True)), default=str,
+                                   option=orjson.OPT_NAIVE_UTC).decode() + "\n")
+    elif fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([["" if v is None else _cell(v) for v in row] for row in rows])
+    elif columns:
+        render_table(columns, rows, out)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("failslow query: not built yet (its issue is still open)", file=sys.stderr)
-    return 2
+    from failslow.config import resolve
+    from storage.client import connect
+
+    client = connect(resolve(args).clickhouse)
+    try:
+        columns, rows = client.query(args.sql, _params(args.param) or None)
+    finally:
+        client.close()
+    render(columns, rows, args.format)
+    return 0

@@ -1,0 +1,253 @@
+"""Kafka -> ClickHouse: the consumer loop of `failslow sink`, reusable in a thread.
+
+At-least-once: offsets are committed only after ClickHouse acknowledged every row
+of the batch they cover (and the dead letters of that batch were delivered). A
+crash replays at most the uncommitted batch; the tables are built so that a
+replay is harmless where it matters (ReplacingMergeTree natural keys, and
+`incidents_current` picks the latest row per incident_id).
+
+Bad records never stop the loop: a value that fails `schema.decode_lenient` (or
+an event whose values do not fit the columns) goes to the dead-letter topic AND
+the `dead_letters` table, and is counted. Records read back from the dead-letter
+topic are stored too, except the ones this sink produced itself (header
+``failslow-source: sink``), which are already in the table.
+
+>>> stop = threading.Event()                                       # doctest: +SKIP
+>>> Sink(client, "127.0.0.1:9092", Topics()).run(stop, max_seconds=10)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from schema import Topics, decode_lenient, encode_deadletter
+from storage.client import Client
+from storage.errors import StorageError
+from storage.writer import KIND_TABLE, Writer, WriteResult
+
+log = logging.getLogger("failslow.sink")
+
+SOURCE_HEADER = "failslow-source"
+SOURCE = b"sink"
+ERROR_LIMIT = 2000  # characters of joined error text kept per dead letter
+
+
+def consumer_config(bootstrap: str, group_id: str) -> dict[str, Any]:
+    """librdkafka settings that work on Tansu (MEASURED.md): short session (Tansu answers
+    JoinGroup after half of it), 100 ms fetch wait (Tansu holds a fetch for the full wait)."""
+    return {"bootstrap.servers": bootstrap, "group.id": group_id,
+            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "session.timeout.ms": 3000, "heartbeat.interval.ms": 500,
+            "fetch.wait.max.ms": 100, "enable.partition.eof": False}
+
+
+@dataclass
+class SinkStats:
+    messages: int = 0        # Kafka records consumed
+    rows: int = 0            # rows ClickHouse acknowledged (all tables, dead letters included)
+    events: int = 0          # CONTRACT events written to their tables
+    dead_letters: int = 0    # records/events rejected by this sink
+    write_errors: int = 0    # failed ClickHouse writes (retried)
+    commits: int = 0         # offset commits after acknowledged batches
+    kafka_errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Sink:
+    """Consume every topic under ``topics`` and write it into ClickHouse in batches."""
+
+    def __init__(self, client: Client, bootstrap: str, topics: Topics,
+                 group_id: str = "failslow-sink", database: str | None = None,
+                 batch_rows: int = 20_000, max_delay_s: float = 0.5,
+                 max_buffered_rows: int = 200_000, retry_max_s: float = 5.0,
+                 extra_config: dict[str, Any] | None = None):
+        self.client = client
+        self.topics = topics
+        self.bootstrap = bootstrap
+        self.writer = Writer(client, database, max_rows=max_buffered_rows)
+        self.batch_rows = batch_rows
+        self.max_delay_s = max_delay_s
+        self.retry_max_s = retry_max_s
+        self.config = {**consumer_config(bootstrap, group_id), **(extra_config or {})}
+        self.stats = SinkStats()
+        self._offsets: dict[tuple[str, int], int] = {}
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._stop = threading.Event()
+        self._kind_topic = {table: topics.for_kind(kind) for kind, table in KIND_TABLE.items()}
+
+    def run(self, stop: threading.Event | None = None, max_seconds: float | None = None,
+            idle_exit_s: float | None = None) -> SinkStats:
+        """Consume until ``stop`` is set, ``max_seconds`` passed, or nothing arrived for
+        ``idle_exit_s`` after the first record. Always flushes and commits before returning."""
+        from confluent_kafka import Consumer
+
+        self._stop = stop or threading.Event()
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        self._consumer = Consumer(self.config)
+        self._consumer.subscribe(self.topics.all(), on_revoke=self._on_revoke)
+        last_flush = last_data = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    break
+                if idle_exit_s is not None and self.stats.messages and \
+                        now - last_data >= idle_exit_s:
+                    break
+                if self._offsets and (self.writer.pending >= self.batch_rows
+                                      or now - last_flush >= self.max_delay_s):
+                    self._ack()
+                    last_flush = time.monotonic()
+                msgs = self._consumer.consume(num_messages=2000, timeout=0.1)
+                if msgs:
+                    last_data = time.monotonic()
+                for msg in msgs:
+                    self._handle(msg)
+        except StorageError as exc:
+            log.error("stopping: %s", exc)
+        finally:
+            self._close()
+        return self.stats
+
+    def _close(self) -> None:
+        try:
+            self._ack(final=True)
+        except StorageError as exc:
+            log.error("stopping with an unwritten batch (it will be consumed again): %s", exc)
+        self._consumer.close()
+        if self._producer is not None:
+            self._producer.flush(10.0)
+
+    def _on_revoke(self, consumer: Any, partitions: Any) -> None:
+        # Write and commit what we hold before another member takes these partitions.
+        try:
+            self._ack(final=True)
+        except StorageError as exc:
+            log.warning("rebalance with an unwritten batch (it will be consumed again): %s", exc)
+
+    def _handle(self, msg: Any) -> None:
+        if msg.error():
+            self.stats.kafka_errors += 1
+            log.warning("kafka: %s", msg.error())
+            return
+        self.stats.messages += 1
+        value = msg.value() or b""
+        if msg.topic() == self.topics.deadletter:
+            self._from_deadletter_topic(msg, value)
+        else:
+            events, errors = decode_lenient(value)
+            for event in events:
+                self._buffer(self.writer.add, event)
+            if errors:
+                self._dead(msg.topic(), msg.key(), "; ".join(errors), value,
+                           msg.partition(), msg.offset(), _msg_ts(msg))
+        self._offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+
+    def _from_deadletter_topic(self, msg: Any, value: bytes) -> None:
+        if (SOURCE_HEADER, SOURCE) in (msg.headers() or []):
+            return  # ours: already in the table
+        try:
+            rec = orjson.loads(value)
+            row = {"topic": str(rec["topic"]), "error": str(rec["error"]), "raw": str(rec["raw"])}
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            row = {"topic": msg.topic(), "error": "deadletter: not {error, topic, raw}",
+                   "raw": value.decode("utf-8", errors="replace")}
+        row.update(ts=_msg_ts(msg), key=_text(msg.key()), reporter="deadletter-topic",
+                   partition=None, offset=None)
+        self._buffer(self.writer.add_dead_letter, row)
+
+    def _dead(self, topic: str, key: bytes | str | None, error: str, raw: bytes | str,
+              partition: int | None, offset: int | None, ts: float) -> None:
+        """One rejected record: to the dead-letter topic and the dead_letters table."""
+        error = error[:ERROR_LIMIT]
+        if self._producer is None:
+            from confluent_kafka import Producer
+
+            self._producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20})
+        self._producer.produce(self.topics.deadletter, encode_deadletter(error, topic, raw),
+                               key=key, headers=[(SOURCE_HEADER, SOURCE)])
+        self._producer.poll(0)
+        self.stats.dead_letters += 1
+        raw_text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+        self._buffer(self.writer.add_dead_letter, {
+            "ts": ts, "topic": topic, "partition": partition, "offset": offset,
+            "key": _text(key), "error": error, "raw": raw_text, "reporter": "sink"})
+
+    def _buffer(self, add: Any, row: dict[str, Any]) -> None:
+        # Back-pressure: a full buffer is written (and committed) before reading on.
+        if not add(row):
+            self._ack()
+            if not add(row):
+                raise StorageError("writer buffer still full after a flush")
+
+    def _flush(self) -> None:
+        result = self.writer.flush()
+        self._count(result)
+        if result.rejected:
+            now = time.time()
+            for event, error in result.rejected:
+                topic = self._kind_topic.get(KIND_TABLE.get(event.get("kind", ""), ""), "")
+                self._dead(topic, None, error, orjson.dumps(event), None, None, now)
+            self._count(self.writer.flush())
+
+    def _count(self, result: WriteResult) -> None:
+        self.stats.rows += result.rows
+        self.stats.events += result.rows - result.tables.get("dead_letters", 0)
+
+    def _ack(self, final: bool = False) -> None:
+        """Write the buffer (retrying with backoff while ClickHouse fails; after a stop
+        request, three tries then StorageError), deliver the dead letters, then commit
+        the offsets the batch covers."""
+        backoff, attempts = 0.2, 0
+        while True:
+            try:
+                self._flush()
+                break
+            except StorageError as exc:
+                attempts += 1
+                self.stats.write_errors += 1
+                if self._stop.is_set() and attempts >= 3:
+                    raise
+                log.warning("ClickHouse write failed (retrying in %.1f s): %s", backoff, exc)
+                if self._stop.is_set() or final:
+                    time.sleep(backoff)
+                else:
+                    self._stop.wait(backoff)
+                backoff = min(backoff * 2, self.retry_max_s)
+        if self._producer is not None and self._producer.flush(10.0):
+            raise StorageError("dead letters not delivered to Kafka; offsets not committed")
+        self._commit()
+
+    def _commit(self) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if not self._offsets:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._offsets.items()]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+            self.stats.commits += 1
+            self._offsets.clear()
+        except KafkaException as exc:
+            # e.g. a rebalance took the partitions: the new owner re-reads, rows are idempotent
+            log.warning("offset commit failed (records may be written again): %s", exc)
+
+
+def _msg_ts(msg: Any) -> float:
+    kind, ms = msg.timestamp()
+    return ms / 1000.0 if kind and ms > 0 else time.time()
+
+
+def _text(value: bytes | str | None) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return value.decode("utf-8", errors="replace")
