@@ -1,0 +1,27 @@
+"""A synthetic GPU training cluster with injected fail-slows, emitting CONTRACT.md events.
+
+>>> from simulator import SCENARIOS, simulate
+>>> trace = simulate(SCENARIOS["gpu_thermal_30"], seed=0, steps=5)
+>>> sorted({e["kind"] for e in trace.events()})
+['collective', 'gpu', 'host', 'nic', 'step']
+"""
+
+from simulator.scenarios import SCENARIOS
+from simulator.schedule import load_schedule, parse_schedule
+from simulator.spec import BENIGN_KINDS, FAULT_KINDS, FaultSpec, JobSpec, Scenario, SimulatorError
+from simulator.trace import DEFAULT_START_TS, Trace, simulate
+
+__all__ = [
+    "BENIGN_KINDS",
+    "DEFAULT_START_TS",
+    "FAULT_KINDS",
+    "SCENARIOS",
+    "FaultSpec",
+    "JobSpec",
+    "Scenario",
+    "SimulatorError",
+    "Trace",
+    "load_schedule",
+    "parse_schedule",
+    "simulate",
+]

@@ -1,15 +1,93 @@
-"""`failslow simulate` — not built yet."""
+"""`failslow simulate` — write a simulated trace (JSON Lines) and its ground truth.
+
+    failslow simulate --list
+    failslow simulate gpu_thermal_30 --out trace.jsonl [--seed 0] [--steps 200]
+    failslow simulate healthy_16 --schedule faults.txt --out trace.jsonl
+    failslow simulate gpu_thermal_30 --kafka [--out trace.jsonl]
+
+The trace goes to FILE, the ground truth to FILE.truth.json; with ``--kafka`` the
+events are also published through the collectors' publisher (same code path as
+the real collectors), to the topics under the configured prefix.
+"""
+
+from __future__ import annotations
 
 import argparse
 import sys
 
-HELP = "not built yet"
+HELP = "write a simulated trace and its ground truth"
+DEFAULT_SCENARIO = "healthy_16"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    return None
+    parser.add_argument("scenario", nargs="?", help=f"scenario name (default {DEFAULT_SCENARIO};"
+                        " see --list)")
+    parser.add_argument("--out", help="trace file (JSON Lines); truth goes to FILE.truth.json")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--steps", type=int, help="number of steps (default: the scenario's)")
+    parser.add_argument("--schedule", help="injection schedule file added to the scenario "
+                        "(format: docs/schedules.md)")
+    parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
+    parser.add_argument("--kafka", action="store_true",
+                        help="also publish the events to Kafka (--bootstrap, --topic-prefix)")
+    parser.add_argument("--realtime", action="store_true",
+                        help="pace events to the wall clock (with --kafka)")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("failslow simulate: not built yet (its issue is still open)", file=sys.stderr)
-    return 2
+    from failslow.config import resolve
+    from simulator import SCENARIOS, SimulatorError, load_schedule, simulate
+
+    if args.list:
+        for sc in SCENARIOS.values():
+            print(f"{sc.name}  {sc.description}")
+        return 0
+    name = args.scenario or DEFAULT_SCENARIO
+    if name not in SCENARIOS:
+        raise SimulatorError(f"unknown scenario {name!r} (failslow simulate --list names them)")
+    if not args.out and not args.kafka:
+        raise SimulatorError("nothing to do: give --out FILE and/or --kafka")
+    extra = load_schedule(args.schedule) if args.schedule else ()
+    trace = simulate(SCENARIOS[name], seed=args.seed, steps=args.steps, extra_faults=extra)
+    if args.kafka:
+        n = _publish(trace, resolve(args), args.realtime)
+        print(f"published {n} events to {resolve(args).bootstrap}", file=sys.stderr)
+    if args.out:
+        try:
+            n = trace.write_jsonl(args.out)
+        except OSError as exc:
+            raise SimulatorError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+        print(f"wrote {n} events to {args.out} and the truth to {args.out}.truth.json",
+              file=sys.stderr)
+    return 0
+
+
+def _publish(trace, settings, realtime: bool) -> int:
+    from collectors.publisher import Publisher
+    from schema import Topics
+    from simulator import SimulatorError
+
+    pub = Publisher(bootstrap=settings.bootstrap, topics=Topics(settings.topic_prefix))
+    n = 0
+    try:
+        if realtime:
+            batch: list[dict] = []
+            for event in trace.events(realtime=True):
+                batch.append(event)
+                if len(batch) >= 200 or event["kind"] == "step":
+                    pub.publish(batch)
+                    n += len(batch)
+                    batch = []
+            if batch:
+                pub.publish(batch)
+                n += len(batch)
+        else:
+            for chunk in trace.batches():
+                pub.publish(chunk)
+                n += len(chunk)
+        left = pub.flush(timeout=30.0)
+    finally:
+        pub.close()
+    if left:
+        raise SimulatorError(f"{left} events were not delivered to {settings.bootstrap}")
+    return n

@@ -1,0 +1,256 @@
+"""Run a scenario: interleave its jobs' steps with cluster telemetry; ground truth.
+
+``simulate(scenario, seed)`` returns a ``Trace``; nothing runs until it is read.
+``trace.events()`` regenerates the same events every time (all randomness comes
+from generators seeded by ``seed``); ``trace.truth`` is computed by a physics-only
+pass if the events were not read yet.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from simulator.effects import host_index, physics_effects
+from simulator.emit import step_and_collective_events
+from simulator.physics import JobSim, StepOut
+from simulator.spec import FaultSpec, JobSpec, Scenario, SimulatorError
+from simulator.telemetry import Target, Telemetry
+from simulator.topology import Layout
+from simulator.truth import make_truth
+
+DEFAULT_START_TS = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed so traces are reproducible
+
+
+@dataclass
+class _Job:
+    spec: JobSpec
+    lay: Layout
+    sim: JobSim
+    faults: list[FaultSpec]
+    gpus: np.ndarray                    # global GPU index of each rank
+    limit: int
+    done: int = 0
+    fired: set[int] = field(default_factory=set)
+    last_ckpt: int | None = None
+    onset: dict[int, int] = field(default_factory=dict)   # fault index -> first step
+    series: list[tuple[float, float, bool]] = field(default_factory=list)  # t_rel, step_s, clean
+    ended_ts: float | None = None
+
+
+class Trace:
+    """One simulated run. Iterate ``events()``; read ``truth``; ``write_jsonl(path)``."""
+
+    def __init__(self, scenario: Scenario, seed: int = 0, steps: int | None = None,
+                 start_ts: float = DEFAULT_START_TS):
+        scenario.check()
+        if steps is not None:
+            if steps < 1:
+                raise SimulatorError(f"steps must be >= 1, got {steps}")
+            scenario = replace(scenario, steps=steps)
+        self.scenario, self.seed, self.start_ts = scenario, seed, float(start_ts)
+        self._truth: dict | None = None
+
+    # -- public ---------------------------------------------------------------
+
+    @property
+    def truth(self) -> dict:
+        """Ground truth (see the brief's format); JSON-serializable."""
+        if self._truth is None:
+            for _ in self._chunks(emit=False):
+                pass
+        assert self._truth is not None
+        return self._truth
+
+    def events(self, realtime: bool = False, speed: float = 1.0) -> Iterator[dict]:
+        """Every event, roughly in ts order. ``realtime`` paces them to the wall clock
+        (``speed`` x faster than real time); the default is as fast as possible."""
+        if not realtime:
+            for chunk in self._chunks(emit=True):
+                yield from chunk
+            return
+        wall0 = time.monotonic()
+        for chunk in self._chunks(emit=True):
+            for event in chunk:
+                delay = (event["ts"] - self.start_ts) / speed - (time.monotonic() - wall0)
+                if delay > 0.001:
+                    time.sleep(delay)
+                yield event
+
+    def batches(self) -> Iterator[list[dict]]:
+        """The events in chunks (one job step plus the telemetry of its window)."""
+        return self._chunks(emit=True)
+
+    def write_jsonl(self, path: str | os.PathLike) -> int:
+        """Write the trace as JSON Lines to ``path`` and the truth to ``path``.truth.json;
+        returns the number of events written."""
+        path = Path(path)
+        n = 0
+        dumps = orjson.dumps
+        with open(path, "wb") as f:
+            for chunk in self._chunks(emit=True):
+                if chunk:
+                    f.write(b"\n".join(map(dumps, chunk)))
+                    f.write(b"\n")
+                    n += len(chunk)
+        truth_path = path.with_name(path.name + ".truth.json")
+        truth_path.write_bytes(orjson.dumps(self.truth, option=orjson.OPT_INDENT_2))
+        return n
+
+    # -- the loop -------------------------------------------------------------
+
+    def _setup(self) -> tuple[list[_Job], int]:
+        sc = self.scenario
+        G = sc.gpus_per_host
+        jobs: list[_Job] = []
+        offset = 0
+        for k, spec in enumerate(sc.jobs):
+            lay = Layout(spec.hosts * G, spec.tp, spec.pp, G, offset)
+            rng = np.random.default_rng([self.seed, k])
+            sim = JobSim(spec, lay, rng, self.start_ts)
+            faults = [f for f in sc.faults if f.job == spec.job_id]
+            for f in faults:
+                for r in (f.rank, f.peer_rank):
+                    if r is not None and not 0 <= r < lay.world:
+                        raise SimulatorError(f"{f.kind}: rank {r} is outside {spec.job_id} "
+                                             f"(world size {lay.world})")
+                if f.host is not None and not 0 <= host_index(f.host) < self._n_hosts():
+                    raise SimulatorError(f"{f.kind}: no host {f.host!r} in this cluster")
+            gpus = lay.host_index * G + lay.gpu
+            jobs.append(_Job(spec, lay, sim, faults, gpus, spec.steps or sc.steps))
+            offset += spec.hosts
+        return jobs, offset + sc.idle_hosts
+
+    def _n_hosts(self) -> int:
+        return sum(j.hosts for j in self.scenario.jobs) + self.scenario.idle_hosts
+
+    def _targets(self, jobs: list[_Job]) -> list[Target]:
+        G = self.scenario.gpus_per_host
+        by_id = {j.spec.job_id: j for j in jobs}
+        out = []
+        for f in self.scenario.faults:
+            job = by_id[f.job]
+            ranks = [r for r in (f.rank, f.peer_rank) if r is not None]
+            gpus = job.gpus[ranks] if ranks else np.zeros(0, dtype=np.int64)
+            hosts = np.unique(job.lay.host_index[ranks]) if ranks else np.zeros(0, np.int64)
+            nics = gpus
+            if f.host is not None:
+                h = host_index(f.host)
+                hosts = np.array([h])
+                nics = h * G + (np.arange(G) if f.nic is None else np.array([f.nic]))
+                gpus = np.zeros(0, dtype=np.int64) if f.kind in ("slow_link", "nic_errors") \
+                    else h * G + np.arange(G)
+            out.append(Target(f.kind, f.start_s, f.end_s, f.intensity, gpus, nics, hosts))
+        return out
+
+    def _advance(self, job: _Job, tel: Telemetry | None, benign: list[dict]) -> StepOut | None:
+        sc, sim = self.scenario, job.sim
+        t_rel = float(sim.ready.min()) - self.start_ts
+        ended = any(f.kind == "job_end" and f.start_s <= t_rel for f in job.faults)
+        if job.done >= job.limit or ended:
+            return None
+        spike = None
+        clean = sim.warm >= sc.warmup_steps
+        for i, f in enumerate(job.faults):
+            if f.kind == "gc_spike" and i not in job.fired and f.start_s <= t_rel:
+                job.fired.add(i)
+                spike = np.zeros(job.lay.world)
+                spike[slice(None) if f.rank is None else f.rank] = f.intensity * job.spec.step_s
+                benign.append({"kind": "gc_spike", "job_id": job.spec.job_id, "rank": f.rank,
+                               "start_ts": self.start_ts + t_rel, "end_ts": None})
+            if f.active(t_rel):
+                clean = clean and f.kind in ("checkpoint", "restart")
+                job.onset.setdefault(i, sim.step)
+        eff = physics_effects(job.faults, job.lay, sc.gpus_per_host, t_rel, job.spec.step_s)
+        out = sim.next_step(eff, sc.warmup_steps, spike)
+        if spike is not None:
+            benign[-1]["end_ts"] = float(out.end.max())
+            clean = False
+        t_end = float(out.end.max()) - self.start_ts
+        for i, f in enumerate(job.faults):
+            if f.kind not in ("checkpoint", "restart") or i in job.fired or f.start_s > t_end:
+                continue
+            job.fired.add(i)
+            clean = False
+            secs = (f.end_s if f.end_s is not None else f.start_s + 30.0) - f.start_s
+            sim.pause(out, f.kind, secs)
+            kind, b, e = out.pauses[-1]
+            entry = {"kind": kind, "job_id": job.spec.job_id, "start_ts": b, "end_ts": e}
+            if kind == "checkpoint":
+                job.last_ckpt = out.step
+            else:
+                entry["rank"] = f.rank
+                entry["resumed_at_step"] = (job.last_ckpt + 1) if job.last_ckpt is not None \
+                    else out.step + 1
+                sim.restart(entry["resumed_at_step"])
+            benign.append(entry)
+            if tel is not None:
+                tel.pause(job.gpus, b, e)
+        job.series.append((t_rel, float(np.median(out.end - out.t0)), clean))
+        job.done += 1
+        return out
+
+    def _chunks(self, emit: bool) -> Iterator[list[dict]]:
+        sc = self.scenario
+        jobs, n_hosts = self._setup()
+        hosts = [f"h{h}" for h in range(n_hosts)]
+        tel = None
+        if emit:
+            tel = Telemetry(n_hosts, sc.gpus_per_host, self._targets(jobs),
+                            np.random.default_rng([self.seed, 10_000]), self.start_ts,
+                            sc.sample_interval_s)
+        benign: list[dict] = []
+        for job in jobs:
+            end = job.spec.step_s * (sc.warmup_steps + 4)
+            benign.append({"kind": "warmup", "job_id": job.spec.job_id,
+                           "start_ts": self.start_ts, "end_ts": self.start_ts + end})
+        pending = {k: self._advance(j, tel, benign) for k, j in enumerate(jobs)}
+        last_ts = self.start_ts
+        while any(v is not None for v in pending.values()):
+            k = min((k for k, v in pending.items() if v is not None),
+                    key=lambda k: pending[k].end.max())
+            job, out = jobs[k], pending[k]
+            last_ts = max(last_ts, float(out.end.max()))
+            if tel is not None:
+                tel.update(job.gpus, job.lay.grid.ravel().tolist(), job.spec.job_id, out.t0,
+                           out.end, out.compute, out.comm, out.net_bytes)
+                events = step_and_collective_events(job.spec.job_id, job.lay, hosts, out,
+                                                    job.spec.tokens_per_step)
+                yield _merge_by_ts(tel.sample_until(float(out.end.max())), events)
+            pending[k] = self._advance(job, tel, benign)
+            if pending[k] is None:
+                job.ended_ts = float(out.end.max())
+                if job.done < (job.spec.steps or sc.steps):
+                    benign.append({"kind": "job_end", "job_id": job.spec.job_id,
+                                   "start_ts": job.ended_ts, "end_ts": None})
+                if tel is not None:
+                    tel.release(job.gpus)
+        if tel is not None:
+            yield tel.sample_until(last_ts)
+        self._truth = make_truth(self, jobs, hosts, benign, last_ts)
+
+
+def _merge_by_ts(a: list[dict], b: list[dict]) -> list[dict]:
+    if not a:
+        return b
+    both = a + b
+    ts = np.fromiter((e["ts"] for e in both), dtype=np.float64, count=len(both))
+    return [both[i] for i in np.argsort(ts, kind="stable").tolist()]
+
+
+def simulate(scenario: Scenario, seed: int = 0, steps: int | None = None,
+             start_ts: float = DEFAULT_START_TS, extra_faults: tuple[FaultSpec, ...] = ()
+             ) -> Trace:
+    """A lazily evaluated, deterministic trace of ``scenario`` under ``seed``.
+
+    ``steps`` overrides the scenario's step count; ``extra_faults`` adds injections
+    (e.g. from ``load_schedule``)."""
+    if extra_faults:
+        scenario = replace(scenario, faults=(*scenario.faults, *extra_faults))
+    return Trace(scenario, seed=seed, steps=steps, start_ts=start_ts)
