@@ -197,8 +197,10 @@ def migrate(client: Client, database: str | None = None, ttl_days: int | None = 
     """
     db = check_identifier(database or client.database)
     check_server(client)
-    fill = {"db": db, "ttl_days": int(ttl_days or DEFAULT_TTL_DAYS),
-            "rollup_ttl_days": int(rollup_ttl_days or DEFAULT_ROLLUP_TTL_DAYS)}
+    fill = {"db": db,
+            "ttl_days": DEFAULT_TTL_DAYS if ttl_days is None else int(ttl_days),
+            "rollup_ttl_days": DEFAULT_ROLLUP_TTL_DAYS if rollup_ttl_days is None
+            else int(rollup_ttl_days)}
     if min(fill["ttl_days"], fill["rollup_ttl_days"]) < 1:
         raise StorageError("TTL must be at least 1 day")
     client.execute(f"CREATE DATABASE IF NOT EXISTS {db}")

@@ -1,0 +1,84 @@
+"""Helpers for the storage tests (imported by tests/test_storage_*.py).
+
+chdb opens ONE data folder per process (and one process per folder). So every
+in-process test shares one folder for the whole pytest run, created lazily here,
+and isolates itself with its own database ``failslow_<uuid>``; tests that need
+a folder of their own (CLI commands, a second process) run in a subprocess.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schema.events import SPECS
+from storage.client import Client, connect
+from storage.migrations import migrate
+
+_folder: list[Path] = []
+_keeper: list[Client] = []  # one open client keeps the session up between tests
+
+
+def shared_folder() -> Path:
+    """The chdb folder this pytest process uses (created once, removed at exit)."""
+    if not _folder:
+        path = Path(tempfile.mkdtemp(prefix="failslow-chdb-")) / "chdb"
+        _folder.append(path)
+        _keeper.append(connect(f"chdb://{path}", own=True))
+        atexit.register(shutil.rmtree, path.parent, True)
+    return _folder[0]
+
+
+def chdb_url(database: str) -> str:
+    return f"chdb://{shared_folder()}?database={database}"
+
+
+@pytest.fixture
+def ch() -> Iterator[Client]:
+    """A migrated, empty database of its own in the shared chdb folder."""
+    database = f"failslow_{uuid.uuid4().hex[:12]}"
+    client = connect(chdb_url(database), own=True)
+    migrate(client)
+    try:
+        yield client
+    finally:
+        client.execute(f"DROP DATABASE IF EXISTS {database}")
+        client.close()
+
+
+def _value(name: str, ftype: Any, i: int) -> Any:
+    if name == "ts" or name.endswith("_ts"):
+        return 1_700_000_000.25 + i
+    if ftype == "num":
+        return 1.5 + i
+    if ftype == "int":
+        return 3 + i
+    if ftype == "str":
+        return f"{name}-{i}"
+    if ftype == "ints":
+        return [13, 79 + i]
+    if ftype == "obj":
+        return {"z": 2.5, "i": i}
+    return ftype[i % len(ftype)]
+
+
+def full_event(kind: str, i: int = 0) -> dict[str, Any]:
+    """An event of ``kind`` with EVERY field of CONTRACT.md set (required and optional)."""
+    required, optional = SPECS[kind]
+    event: dict[str, Any] = {"v": 1, "kind": kind}
+    for name, ftype in {**required, **optional}.items():
+        event[name] = _value(name, ftype, i)
+    return event
+
+
+def minimal_event(kind: str, i: int = 0) -> dict[str, Any]:
+    """An event of ``kind`` with only the required fields."""
+    required, _ = SPECS[kind]
+    return {"v": 1, "kind": kind, **{n: _value(n, t, i) for n, t in required.items()}}

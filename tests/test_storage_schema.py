@@ -1,0 +1,75 @@
+"""The ClickHouse schema on chdb: applies, is idempotent, and holds every CONTRACT field."""
+
+from __future__ import annotations
+
+import pytest
+from storage_support import ch  # noqa: F401 - fixture
+
+from schema.events import SPECS
+from storage.errors import QueryError, StorageError
+from storage.migrations import MIGRATIONS, migrate
+from storage.url import parse
+from storage.writer import KIND_TABLE
+
+
+def _columns(client, table):
+    _, rows = client.query(f"DESCRIBE TABLE {table}")
+    return {r[0]: r[1] for r in rows}
+
+
+def test_migrate_is_idempotent_and_recorded(ch):  # noqa: F811
+    assert migrate(ch) == []
+    _, rows = ch.query("SELECT version FROM schema_migrations FINAL ORDER BY version")
+    assert [r[0] for r in rows] == [m[0] for m in MIGRATIONS]
+
+
+@pytest.mark.parametrize("kind", list(KIND_TABLE))
+def test_every_contract_field_is_a_column(ch, kind):  # noqa: F811
+    cols = _columns(ch, KIND_TABLE[kind])
+    required, optional = SPECS[kind]
+    for name in required:
+        assert name in cols, f"{kind}.{name} missing"
+        assert "Nullable" not in cols[name] or name == "xid"
+    for name, ftype in optional.items():
+        assert name in cols, f"{kind}.{name} missing"
+        # ClickHouse arrays cannot be Nullable: an absent xid list is stored as [].
+        assert "Nullable" in cols[name] or ftype == "ints" or name == "evidence"
+    for name in cols:
+        if name == "ts" or name.endswith("_ts") and name != "ingest_ts":
+            assert "DateTime64(3, 'UTC')" in cols[name]
+
+
+def test_incidents_current_has_the_contract_columns(ch):  # noqa: F811
+    cols = _columns(ch, "incidents_current")
+    for name in ("incident_id", "job_id", "status", "fault", "severity", "rank", "host", "gpu",
+                 "peer_rank", "peer_host", "root_cause", "mitigation", "slowdown_pct"):
+        assert name in cols
+    for name in ("onset_ts", "detected_ts", "resolved_ts"):
+        assert "DateTime64(3, 'UTC')" in cols[name]
+
+
+def test_ttl_days_changes_existing_tables(ch):  # noqa: F811
+    migrate(ch, ttl_days=7)
+    _, rows = ch.query("SELECT name, engine_full FROM system.tables WHERE database = "
+                       "currentDatabase() AND name IN ('steps', 'gpu', 'dead_letters')")
+    assert len(rows) == 3
+    assert all("toIntervalDay(7)" in engine for _, engine in rows)
+    with pytest.raises(StorageError, match="at least 1 day"):
+        migrate(ch, ttl_days=0)
+
+
+def test_bad_sql_is_one_line_query_error(ch):  # noqa: F811
+    with pytest.raises(QueryError) as info:
+        ch.query("SELEC nothing FROM steps")
+    assert "\n" not in str(info.value) and "UNKNOWN_IDENTIFIER" in str(info.value)
+
+
+def test_url_parsing():
+    u = parse("clickhouse://bob:s3cret@db.example:9440/metrics")
+    assert (u.host, u.port, u.user, u.database) == ("db.example", 9440, "bob", "metrics")
+    assert "s3cret" not in u.redacted() and "s3cret" not in repr(u)
+    assert parse("chdb:///tmp/x?database=abc").database == "abc"
+    assert parse("chdb:///tmp/x").database == "failslow"
+    for bad in ("mysql://x", "chdb://", "chdb:///tmp/x?database=a;drop"):
+        with pytest.raises(StorageError):
+            parse(bad)
