@@ -93,8 +93,11 @@ class NotifyService:
         last_prune = self.clock()
         try:
             while not stop.is_set():
-                msgs = consumer.consume(num_messages=500, timeout=self.poll_timeout_s)
-                if msgs:
+                # consume() would wait out its whole timeout for a full batch; wait for
+                # the first record only, then take whatever else is already fetched.
+                first = consumer.poll(self.poll_timeout_s)
+                if first is not None:
+                    msgs = [first, *consumer.consume(num_messages=499, timeout=0)]
                     self._handle(msgs, router, outbox, producer, consumer, stop)
                 now = self.clock()
                 self._queue(outbox, router, router.summaries(now), now)
@@ -159,6 +162,7 @@ class NotifyService:
             self.stats["queued"] += len(notes)
 
     def _sync_stats(self, dispatcher: Dispatcher, router: Router, outbox: Outbox) -> None:
-        self.stats.update({k: v - self.stats[k] for k, v in dispatcher.stats.items()})
+        for k, v in dispatcher.stats.items():
+            self.stats[k] = v
         self.stats["suppressed"] = router.suppressed_total
         self.stats["outbox_pending"] = outbox.pending()
