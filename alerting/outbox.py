@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from alerting.base import Notification
+from alerting.base import AlertingError, Notification
 from alerting.router import IncidentState
 
 SCHEMA = """
@@ -58,17 +58,24 @@ class Head:
 
 
 class Outbox:
-    """One SQLite file (``notify.sqlite`` under the state directory); one thread uses it."""
+    """One SQLite file (``notify.sqlite`` under the state directory); one thread uses it.
+
+    A write that fails later (disk full) raises sqlite3.Error on purpose: the caller
+    must stop rather than commit Kafka offsets for notifications it could not store.
+    """
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(path, isolation_level=None)
-        # WAL + FULL: a committed write survives a crash or power loss before we
-        # commit the Kafka offset that it stands for.
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None)
+            # WAL + FULL: a committed write survives a crash or power loss before we
+            # commit the Kafka offset that it stands for.
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise AlertingError(f"outbox {path}: {exc}") from None
 
     def close(self) -> None:
         self._db.close()

@@ -10,6 +10,7 @@ import pytest
 from http_receiver import HttpReceiver
 
 from alerting import (
+    AlertingError,
     Backoff,
     Dispatcher,
     MemoryNotifier,
@@ -165,3 +166,9 @@ def test_a_destination_no_longer_configured_keeps_its_rows(outbox):
     outbox.record([Notification("slack", "open", incident())], {}, 0.0)
     d = Dispatcher(outbox, {"console": MemoryNotifier("console")})
     assert d.drain() == 0 and outbox.pending("slack") == 1
+
+
+def test_an_unusable_state_dir_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(AlertingError, match="outbox"):
+        Outbox(tmp_path / "file" / "notify.sqlite")
