@@ -20,8 +20,8 @@ CORES_LOAD = 128.0  # host cores: load1 under full contention is about this many
 
 
 def step_and_collective_events(job_id: str, lay: Layout, hosts: list[str], out: StepOut,
-                               tokens: int) -> list[dict]:
-    """All step and collective events of one step of one job, in ts order."""
+                               tokens: int) -> tuple[list[dict], np.ndarray]:
+    """All step and collective events of one step of one job in ts order, and their ts."""
     W = lay.world
     end = np.round(out.end, 6)
     dur = np.round(out.end - out.t0, 7).tolist()
@@ -40,7 +40,8 @@ def step_and_collective_events(job_id: str, lay: Layout, hosts: list[str], out: 
             lay.dp_rank.tolist(), lay.pp_rank.tolist(), lay.tp_rank.tolist(), strict=True)]
     col = out.coll
     if not len(col["rank"]):
-        return steps
+        order = np.argsort(end, kind="stable")
+        return [steps[i] for i in order.tolist()], end[order]
     cend = np.round(col["end"], 6)
     order = np.argsort(cend, kind="stable")
     ranks = col["rank"][order]
@@ -62,8 +63,9 @@ def step_and_collective_events(job_id: str, lay: Layout, hosts: list[str], out: 
             col["seq"][order].tolist(), start.tolist(), cdur, col["bytes"][order].tolist(),
             peers, strict=True)]
     both = colls + steps
-    order = np.argsort(np.concatenate([cend, end]), kind="stable").tolist()
-    return [both[i] for i in order]
+    ts_all = np.concatenate([cend, end])
+    order = np.argsort(ts_all, kind="stable")
+    return [both[i] for i in order.tolist()], ts_all[order]
 
 
 def gpu_events(tel: Telemetry, base: float, sm, util, fc, power, limit, reasons, width, gen,

@@ -57,7 +57,7 @@ class JobSim:
         self.shape = (P, D, T)
         s = job.step_s
         a_tp = 0.10 if T > 1 else 0.0
-        a_pp = 0.03 if P > 1 else 0.0
+        a_pp = 0.06 if P > 1 else 0.0
         self.dp_s = job.comm_frac * s if D > 1 else 0.0
         self.opt_s = 0.02 * s
         self.data_s = 0.01 * s
@@ -131,11 +131,8 @@ class JobSim:
         self.ready = ready
         self.step += 1
         self.warm += 1
-        flat = {k: np.concatenate([c[i].ravel() for c in self._cols]) if self._cols
-                else np.zeros(0) for i, k in enumerate(("rank", "start", "end", "gid", "seq",
-                                                        "bytes", "op", "peer"))}
         return StepOut(self.step - 1, t0.ravel(), ready.ravel(), comp.ravel(), comm.ravel(),
-                       data.ravel(), net.ravel()[:W], flat, pauses)
+                       data.ravel(), net.ravel()[:W], self._columns(), pauses)
 
     def pause(self, out: StepOut, kind: str, seconds: float) -> float:
         """All ranks stop together after ``out`` (checkpoint, restart); returns the resume ts.
@@ -157,10 +154,30 @@ class JobSim:
     # -- communication ------------------------------------------------------------
 
     def _rec(self, op: int, ranks, start, end, gid, seq, nbytes: int, peer=None) -> None:
-        # Copies: the inputs are views of arrays the loop keeps updating.
-        shape = np.shape(ranks)
-        cols = (ranks, start, end, gid, seq, nbytes, op, -1 if peer is None else peer)
-        self._cols.append(tuple(np.array(np.broadcast_to(c, shape)) for c in cols))
+        # Copies: start/end/seq are views of arrays the loop keeps updating.
+        n = np.size(ranks)
+        self._cols.append((n, op, nbytes, np.ravel(ranks), np.ravel(start).copy(),
+                           np.ravel(end).copy(), np.broadcast_to(gid, np.shape(ranks)).ravel(),
+                           np.broadcast_to(seq, np.shape(ranks)).ravel().copy(),
+                           None if peer is None else np.ravel(peer)))
+
+    def _columns(self) -> dict[str, np.ndarray]:
+        """The recorded collectives of this step as flat columns."""
+        cols = self._cols
+        if not cols:
+            empty = np.zeros(0, dtype=np.int64)
+            return {k: empty for k in ("rank", "start", "end", "gid", "seq", "bytes", "op",
+                                       "peer")}
+        sizes = np.array([c[0] for c in cols])
+        cat = np.concatenate
+        return {
+            "rank": cat([c[3] for c in cols]), "start": cat([c[4] for c in cols]),
+            "end": cat([c[5] for c in cols]), "gid": cat([c[6] for c in cols]),
+            "seq": cat([c[7] for c in cols]),
+            "bytes": np.repeat(np.array([c[2] for c in cols], dtype=np.int64), sizes),
+            "op": np.repeat(np.array([c[1] for c in cols], dtype=np.int64), sizes),
+            "peer": cat([np.full(c[0], -1) if c[8] is None else c[8] for c in cols]),
+        }
 
     def _p2p(self, src: int, dst: int, lo: int, ready, pend, comm, net, pp_mult) -> None:
         """One micro-batch transfer from stage src to dst (channel between stages lo, lo+1)."""

@@ -8,6 +8,7 @@ pass if the events were not read yet.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Iterator
@@ -92,15 +93,29 @@ class Trace:
         returns the number of events written."""
         path = Path(path)
         n = 0
-        dumps = orjson.dumps
+        # Event dicts form no reference cycles and die chunk by chunk; the cyclic GC
+        # would only rescan them (measured: ~1.5x slower on 1,024 ranks).
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            n = self._write(path)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        truth_path = path.with_name(path.name + ".truth.json")
+        truth_path.write_bytes(orjson.dumps(self.truth, option=orjson.OPT_INDENT_2))
+        return n
+
+    def _write(self, path: Path) -> int:
+        n = 0
         with open(path, "wb") as f:
             for chunk in self._chunks(emit=True):
                 if chunk:
-                    f.write(b"\n".join(map(dumps, chunk)))
+                    # One orjson call per chunk, then split the array into lines: simulator
+                    # events hold no nested objects, so "},{" only occurs between events.
+                    f.write(orjson.dumps(chunk)[1:-1].replace(b"},{", b"}\n{"))
                     f.write(b"\n")
                     n += len(chunk)
-        truth_path = path.with_name(path.name + ".truth.json")
-        truth_path.write_bytes(orjson.dumps(self.truth, option=orjson.OPT_INDENT_2))
         return n
 
     # -- the loop -------------------------------------------------------------
@@ -220,9 +235,9 @@ class Trace:
             if tel is not None:
                 tel.update(job.gpus, job.lay.grid.ravel().tolist(), job.spec.job_id, out.t0,
                            out.end, out.compute, out.comm, out.net_bytes)
-                events = step_and_collective_events(job.spec.job_id, job.lay, hosts, out,
-                                                    job.spec.tokens_per_step)
-                yield _merge_by_ts(tel.sample_until(float(out.end.max())), events)
+                events, ts = step_and_collective_events(job.spec.job_id, job.lay, hosts, out,
+                                                        job.spec.tokens_per_step)
+                yield _merge_by_ts(tel.sample_until(float(out.end.max())), events, ts)
             pending[k] = self._advance(job, tel, benign)
             if pending[k] is None:
                 job.ended_ts = float(out.end.max())
@@ -236,12 +251,20 @@ class Trace:
         self._truth = make_truth(self, jobs, hosts, benign, last_ts)
 
 
-def _merge_by_ts(a: list[dict], b: list[dict]) -> list[dict]:
-    if not a:
-        return b
-    both = a + b
-    ts = np.fromiter((e["ts"] for e in both), dtype=np.float64, count=len(both))
-    return [both[i] for i in np.argsort(ts, kind="stable").tolist()]
+def _merge_by_ts(samples: list[dict], events: list[dict], ts: np.ndarray) -> list[dict]:
+    """Insert telemetry samples (few) into ts-sorted events (many, with their ts)."""
+    if not samples:
+        return events
+    samples.sort(key=lambda e: e["ts"])
+    at = np.searchsorted(ts, [e["ts"] for e in samples], side="right").tolist()
+    out: list[dict] = []
+    prev = 0
+    for pos, sample in zip(at, samples, strict=True):
+        out.extend(events[prev:pos])
+        out.append(sample)
+        prev = pos
+    out.extend(events[prev:])
+    return out
 
 
 def simulate(scenario: Scenario, seed: int = 0, steps: int | None = None,
