@@ -38,7 +38,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from collectors.spool import Record, Spool
 from failslow.errors import FailslowError
@@ -90,7 +90,10 @@ class Publisher:
             "error_cb": self._on_error,
         }
         conf.update(config or {})
-        self._producer = Producer(conf)
+        try:
+            self._producer = Producer(conf)
+        except KafkaException as exc:
+            raise PublisherError(f"cannot create the Kafka producer: {exc.args[0].str()}") from None
         self._lock = threading.Condition(threading.RLock())
         self._spool = Spool(spool_dir, max_bytes=spool_max_bytes) if spool_dir else None
         self._spooling = bool(self._spool and len(self._spool))

@@ -1,15 +1,121 @@
-"""`failslow collect` — not built yet."""
+"""`failslow collect` — the host agent: samplers -> Kafka, until SIGTERM / SIGINT."""
+
+from __future__ import annotations
 
 import argparse
-import sys
+import logging
+import socket
 
-HELP = "not built yet"
+from collectors.agent import Agent
+from collectors.lifecycle import Shutdown
+from collectors.publisher import Publisher
+from failslow.config import resolve
+from failslow.errors import FailslowError
+from schema import Topics
+
+HELP = "the host agent: GPU/NIC/host samplers and NCCL Inspector tailer -> Kafka"
+SAMPLERS = ("gpu", "nic", "host", "nccl")
+log = logging.getLogger("failslow.collect")
+
+
+class CollectError(FailslowError):
+    """Bad collect arguments, or a sampler that was asked for cannot start."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    return None
+    parser.add_argument("--interval", type=float, default=1.0,
+                        help="seconds between samples (default 1)")
+    parser.add_argument("--samplers", default="auto",
+                        help="comma list of gpu,nic,host,nccl; 'auto' = nic,host, gpu when NVML "
+                             "loads, nccl when --nccl-dir is given")
+    parser.add_argument("--host", default=None, help="host name in events (default: hostname)")
+    parser.add_argument("--job-id", default=None, help="training job running on this host")
+    parser.add_argument("--rank-map", default=None,
+                        help="local GPU index -> global rank of --job-id, e.g. 0:8,1:9,2:10")
+    parser.add_argument("--nccl-dir", default=None,
+                        help="NCCL_INSPECTOR_DUMP_DIR of the job to follow")
+    parser.add_argument("--spool-dir", default=None,
+                        help="on-disk spool while the broker is unreachable "
+                             "(default FAILSLOW_HOME/spool/HOST)")
+    parser.add_argument("--spool-max-mb", type=float, default=256.0,
+                        help="spool bound; the oldest samples are dropped past it (default 256)")
+    parser.add_argument("--linger-ms", type=float, default=100.0,
+                        help="producer linger (default 100)")
+    parser.add_argument("--sys-root", default="/sys", help=argparse.SUPPRESS)
+    parser.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
+    parser.add_argument("--cycles", type=int, default=None,
+                        help="stop after this many sample cycles (default: run until stopped)")
+
+
+def _rank_map(text: str | None, job_id: str | None) -> dict[int, tuple[str, int]]:
+    if not text:
+        return {}
+    if not job_id:
+        raise CollectError("--rank-map needs --job-id")
+    try:
+        pairs = [item.split(":") for item in text.split(",") if item.strip()]
+        return {int(g): (job_id, int(r)) for g, r in pairs}
+    except ValueError:
+        raise CollectError(f"--rank-map: expected GPU:RANK,... not {text!r}") from None
+
+
+def build_samplers(args: argparse.Namespace, host: str) -> list:
+    wanted = args.samplers.split(",") if args.samplers != "auto" else ["gpu", "nic", "host"]
+    if args.samplers == "auto" and args.nccl_dir:
+        wanted.append("nccl")
+    unknown = set(wanted) - set(SAMPLERS)
+    if unknown:
+        raise CollectError(f"--samplers: unknown {', '.join(sorted(unknown))} "
+                           f"(choose from {', '.join(SAMPLERS)})")
+    samplers: list = []
+    if "gpu" in wanted:
+        from collectors.gpu import GpuSampler
+
+        try:
+            samplers.append(GpuSampler(host=host, ranks=_rank_map(args.rank_map, args.job_id)))
+        except Exception as exc:  # no driver / no libnvidia-ml: pynvml raises its own errors
+            if args.samplers != "auto":
+                raise CollectError(f"GPU sampler: NVML unavailable ({exc})") from None
+            log.info("no NVML on this host (%s): GPU sampler off", exc)
+    if "nic" in wanted:
+        from collectors.nic import NicSampler
+
+        samplers.append(NicSampler(host=host, sys_root=args.sys_root))
+    if "host" in wanted:
+        from collectors.host import HostSampler
+
+        samplers.append(HostSampler(host=host, proc_root=args.proc_root))
+    if "nccl" in wanted:
+        if not args.nccl_dir or not args.job_id:
+            raise CollectError("the nccl sampler needs --nccl-dir and --job-id")
+        from collectors.nccl_inspector import InspectorTailer
+
+        samplers.append(InspectorTailer(args.nccl_dir, args.job_id, host=host))
+    return samplers
 
 
 def run(args: argparse.Namespace) -> int:
-    print("failslow collect: not built yet (its issue is still open)", file=sys.stderr)
-    return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.interval <= 0:
+        raise CollectError(f"--interval must be > 0 seconds, not {args.interval}")
+    settings = resolve(args)
+    host = args.host or socket.gethostname()
+    samplers = build_samplers(args, host)
+    if not samplers:
+        raise CollectError("no sampler to run")
+    spool = args.spool_dir or str(settings.home / "spool" / host)
+    pub = Publisher(settings.bootstrap, Topics(settings.topic_prefix), spool_dir=spool,
+                    linger_ms=args.linger_ms, spool_max_bytes=int(args.spool_max_mb * 2**20))
+    agent = Agent(samplers, pub, interval_s=args.interval)
+    log.info("collect: %s -> %s (prefix %s), every %g s, spool %s", ",".join(
+        s.name for s in samplers), settings.bootstrap, settings.topic_prefix, args.interval, spool)
+    try:
+        with Shutdown() as stop:
+            agent.run(stop, cycles=args.cycles)
+    finally:
+        left = pub.close(timeout=10.0)
+        st = pub.stats
+        log.info("collect: stopped after %d cycles: published=%d delivered=%d spooled=%d "
+                 "dropped=%d failed=%d undelivered=%d", agent.cycles, st["published"],
+                 st["delivered"], st["spooled"], st["dropped"], st["failed"], left)
+    return 0

@@ -1,0 +1,153 @@
+"""NCCL Inspector tailer: NCCL's per-collective JSON records -> ``collective`` events.
+
+NCCL's Inspector profiler plugin (``ext-profiler/inspector`` in the NCCL repository)
+writes one JSON object per collective per communicator into files under
+``NCCL_INSPECTOR_DUMP_DIR`` (docs/collectors.md lists the variables to set). Each
+record has ``header`` (communicator ``id``, ``rank`` in it, ``n_ranks``),
+``metadata`` (``hostname``, ``pid``, ``dump_timestamp_us``) and ``coll_perf``
+(``coll``, ``coll_sn``, ``coll_msg_size_bytes``, ``coll_exec_time_us`` and, with
+``NCCL_INSPECTOR_DUMP_VERBOSE=1``, ``event_trace_ts.coll_start_ts`` in µs).
+
+The tailer follows every file in the folder (new files included), parses the
+complete objects appended since the last call (one per line, or pretty-printed),
+and keeps a partly written object for the next call. The start time is the
+verbose ``coll_start_ts`` when present, else the dump time minus the execution
+time (the dump happens after the collective ends, so this is an upper bound).
+``coll_sn`` becomes ``seq`` (NCCL numbers a communicator's collectives the same way
+on every rank) and the communicator id the group (``nccl-<id>``, or a name from
+``groups``). ``rank`` is the rank inside the communicator unless ``rank_of`` maps
+a record to the job's global rank (e.g. by pid).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+_OPS = {"allreduce": "allreduce", "allgather": "allgather", "reducescatter": "reducescatter",
+        "broadcast": "broadcast", "reduce": "reduce", "alltoall": "alltoall",
+        "send": "send", "recv": "recv", "barrier": "barrier"}
+_DECODER = json.JSONDecoder()
+
+
+class _File:
+    __slots__ = ("offset", "buffer")
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.buffer = ""
+
+
+class InspectorTailer:
+    """Follows NCCL Inspector output under ``directory``; ``sample()`` returns new events.
+
+    from_start: read files that exist at start from their beginning (default: from
+    their end, like ``tail -f``, so a restarted collector does not publish history twice).
+    """
+
+    name = "nccl"
+
+    def __init__(self, directory: str, job_id: str, host: str | None = None,
+                 groups: dict[str, str] | None = None,
+                 rank_of: Callable[[dict], int | None] | None = None,
+                 from_start: bool = False) -> None:
+        self.directory = directory
+        self.job_id = job_id
+        self.host = host
+        self.groups = groups or {}
+        self.rank_of = rank_of
+        self.bad_records = 0
+        self.skipped_ops = 0
+        self._files: dict[str, _File] = {}
+        if not from_start:
+            for path in self._list():
+                self._files[path] = _File(os.path.getsize(path))
+
+    def _list(self) -> list[str]:
+        out = []
+        for root, _dirs, names in os.walk(self.directory):
+            out += [os.path.join(root, n) for n in names if not n.startswith(".")]
+        return sorted(out)
+
+    def sample(self) -> list[dict]:
+        events: list[dict] = []
+        seen = set()
+        for path in self._list():
+            seen.add(path)
+            state = self._files.setdefault(path, _File(0))
+            try:
+                size = os.path.getsize(path)
+                if size < state.offset:  # truncated or replaced: start over
+                    state.offset, state.buffer = 0, ""
+                if size == state.offset:
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(state.offset)
+                    chunk = f.read(size - state.offset)
+            except OSError:
+                continue
+            state.offset += len(chunk)
+            state.buffer += chunk.decode("utf-8", errors="replace")
+            for record in self._parse(state):
+                ev = self._event(record)
+                if ev is not None:
+                    events.append(ev)
+        for gone in set(self._files) - seen:
+            del self._files[gone]
+        return events
+
+    def _parse(self, state: _File) -> list[dict]:
+        text, pos, out = state.buffer, 0, []
+        while True:
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+            if pos >= len(text):
+                break
+            try:
+                obj, pos = _DECODER.raw_decode(text, pos)
+            except json.JSONDecodeError as exc:
+                nl = text.find("\n", exc.pos)
+                if nl < 0:
+                    break  # an object still being written: wait for the rest
+                self.bad_records += 1
+                log.warning("NCCL Inspector: unreadable record in %s skipped (%s)",
+                            self.directory, exc.msg)
+                pos = nl + 1
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+        state.buffer = text[pos:]
+        return out
+
+    def _event(self, rec: dict) -> dict | None:
+        try:
+            header, meta, perf = rec["header"], rec.get("metadata", {}), rec["coll_perf"]
+            op = _OPS.get(str(perf["coll"]).lower())
+            if op is None:
+                self.skipped_ops += 1
+                return None
+            duration = float(perf["coll_exec_time_us"]) / 1e6
+            trace = perf.get("event_trace_ts") or {}
+            if trace.get("coll_start_ts") is not None:
+                start = float(trace["coll_start_ts"]) / 1e6
+            else:
+                start = float(meta["dump_timestamp_us"]) / 1e6 - duration
+            comm = str(header["id"])
+            rank = self.rank_of(rec) if self.rank_of else None
+            return {"v": 1, "kind": "collective", "ts": start + duration,
+                    "job_id": self.job_id,
+                    "rank": int(header["rank"]) if rank is None else rank,
+                    "host": self.host or meta.get("hostname") or socket.gethostname(),
+                    "group": self.groups.get(comm, f"nccl-{comm}"),
+                    "group_size": int(header["n_ranks"]), "op": op,
+                    "seq": int(perf["coll_sn"]), "start_ts": start, "duration_s": duration,
+                    "bytes": int(perf["coll_msg_size_bytes"])}
+        except (KeyError, TypeError, ValueError) as exc:
+            self.bad_records += 1
+            log.warning("NCCL Inspector: record without %s skipped", exc)
+            return None

@@ -1,0 +1,145 @@
+"""`failslow collect` (SIGTERM flushes), `failslow replay`, the agent loop, the NCCL tailer."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from fakes.kafka import read_events
+
+from collectors.agent import Agent
+from collectors.nccl_inspector import InspectorTailer
+from schema import validate
+
+
+def _record(sn: int, rank: int = 1, coll: str = "AllReduce", verbose: bool = False) -> dict:
+    perf = {"coll": coll, "coll_sn": sn, "coll_msg_size_bytes": 1 << 20,
+            "coll_exec_time_us": 1500, "coll_algobw_gbs": 100.0, "coll_busbw_gbs": 175.0}
+    if verbose:
+        perf["event_trace_ts"] = {"coll_start_ts": 1_700_000_000_000_000 + sn * 10_000,
+                                  "coll_stop_ts": 1_700_000_000_001_000 + sn * 10_000}
+    return {"header": {"id": "0x7f8c496ae9f661", "rank": rank, "n_ranks": 8, "nnodes": 1},
+            "metadata": {"inspector_output_format_version": "v4.0", "hostname": "node7",
+                         "pid": 4242, "dump_timestamp_us": 1_700_000_000_500_000 + sn},
+            "coll_perf": perf}
+
+
+def test_nccl_inspector_follows_files(tmp_path):
+    dump = tmp_path / "nccl-inspector"
+    dump.mkdir()
+    old = dump / "node7-pid4242.log"
+    old.write_text(json.dumps(_record(0)) + "\n")
+    tailer = InspectorTailer(str(dump), job_id="job0")  # starts at the end, like tail -f
+    assert tailer.sample() == []
+    with old.open("a") as f:
+        f.write(json.dumps(_record(1)) + "\n")
+        f.write(json.dumps(_record(2, verbose=True), indent=2) + "\n")  # pretty-printed
+        f.write(json.dumps(_record(3, coll="AllGather"))[:40])  # still being written
+    events = tailer.sample()
+    assert [e["seq"] for e in events] == [1, 2]
+    for e in events:
+        validate(e)
+    e = events[1]
+    assert e["op"] == "allreduce" and e["group"] == "nccl-0x7f8c496ae9f661"
+    assert e["rank"] == 1 and e["group_size"] == 8 and e["host"] == "node7"
+    assert e["bytes"] == 1 << 20 and e["duration_s"] == 0.0015
+    assert e["start_ts"] == 1_700_000_000.02 and abs(e["ts"] - (e["start_ts"] + 0.0015)) < 1e-9
+    with old.open("a") as f:
+        f.write(json.dumps(_record(3, coll="AllGather"))[40:] + "\n")
+        f.write("{not json}\n")
+    (dump / "node7-pid4243.log").write_text(json.dumps(_record(0, rank=2)) + "\n")
+    events = tailer.sample()
+    assert sorted((e["rank"], e["seq"], e["op"]) for e in events) == [
+        (1, 3, "allgather"), (2, 0, "allreduce")]
+    assert tailer.bad_records == 1
+
+
+class _ListPublisher:
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.stats = dict.fromkeys(("delivered", "pending", "spooled", "dropped", "failed"), 0)
+
+    def publish(self, events: list[dict]) -> None:
+        self.events += events
+
+
+class _Boom:
+    name = "boom"
+
+    def sample(self) -> list[dict]:
+        raise OSError("device vanished")
+
+
+class _Counter:
+    name = "count"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def sample(self) -> list[dict]:
+        self.n += 1
+        return [{"v": 1, "kind": "host", "ts": float(self.n), "host": "h"}]
+
+
+def test_agent_survives_a_broken_sampler_and_reports(caplog):
+    pub = _ListPublisher()
+    agent = Agent([_Boom(), _Counter()], pub, interval_s=0.01, report_s=0.0)
+    caplog.set_level("INFO")
+    agent.run(threading.Event(), cycles=5)
+    assert len(pub.events) == 5 and agent.errors["boom"] == 5
+    assert "events count=" in caplog.text and "sampler boom failed" in caplog.text
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "failslow.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_collect_sigterm_flushes(broker, topics, tmp_path):
+    # A long linger keeps the last samples inside the producer: only the flush on
+    # SIGTERM gets them to the broker.
+    proc = _cli("collect", "--samplers", "host,nic", "--interval", "0.2", "--linger-ms", "8000",
+                "--bootstrap", broker.bootstrap, "--topic-prefix", topics.prefix,
+                "--spool-dir", str(tmp_path / "spool"), "--host", "collect-test")
+    time.sleep(4.0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    m = re.search(r"stopped after (\d+) cycles: published=(\d+) delivered=(\d+)", out)
+    assert m, out
+    cycles, published, delivered = map(int, m.groups())
+    assert cycles >= 3 and published == delivered
+    hosts = read_events(broker.bootstrap, topics.for_kind("host"), expect_events=cycles)
+    assert len(hosts) == cycles and all(e["host"] == "collect-test" for e in hosts)
+    assert [e["ts"] for e in hosts] == sorted(e["ts"] for e in hosts)
+    nics = read_events(broker.bootstrap, topics.for_kind("nic"),
+                       expect_events=published - cycles)
+    assert len(nics) == published - cycles
+
+
+def test_collect_rejects_bad_input():
+    proc = _cli("collect", "--samplers", "gpu,disk", "--bootstrap", "127.0.0.1:1")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "unknown disk" in out.strip().splitlines()[-1]
+
+
+def test_replay_publishes_in_ts_order(broker, topics, tmp_path: Path):
+    trace = tmp_path / "trace.jsonl"
+    ts = [5.0, 1.0, 3.0, 2.0, 4.0]
+    lines = [json.dumps({"v": 1, "kind": "host", "ts": 1.7e9 + t, "host": "h0"}) for t in ts]
+    lines.insert(2, '{"v": 1, "kind": "host"}')  # missing fields: skipped, reported
+    trace.write_text("\n".join(lines) + "\n")
+    proc = _cli("replay", str(trace), "--speed", "100", "--bootstrap", broker.bootstrap,
+                "--topic-prefix", topics.prefix, env={**os.environ})
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "replayed 5 of 5 events" in out and "1 bad lines" in out and ":3:" in out
+    got = read_events(broker.bootstrap, topics.for_kind("host"), expect_events=5)
+    assert [e["ts"] - 1.7e9 for e in got] == [1.0, 2.0, 3.0, 4.0, 5.0]
