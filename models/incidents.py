@@ -3,7 +3,7 @@
 An incident opens once, when its finding is confirmed, with a stable id
 ``{job_id}:{fault}:{culprit}:{onset_step}`` (replays and restarts give the
 same id); it is updated only when something an operator cares about changes
-(severity, root cause, mitigation, or the slowdown by a quarter); it resolves
+(severity, root cause, an escalated mitigation, or the slowdown by half or 5 points); it resolves
 after its culprit has been absent (back within its baseline and its peers)
 for ``resolve_steps`` consecutive steps of the job, so it does not flap.
 Severity never goes down while an incident is open: ``job_slowdown`` is always
@@ -18,6 +18,8 @@ from typing import Any
 from models.findings import Finding
 
 SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+LADDER = ["ignore", "rebalance_microbatches", "adjust_pipeline", "migrate_node",
+          "checkpoint_restart"]
 
 
 class Incident:
@@ -113,10 +115,13 @@ class IncidentTracker:
         if SEVERITY_ORDER[sev] < SEVERITY_ORDER[ev["severity"]]:
             sev = ev["severity"]
         last = inc.emitted
+        # Escalation only: a mitigation once recommended stays until a stronger one.
+        if last and LADDER.index(action) < LADDER.index(last["mitigation"]):
+            action = last["mitigation"]
+        prev = last.get("slowdown_pct", pct)
         changed = (not last or sev != last.get("severity") or cause != last.get("root_cause")
                    or action != last.get("mitigation")
-                   or abs(pct - last.get("slowdown_pct", pct)) > 0.25 * max(last.get(
-                       "slowdown_pct", pct), 1.0))
+                   or abs(pct - prev) > max(0.5 * prev, 5.0))
         ev.update(ts=ts, severity=sev, slowdown_pct=pct, root_cause=cause, mitigation=action,
                   evidence={**f.evidence, "root_cause": rc_ev, "mitigation_reason": why})
         if changed:

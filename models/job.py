@@ -150,7 +150,7 @@ class JobState:
             | (rel2 >= cfg.min_rel / 2) & (z2 >= cfg.z_min / 2)
         job_s = float(np.median(dur))
         findings: list[Finding] = []
-        confirmed: list[int] = []
+        present: list[int] = []
         dref = float(np.median(data))
         for i, r in enumerate(ranks):
             st = self.ranks.get(r)
@@ -162,7 +162,7 @@ class JobState:
                     st.onset_ts = ev["ts"] - ev["duration_s"]
                     st.onset_step = s
                 st.streak += 1
-            elif not weak[i]:
+            else:
                 st.streak = 0
             st.clear = 0 if weak[i] else st.clear + 1
             ref = float(work[i]) / (1.0 + max(float(rel[i]), float(rel2[i])))
@@ -171,11 +171,9 @@ class JobState:
             st.data_excess_s = max(float(data[i]) - dref, 0.0)
             st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
             st.observe(float(work[i]), float(data[i]), float(dur[i]), bool(weak[i]))
-            if st.streak >= cfg.confirm_steps:
-                confirmed.append(r)
-            elif weak[i] and st.streak > 0:
-                confirmed.append(r)      # still present: keeps an open incident alive
-        findings.extend(self._localize(confirmed, s, job_s, perf, ranks, late))
+            if st.streak >= cfg.confirm_steps or weak[i]:
+                present.append(r)        # weakly present keeps an open incident alive
+        findings.extend(self._localize(present, s, job_s, perf, ranks, late))
         findings.extend(self.links.evaluate(s, self.aligner.take_transfers(s), self.rank_host,
                                             ts_max, job_s))
         self.aligner.expire(s)

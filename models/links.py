@@ -13,7 +13,12 @@ after ``confirm_steps`` consecutive flagged steps.
 Localization (C4's per-pair view): among candidate culprits — each slow
 point-to-point pair, and each host of a slow group — pick the one that
 explains the most slow groups while touching the fewest healthy ones; a pair
-wins a tie with a host, being the narrower explanation.
+wins a tie with a host, being the narrower explanation. When the transfers
+alone cannot tell (one data-parallel group spans every link), the NIC
+counters decide (``refine_with_nics``): NICs whose congestion or error
+counters grow far faster than the job's other NICs point at a host (most of
+its NICs) or at a rank pair (one NIC at each end; NIC k of a host serves its
+local GPU k, the rail-optimized layout).
 """
 
 from __future__ import annotations
@@ -24,9 +29,15 @@ import numpy as np
 
 from models.findings import Finding
 from models.peers import lower_half_ref
+from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, rate_ratio
 from models.stats import EWMeanVar
+from models.telemetry import TelemetryStore
 
 P2P = ("send", "recv")
+# A NIC points at the culprit when its congestion or error counters grow this many
+# times faster than the job's typical NIC (incast bursts on healthy ports reach ~30x
+# for one sample; smoothing spreads that below this).
+NIC_OUTLIER = 20.0
 
 
 class GroupState:
@@ -54,6 +65,7 @@ class LinkMonitor:
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
         self.groups: dict[str, GroupState] = {}
+        self.slow_members: list[tuple[int, ...]] = []   # members of the last slow groups
 
     def evaluate(self, s: int, transfers: list[tuple[str, str, tuple[int, ...], float, int]],
                  rank_host: dict[int, str], ts: float, job_s: float) -> list[Finding]:
@@ -104,7 +116,7 @@ class LinkMonitor:
                     st.onset_ts = ts - job_s
                     st.onset_step = s
                 st.streak += 1
-            elif not weak:
+            else:
                 st.streak = 0
             if not weak:
                 b.update(cost[i])
@@ -113,6 +125,7 @@ class LinkMonitor:
                 st.rel = rel
                 st.extra_s = agg[g][0] * rel / (1.0 + rel)
                 slow.append(g)
+        self.slow_members = [agg[g][2] for g in slow]
         if not slow:
             return []
         return [self._localize(slow, healthy, agg, rank_host, job_s)]
@@ -137,7 +150,9 @@ class LinkMonitor:
             miss = sum(covers(c, g) for g in healthy)
             return hit - miss, c[0] == "pair"
 
-        best = max(dict.fromkeys(cands), key=score)
+        ranked = sorted(dict.fromkeys(cands), key=score, reverse=True)
+        best = ranked[0]
+        ambiguous = len(ranked) > 1 and score(ranked[1]) == score(best)
         mine = [g for g in slow if covers(best, g)]
         sts = [self.groups[g] for g in mine]
         confirmed = any(st.streak >= self.cfg.confirm_steps for st in sts)
@@ -145,8 +160,9 @@ class LinkMonitor:
         base = job_s - extra
         pct = 100.0 * extra / base if base > 0 else 0.0
         evidence = {"slow_groups": sorted(mine)[:16],
-                    "transfer_rel_slowdown": round(max(st.rel for st in sts), 3),
+                    "transfer_rel_slowdown": round(float(max(st.rel for st in sts)), 3),
                     "healthy_groups": len(healthy)}
+        evidence["ambiguous"] = ambiguous
         common = dict(fault="slow_link", confirmed=confirmed,
                       onset_ts=min(st.onset_ts for st in sts),
                       onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
@@ -158,3 +174,74 @@ class LinkMonitor:
                            peer_host=hb, hosts=[ha, hb], **common)
         h = best[1]
         return Finding(key=f"slow_link:{h}", host=h, hosts=[h], **common)
+
+
+def refine_with_nics(f: Finding, slow_members: list[tuple[int, ...]], store: TelemetryStore,
+                     rank_host: dict[int, str], rank_gpu: dict[int, int]) -> Finding:
+    """Re-aim a slow_link finding at the host or rank pair whose NIC counters
+    stand out (``NIC_OUTLIER`` x the job's other NICs), when that explanation is
+    consistent with every slow group. Returns ``f`` itself or an adjusted copy."""
+    hosts = set(rank_host.values())
+    nics = {k: d for k, d in store.nics.items() if k[0] in hosts}
+    if len(nics) < 4:
+        return f
+    bad: list[tuple[str, str]] = []
+    for key, dev in nics.items():
+        peers = [d for k, d in nics.items() if k != key]
+        if max(rate_ratio(dev, peers, CONGESTION, NIC_AGREE)[0],
+               rate_ratio(dev, peers, NIC_ERRORS, NIC_AGREE)[0]) >= NIC_OUTLIER:
+            bad.append((key[0], key[1]))
+    if not bad:
+        return f
+    per_host: dict[str, int] = {}
+    for h, _ in bad:
+        per_host[h] = per_host.get(h, 0) + 1
+    h = max(per_host, key=lambda x: per_host[x])
+    total = sum(1 for k in nics if k[0] == h)
+    if total >= 2 and per_host[h] * 2 >= total:
+        if all(any(rank_host[r] == h for r in m) for m in slow_members):
+            return _retarget(f, f"slow_link:{h}", host=h, hosts=[h])
+        return f
+    if len(bad) == 2 and bad[0][0] != bad[1][0]:
+        by_slot = {(rank_host[r], g): r for r, g in rank_gpu.items() if r in rank_host}
+        ends = [by_slot.get((h, _nic_index(n))) for h, n in bad]
+        if None in ends:
+            return f
+        a, b = sorted(ends)
+        if all(a in m and b in m for m in slow_members):
+            return _retarget(f, f"slow_link:r{a}-r{b}", rank=a, peer_rank=b, host=rank_host[a],
+                             peer_host=rank_host[b], hosts=[rank_host[a], rank_host[b]])
+    return f
+
+
+def nic_slots(f: Finding, store: TelemetryStore, job: Any) -> set[tuple[str, str]] | None:
+    """The NICs (host, name) serving the two ranks of a pair finding, by the
+    rail-optimized convention (NIC k of a host serves local GPU k); None when
+    the hosts' NIC numbering does not allow it."""
+    out = set()
+    for r in (f.rank, f.peer_rank):
+        h, g = job.rank_host.get(r), job.rank_gpu.get(r)
+        names = [k[1] for k in store.nics if k[0] == h and _nic_index(k[1]) == g]
+        if h is None or g is None or len(names) != 1:
+            return None
+        out.add((h, names[0]))
+    return out
+
+
+def _nic_index(name: str) -> int | None:
+    """Trailing number of a NIC name (``mlx5_3`` -> 3), or None."""
+    digits = ""
+    for ch in reversed(name):
+        if not ch.isdigit():
+            break
+        digits = ch + digits
+    return int(digits) if digits else None
+
+
+def _retarget(f: Finding, key: str, **where: Any) -> Finding:
+    if key == f.key:
+        return f
+    fields = {"rank": None, "peer_rank": None, "host": None, "peer_host": None, **where}
+    return Finding(key=key, fault=f.fault, confirmed=f.confirmed, onset_ts=f.onset_ts,
+                   onset_step=f.onset_step, slowdown_pct=f.slowdown_pct,
+                   evidence={**f.evidence, "located_by": "nic counters"}, **fields)

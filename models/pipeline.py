@@ -24,11 +24,13 @@ from typing import Any
 
 from models.incidents import IncidentTracker
 from models.job import JobConfig, JobState
+from models.links import nic_slots, refine_with_nics
 from models.mitigation import Planner
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
 
 STATE_VERSION = 1
+LINK_PATIENCE_STEPS = 4
 
 
 class Detector:
@@ -107,10 +109,20 @@ class Detector:
         job_hosts = set(job.rank_host.values())
         step_s = job.job_step_s or 1.0
         for f in findings:
+            if f.fault == "slow_link":
+                g = refine_with_nics(f, job.links.slow_members, self.store, job.rank_host,
+                                     job.rank_gpu)
+                if g is f and f.evidence.get("ambiguous") and f.confirmed:
+                    # Transfers alone cannot tell which end; give the NIC counters a few
+                    # steps to show it before settling on the first candidate.
+                    waited = job.evaluated - f.onset_step
+                    f.confirmed = waited >= self.confirm_steps + LINK_PATIENCE_STEPS
+                f = g
             if not f.confirmed and (job.job_id, f.key) not in self.tracker.open:
                 continue
+            slots = nic_slots(f, self.store, job) if f.peer_rank is not None else None
             cause, rc_ev = ("unknown", {}) if f.fault == "job_slowdown" else attribute(
-                f.fault, self.store, f.hosts, f.gpus, job_hosts, f.data_share)
+                f.fault, self.store, f.hosts, f.gpus, job_hosts, f.data_share, slots)
             cause = self.tracker.vote_cause(job.job_id, f.key, cause)
             action, why = self.planner.plan(f.fault, cause, f.slowdown_pct,
                                             max(ts - f.onset_ts, 0.0), step_s)

@@ -17,19 +17,16 @@ import numpy as np
 
 from models.telemetry import Device, TelemetryStore
 
-THERMAL_BITS = 0x20 | 0x40
-POWER_BITS = 0x04 | 0x80
-HW_SLOWDOWN = 0x08
 CONGESTION = ("rx_pause_total", "tx_pause_total", "cnp_sent_total", "cnp_handled_total",
               "ecn_marked_total", "xmit_wait_total")
 NIC_ERRORS = ("rx_errors_total", "tx_errors_total", "rx_drops_total", "symbol_errors_total",
               "link_downed_total", "out_of_sequence_total")
-GPU_ERROR_COUNTERS = ("ecc_dbe_total", "ecc_sbe_total", "pcie_replay_total",
-                      "nvlink_crc_errors_total")
+GPU_ERROR_COUNTERS = ("ecc_dbe_total", "ecc_sbe_total", "nvlink_crc_errors_total")
 # Tiers of causes, strongest explanation first; within a tier the higher score wins.
 TIERS = (("gpu_errors", "pcie_degraded", "gpu_thermal", "gpu_power", "nic_errors",
           "nic_congestion"), ("cpu_contention",), ("input_stall",), ("gpu_clock",))
 Scores = dict[str, tuple[float, dict[str, Any]]]
+NIC_AGREE = 2     # NIC counters that must agree before a port counts as congested/erroring
 
 
 def _peer_stats(values: list[float]) -> tuple[float, float]:
@@ -51,32 +48,39 @@ def _gauge_z(dev: Device, peers: list[Device], name: str) -> tuple[float, dict[s
     return (x - med) / scale, info
 
 
-def _rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...]) -> tuple[float, dict]:
-    """How many times the peers' typical rate the device's counters grow (max over names)."""
-    best, ev = 0.0, {}
+def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
+               agree: int = 1) -> tuple[float, dict]:
+    """How many times the peers' typical rate the device's counters grow: the
+    ``agree``-th largest ratio over ``names`` (0 when fewer counters grow), so a
+    single sparse counter ticking once cannot make a device look faulty."""
+    ratios, ev = [], {}
     for name in names:
         r = dev.rates.get(name, 0.0)
         if r <= 0:
             continue
         vals = [p.rates.get(name, 0.0) for p in peers]
-        ref = float(np.percentile(vals, 75)) if vals else 0.0
+        # The peers' lower quartile: clean even when half the peers share the fault.
+        ref = float(np.percentile(vals, 25)) if vals else 0.0
         ratio = r / max(ref, 0.01 * r)
-        if ratio > best:
-            best = ratio
-        ev[name] = {"rate_per_s": round(r, 3), "peer_p75": round(ref, 3), "ratio": round(ratio, 1)}
-    return best, ev
+        ratios.append(ratio)
+        ev[name] = {"rate_per_s": round(r, 3), "peer_p25": round(ref, 3), "ratio": round(ratio, 1)}
+    ratios.sort(reverse=True)
+    return (ratios[agree - 1] if len(ratios) >= agree else 0.0), ev
 
 
 def gpu_scores(dev: Device, peers: list[Device]) -> Scores:
     out: Scores = {}
-    peer_reasons = [p.reasons for p in peers]
 
-    def rare(bits: int) -> bool:     # set here, and on at most a quarter of the peers
-        return bool(dev.reasons & bits) and sum(1 for r in peer_reasons if r & bits) <= len(peers) / 4
-    if rare(THERMAL_BITS):
-        out["gpu_thermal"] = (3.0, {"clocks_event_reasons": hex(dev.reasons)})
-    if rare(POWER_BITS):
-        out["gpu_power"] = (3.0, {"clocks_event_reasons": hex(dev.reasons)})
+    def throttled(group: str) -> bool:
+        """A clock-event reason held on most recent samples here, on few peers'."""
+        mine = dev.reasons.get(group, 0.0)
+        theirs = sorted(p.reasons.get(group, 0.0) for p in peers)
+        typical = theirs[len(theirs) // 2] if theirs else 0.0
+        return mine >= 0.5 and typical < 0.25
+    if throttled("thermal"):
+        out["gpu_thermal"] = (3.0, {"thermal_reason_share": round(dev.reasons["thermal"], 2)})
+    if throttled("power"):
+        out["gpu_power"] = (3.0, {"power_reason_share": round(dev.reasons["power"], 2)})
     temp = _gauge_z(dev, peers, "temp_c")
     if temp and temp[0] >= 4 and "gpu_thermal" not in out:
         out["gpu_thermal"] = (temp[0] / 4, {"temp_c": temp[1]})
@@ -85,13 +89,16 @@ def gpu_scores(dev: Device, peers: list[Device]) -> Scores:
         out["gpu_power"] = (-limit[0] / 4, {"power_limit_w": limit[1]})
     if dev.xids:
         out["gpu_errors"] = (5.0, {"xid": sorted(set(dev.xids))[:8]})
-    ratio, ev = _rate_ratio(dev, peers, GPU_ERROR_COUNTERS)
+    ratio, ev = rate_ratio(dev, peers, GPU_ERROR_COUNTERS)
     if ratio >= 5 and "gpu_errors" not in out:
         out["gpu_errors"] = (min(ratio / 5, 5.0), ev)
     g = dev.gauges
     for cur, top in (("pcie_gen", "pcie_max_gen"), ("pcie_width", "pcie_max_width")):
         if cur in g and top in g and g[cur] < g[top] - 0.5:
             out["pcie_degraded"] = (4.0, {cur: g[cur], top: g[top]})
+    ratio, ev = rate_ratio(dev, peers, ("pcie_replay_total",))
+    if ratio >= 5 and "pcie_degraded" not in out:
+        out["pcie_degraded"] = (min(ratio / 5, 3.0), ev)
     for name in ("pcie_gen", "pcie_width"):
         z = _gauge_z(dev, peers, name)
         if z and z[0] <= -4 and "pcie_degraded" not in out:
@@ -99,19 +106,28 @@ def gpu_scores(dev: Device, peers: list[Device]) -> Scores:
     clock = _gauge_z(dev, peers, "sm_clock_mhz")
     if clock and clock[0] <= -4:
         out["gpu_clock"] = (-clock[0] / 4, {"sm_clock_mhz": clock[1]})
-    elif dev.reasons & HW_SLOWDOWN and rare(HW_SLOWDOWN):
-        out["gpu_clock"] = (2.0, {"clocks_event_reasons": hex(dev.reasons)})
+    elif throttled("hw_slowdown"):
+        out["gpu_clock"] = (2.0, {"hw_slowdown_share": round(dev.reasons["hw_slowdown"], 2)})
     return out
 
 
 def host_scores(dev: Device, peers: list[Device]) -> Scores:
+    """CPU contention: load, runnable processes or CPU use well above both the
+    other hosts of the job and this host's own past (ratio >= 1.5 scores 1)."""
     out: Scores = {}
     best, ev = 0.0, {}
     for name in ("cpu_steal_pct", "load1", "procs_running", "cpu_util_pct"):
-        z = _gauge_z(dev, peers, name)
-        if z and z[0] >= 4:
-            ev[name] = z[1]
-            best = max(best, z[0] / 4)
+        x = dev.gauges.get(name)
+        if x is None:
+            continue
+        refs = [p.gauges[name] for p in peers if name in p.gauges]
+        ref = max(float(np.median(refs)) if refs else 0.0, dev.first.get(name, 0.0))
+        if ref <= 0 and x <= 0:
+            continue
+        ratio = x / max(ref, 1e-3 * x, 1e-9)
+        if ratio >= 1.5:
+            ev[name] = {"value": round(x, 2), "reference": round(ref, 2), "ratio": round(ratio, 2)}
+            best = max(best, min((ratio - 1.0) / 0.5, 5.0))
     if best >= 1:
         out["cpu_contention"] = (best, ev)
     return out
@@ -120,26 +136,27 @@ def host_scores(dev: Device, peers: list[Device]) -> Scores:
 def nic_scores(devs: list[Device], peers: list[Device]) -> Scores:
     out: Scores = {}
     for dev in devs:
-        ratio, ev = _rate_ratio(dev, peers, CONGESTION)
+        ratio, ev = rate_ratio(dev, peers, CONGESTION, NIC_AGREE)
         if ratio >= 5 and ratio / 5 > out.get("nic_congestion", (0.0, {}))[0]:
-            out["nic_congestion"] = (min(ratio / 5, 5.0), ev)
-        ratio, ev = _rate_ratio(dev, peers, NIC_ERRORS)
+            out["nic_congestion"] = (ratio / 5, ev)
+        ratio, ev = rate_ratio(dev, peers, NIC_ERRORS, NIC_AGREE)
         if dev.down:
             ratio, ev = max(ratio, 25.0), {**ev, "state": "down"}
         speed = _gauge_z(dev, peers, "speed_gbps")
         if speed and speed[0] <= -4:
             ratio, ev = max(ratio, 10.0), {**ev, "speed_gbps": speed[1]}
         if ratio >= 5 and ratio / 5 > out.get("nic_errors", (0.0, {}))[0]:
-            out["nic_errors"] = (min(ratio / 5, 5.0), ev)
+            out["nic_errors"] = (ratio / 5, ev)
     return out
 
 
 def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tuple[str, int]],
-              job_hosts: set[str], data_share: float) -> tuple[str, dict[str, Any]]:
+              job_hosts: set[str], data_share: float,
+              nic_slots: set[tuple[str, str]] | None = None) -> tuple[str, dict[str, Any]]:
     """Pick the root cause of a located fault.
 
     ``hosts`` / ``gpus`` are the culprit's devices; ``job_hosts`` bound the
-    peers; ``data_share`` is the part of the culprit's extra time spent waiting
+    peers; ``nic_slots`` optionally names the culprit's NICs as (host, nic name); ``data_share`` is the part of the culprit's extra time spent waiting
     for input (0..1). Returns ``(root_cause, evidence)``.
     """
     scores: Scores = {}
@@ -147,20 +164,28 @@ def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tu
         scores["input_stall"] = (2.0 * data_share, {"data_share_of_excess": round(data_share, 2)})
     if fault in ("slow_rank", "slow_host"):
         peers_g = [d for (h, i), d in store.gpus.items() if h in job_hosts and (h, i) not in gpus]
-        for key in gpus:
-            dev = store.gpus.get(key)
-            if dev is not None:
-                for cause, val in gpu_scores(dev, peers_g).items():
-                    if val[0] > scores.get(cause, (0.0, {}))[0]:
-                        scores[cause] = (val[0], {"gpu": f"{key[0]}:{key[1]}", **val[1]})
+        per_gpu = [(key, gpu_scores(store.gpus[key], peers_g)) for key in gpus
+                   if key in store.gpus]
+        # A host-wide fault must show on at least half of the host's GPUs.
+        need = (len(per_gpu) + 1) // 2 if fault == "slow_host" else 1
+        for cause in {c for _, sc in per_gpu for c in sc}:
+            hits = sorted(((sc[cause][0], key, sc[cause][1]) for key, sc in per_gpu
+                           if cause in sc), reverse=True, key=lambda t: t[0])
+            if len(hits) >= need:
+                score, key, ev = hits[need - 1]
+                scores[cause] = (score, {"gpu": f"{key[0]}:{key[1]}", "gpus_showing": len(hits),
+                                         **ev})
         peers_h = [d for h, d in store.hosts.items() if h in job_hosts and h not in hosts]
         for h in hosts:
             if h in store.hosts:
                 scores.update(host_scores(store.hosts[h], peers_h))
     if fault == "slow_link":
-        mine = [d for h in hosts for d in store.nics_of(h)]
-        peers_n = [d for (h, _, _), d in store.nics.items() if h in job_hosts and h not in hosts]
-        scores.update(nic_scores(mine, peers_n))
+        # A rank pair's ends are its ranks' NICs (``nic_slots``), a host's all its NICs.
+        def mine(key: tuple[str, str, int]) -> bool:
+            return (key[0], key[1]) in nic_slots if nic_slots else key[0] in hosts
+        job_nics = [(k, d) for k, d in store.nics.items() if k[0] in job_hosts]
+        scores.update(nic_scores([d for k, d in job_nics if mine(k)],
+                                 [d for k, d in job_nics if not mine(k)]))
     evidence = {c: {"score": round(s, 2), **ev} for c, (s, ev) in scores.items()}
     strong = {c: s for c, (s, _) in scores.items() if s >= 1.0}
     if not strong:

@@ -15,6 +15,8 @@ from typing import Any
 GPU_GAUGES = ("sm_clock_mhz", "max_sm_clock_mhz", "temp_c", "power_w", "power_limit_w",
               "util_pct", "pcie_gen", "pcie_width", "pcie_max_gen", "pcie_max_width")
 GPU_COUNTERS = ("pcie_replay_total", "ecc_sbe_total", "ecc_dbe_total", "nvlink_crc_errors_total")
+# NVML clocks_event_reasons groups whose recent share of samples is tracked.
+REASON_GROUPS = {"thermal": 0x20 | 0x40, "power": 0x04 | 0x80, "hw_slowdown": 0x08}
 NIC_COUNTERS = ("tx_bytes_total", "rx_bytes_total", "rx_errors_total", "tx_errors_total",
                 "rx_drops_total", "tx_pause_total", "rx_pause_total", "cnp_sent_total",
                 "cnp_handled_total", "ecn_marked_total", "out_of_sequence_total",
@@ -29,6 +31,8 @@ class Device:
     rates (per second), the latest raw counter values, and XIDs seen."""
 
     __slots__ = ("gauges", "first", "rates", "last", "last_ts", "xids", "reasons", "down", "n")
+    # reasons: per REASON_GROUPS name, the smoothed share of samples with a bit set (0..1),
+    # so a one-sample blip (a momentary power cap) weighs little and a throttle weighs 1.
 
     def __init__(self) -> None:
         self.gauges: dict[str, float] = {}
@@ -37,7 +41,7 @@ class Device:
         self.last: dict[str, float] = {}
         self.last_ts = 0.0
         self.xids: list[int] = []
-        self.reasons = 0          # OR of clocks_event_reasons over the recent samples
+        self.reasons: dict[str, float] = {}
         self.down = False
         self.n = 0
 
@@ -92,7 +96,11 @@ class TelemetryStore:
         dev.observe(ev, GPU_GAUGES, GPU_COUNTERS)
         reasons = ev.get("clocks_event_reasons")
         if reasons is not None:
-            dev.reasons = reasons
+            share = dev.reasons
+            for name, bits in REASON_GROUPS.items():
+                hit = 1.0 if reasons & bits else 0.0
+                old = share.get(name)
+                share[name] = hit if old is None else old + RATE_ALPHA * (hit - old)
         xid = ev.get("xid")
         if xid:
             dev.xids.extend(xid)
