@@ -57,6 +57,7 @@ class Trace:
             scenario = replace(scenario, steps=steps)
         self.scenario, self.seed, self.start_ts = scenario, seed, float(start_ts)
         self._truth: dict | None = None
+        self._setup()  # rejects targets outside the cluster now, not halfway through a run
 
     # -- public ---------------------------------------------------------------
 
