@@ -88,6 +88,9 @@ class Publisher:
             "socket.keepalive.enable": True,
             "reconnect.backoff.max.ms": 1000,
             "error_cb": self._on_error,
+            # librdkafka's own info lines repeat every reconnect while a broker is down;
+            # error_cb reports each new problem once instead.
+            "log_level": 4,
         }
         conf.update(config or {})
         try:
