@@ -1,15 +1,29 @@
-"""`failslow demo` — not built yet."""
+"""`failslow demo` — the main job on one machine with nothing installed."""
+
+from __future__ import annotations
 
 import argparse
-import sys
 
-HELP = "not built yet"
+from failslow.errors import ConfigError
+
+HELP = "run the whole pipeline on one machine with a simulated cluster"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    return None
+    parser.add_argument("--speed", type=float, default=3.0,
+                        help="play the simulated job this many times faster than real time [3]")
+    parser.add_argument("--steps", type=int, default=110, help="training steps to simulate [110]")
+    parser.add_argument("--seed", type=int, default=0, help="simulator seed [0]")
+    parser.add_argument("--keep-running", action="store_true",
+                        help="keep the stack up after the job ends, until Ctrl-C")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("failslow demo: not built yet (its issue is still open)", file=sys.stderr)
-    return 2
+    from failslow.config import resolve
+    from failslow.demo import DemoOptions, run_demo
+
+    if args.speed <= 0 or args.steps < 30:
+        raise ConfigError("--speed must be > 0 and --steps >= 30")
+    settings = resolve(args)
+    return run_demo(settings, DemoOptions(speed=args.speed, steps=args.steps, seed=args.seed,
+                                          keep_running=args.keep_running))

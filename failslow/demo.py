@@ -1,0 +1,282 @@
+"""`failslow demo`: the whole pipeline on one machine, in the foreground.
+
+A fresh embedded stack (Tansu on a free loopback port, a chdb folder owned by this
+process) and a simulated cluster with injected fail-slows, published in (sped-up)
+real time through the collectors' publisher. A faust worker (a child process, as in
+production) detects; the sink writes raw events and incidents to ClickHouse; the
+notifier prints incidents as they arrive. At the end: a summary against the
+simulator's ground truth, and the SQL to look further.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from failslow import stack
+from failslow.config import Settings
+from failslow.errors import FailslowError
+from schema import Topics
+
+log = logging.getLogger("failslow.demo")
+
+
+def demo_scenario(steps: int = 110):
+    """64 ranks on 8 hosts: a thermal throttle, a congested host NIC, a benign checkpoint
+    and a host whose CPUs get stolen, each starting at its own time."""
+    from simulator import FaultSpec, JobSpec, Scenario
+
+    return Scenario(
+        "demo", "64-rank DP job: GPU thermal throttle, NIC congestion, checkpoint, CPU "
+        "contention", (JobSpec(job_id="llm-pretrain-7b", hosts=8, step_s=1.0),),
+        faults=(FaultSpec("gpu_thermal", 20, None, 0.35, rank=13, job="llm-pretrain-7b"),
+                FaultSpec("slow_link", 45, None, 0.6, host="h5", job="llm-pretrain-7b"),
+                FaultSpec("checkpoint", 68, 74, job="llm-pretrain-7b"),
+                FaultSpec("cpu_contention", 82, None, 0.3, host="h2", job="llm-pretrain-7b")),
+        steps=steps)
+
+
+@dataclass
+class DemoOptions:
+    speed: float = 3.0
+    steps: int = 110
+    seed: int = 0
+    keep_running: bool = False
+
+
+class _Threads:
+    """Background services of the demo; all stop on one event."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.errors: list[str] = []
+
+    def start(self, name: str, target: Any) -> None:
+        def body() -> None:
+            try:
+                target(self.stop)
+            except Exception as exc:  # surfaced in the summary, never a silent hang
+                self.errors.append(f"{name}: {exc}")
+                log.exception("%s failed", name)
+
+        t = threading.Thread(target=body, name=name, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def join(self, timeout: float) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout)
+
+
+def _say(out: TextIO, text: str) -> None:
+    out.write(text + "\n")
+    out.flush()
+
+
+def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) -> int:
+    from alerting.notifiers import build_notifiers
+    from alerting.service import NotifyService
+    from collectors.publisher import Publisher
+    from simulator import simulate
+    from storage.client import connect
+    from storage.migrations import migrate
+    from storage.serve import QueryServer
+    from storage.sink import Sink
+
+    home = settings.home / "demo"
+    folder = home / "chdb"
+    if home.exists():
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+    topics = Topics(settings.topic_prefix)
+    t0 = time.monotonic()
+
+    _say(out, "failslow demo: starting the embedded stack")
+    broker = stack.start_broker(log_path=home / "tansu.log")
+    threads = _Threads()
+    worker: subprocess.Popen | None = None
+    client = None
+    server = None
+    try:
+        stack.create_topics(broker.bootstrap, topics, partitions=4)
+        _say(out, f"  broker    Tansu on {broker.bootstrap} (in memory)")
+        url = f"chdb://{folder}"
+        client = connect(url, own=True)
+        migrate(client)
+        server = QueryServer(client).start()
+        _say(out, f"  database  chdb folder {folder}")
+
+        worker = _start_worker(settings, broker.bootstrap, home)
+        sink = Sink(client, broker.bootstrap, topics, group_id="failslow-demo-sink",
+                    max_delay_s=0.3)
+        threads.start("sink", lambda stop: sink.run(stop))
+        notifiers = build_notifiers(
+            slack_webhook_url=settings.slack_webhook_url,
+            pagerduty_routing_key=settings.pagerduty_routing_key,
+            pagerduty_url=settings.pagerduty_url, webhook_url=settings.webhook_url,
+            console=True)
+        notify = NotifyService(broker.bootstrap, topics, notifiers, home / "notify")
+        threads.start("notify", notify.run)
+        _say(out, "  streams   faust worker (child process, log in "
+                  f"{home / 'worker.log'}); sink and notifier in this process")
+
+        trace = simulate(demo_scenario(opts.steps), seed=opts.seed)
+        truth = trace.truth
+        _say(out, f"\nsimulating job {truth['job_ids'][0]}: {truth['world_size']} ranks, "
+                  f"{opts.steps} steps of ~{truth['step_s']:.1f} s, played {opts.speed:g}x "
+                  "faster than real time")
+        for f in truth["faults"]:
+            _say(out, f"  injected  {_target(f):<26} {f['kind']:<15} at +{f['onset_ts'] - truth['start_ts']:.0f} s "
+                      f"({f['intensity'] * 100:.0f} % slower)")
+        for b in truth["benign"]:
+            _say(out, f"  benign    {b['kind']:<42} at +{b['start_ts'] - truth['start_ts']:.0f} s")
+        _say(out, "\nincidents as the pipeline reports them:")
+
+        pub = Publisher(broker.bootstrap, topics, linger_ms=5)
+        published = _play(trace, pub, opts.speed, worker, out)
+        if pub.close(timeout=15):
+            raise FailslowError("the broker did not acknowledge every event")
+        # Let the last steps travel through worker, sink and notifier.
+        _settle(sink, published, timeout=20)
+        time.sleep(2.0)
+        if opts.keep_running:
+            _say(out, "\n--keep-running: the stack stays up; Ctrl-C to stop")
+            with contextlib.suppress(KeyboardInterrupt):
+                while worker.poll() is None:
+                    time.sleep(1)
+        _stop_worker(worker)
+        worker = None
+        threads.join(15)
+        rows = client.query(
+            "SELECT incident_id, status, fault, severity, rank, host, peer_host, root_cause, "
+            "mitigation, slowdown_pct, onset_ts, detected_ts FROM incidents_current "
+            "ORDER BY detected_ts")
+        raw = client.query("SELECT count() FROM steps")
+        _summary(out, truth, rows, raw, sink, notify, published, time.monotonic() - t0,
+                 folder, threads.errors)
+        return 1 if threads.errors else 0
+    finally:
+        if worker is not None:
+            _stop_worker(worker)
+        threads.join(5)
+        if server is not None:
+            server.stop()
+        if client is not None:
+            client.close()
+        broker.stop(timeout=2)
+
+
+def _target(f: dict) -> str:
+    if f.get("rank") is not None:
+        return f"rank {f['rank']} ({f['host']} gpu {f['gpu']})"
+    if f.get("nic") is not None:
+        return f"{f['host']} NIC {f['nic']}"
+    return f"host {f['host']}"
+
+
+def _start_worker(settings: Settings, bootstrap: str, home: Path) -> subprocess.Popen:
+    logf = open(home / "worker.log", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "failslow.cli", "worker", "--bootstrap", bootstrap,
+             "--topic-prefix", settings.topic_prefix, "--home", str(home),
+             "--group", "failslow-demo-worker", "--log-level", "warning"],
+            stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    finally:
+        logf.close()
+
+
+def _stop_worker(worker: subprocess.Popen) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(5)
+
+
+def _play(trace: Any, pub: Any, speed: float, worker: subprocess.Popen, out: TextIO) -> int:
+    """Publish the trace paced to the wall clock; a progress line every ~10 s of job time."""
+    start = trace.truth["start_ts"]
+    wall0 = time.monotonic()
+    n = 0
+    next_note = 10.0
+    for chunk in trace.batches():
+        if not chunk:
+            continue
+        t_rel = chunk[-1]["ts"] - start
+        delay = t_rel / speed - (time.monotonic() - wall0)
+        if delay > 0:
+            time.sleep(delay)
+        pub.publish(chunk)
+        n += len(chunk)
+        if t_rel >= next_note:
+            _say(out, f"  .. job time +{t_rel:4.0f} s, {n:,} events published")
+            next_note += 10.0
+        if worker.poll() is not None:
+            raise FailslowError(f"the worker exited with code {worker.returncode}; "
+                                "see worker.log in the demo folder")
+    return n
+
+
+def _settle(sink: Any, published: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sink.stats.events >= published:
+            return
+        time.sleep(0.25)
+
+
+def _summary(out: TextIO, truth: dict, rows: Any, raw: Any, sink: Any, notify: Any,
+             published: int, elapsed: float, folder: Path, errors: list[str]) -> None:
+    cols, data = rows
+    incidents = [dict(zip(cols, r, strict=True)) for r in data]
+    _say(out, f"\nsummary ({elapsed:.0f} s wall):")
+    _say(out, f"  events published {published:,}; step rows in ClickHouse {raw[1][0][0]:,}; "
+              f"incident changes {notify.stats['incidents']}, notifications {notify.stats['queued']}")
+    _say(out, f"  incidents ({len(incidents)}):")
+    for inc in incidents:
+        where = (f"rank {inc['rank']}" if inc["rank"] is not None else "") + \
+                (f" host {inc['host']}" if inc["host"] else "") + \
+                (f" <-> {inc['peer_host']}" if inc["peer_host"] else "")
+        _say(out, f"    {inc['status']:<8} {inc['severity']:<8} {inc['fault']:<12} "
+                  f"{where.strip():<22} cause={inc['root_cause'] or '-':<15} "
+                  f"action={inc['mitigation'] or '-':<22} {inc['slowdown_pct']:.0f} %")
+    found = 0
+    for f in truth["faults"]:
+        hit = any(_matches(f, inc) for inc in incidents)
+        found += hit
+        _say(out, f"  truth: {f['kind']:<15} {_target(f):<26} -> "
+                  f"{'FOUND' if hit else 'missed'}")
+    _say(out, f"  found {found} of {len(truth['faults'])} injected fail-slows")
+    for e in errors:
+        _say(out, f"  error: {e}")
+    _say(out, "\nwhere to look (the data stays in the folder):")
+    _say(out, f"  failslow query --clickhouse chdb://{folder} "
+              "\"SELECT fault, rank, host, root_cause, mitigation, slowdown_pct "
+              "FROM failslow.incidents_current\"")
+    _say(out, f"  failslow query --clickhouse chdb://{folder} "
+              "\"SELECT rank, avg(duration_s) FROM failslow.steps GROUP BY rank "
+              "ORDER BY 2 DESC LIMIT 5\"")
+
+
+def _matches(f: dict, inc: dict) -> bool:
+    if inc["fault"] != f["fault"]:
+        return False
+    if f["fault"] == "slow_rank":
+        return inc["rank"] == f["rank"]
+    return inc["host"] == f["host"] or inc["peer_host"] == f["host"]
