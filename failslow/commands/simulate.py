@@ -13,7 +13,9 @@ the real collectors), to the topics under the configured prefix.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 HELP = "write a simulated trace and its ground truth"
 DEFAULT_SCENARIO = "healthy_16"
@@ -62,12 +64,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_on_sigterm(_signum, _frame) -> None:
+    raise KeyboardInterrupt  # unwinds through _publish's finally: the publisher flushes
+
+
 def _publish(trace, settings, realtime: bool) -> int:
     from collectors.publisher import Publisher
     from schema import Topics
     from simulator import SimulatorError
 
     pub = Publisher(bootstrap=settings.bootstrap, topics=Topics(settings.topic_prefix))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if main_thread else None
     n = 0
     try:
         if realtime:
@@ -88,6 +96,8 @@ def _publish(trace, settings, realtime: bool) -> int:
         left = pub.flush(timeout=30.0)
     finally:
         pub.close()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     if left:
         raise SimulatorError(f"{left} events were not delivered to {settings.bootstrap}")
     return n
