@@ -1,0 +1,79 @@
+"""`failslow up` / `down` through the real command line, and the CLI's contract:
+every command has --help, bad input is one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+
+from failslow.cli import COMMANDS
+from failslow.stack import free_port, pid_alive, port_open
+
+
+def fs(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "failslow.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_prints_help(command):
+    out = fs(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert f"failslow {command}" in out.stdout and "--bootstrap" in out.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["detect", "/nonexistent/trace.jsonl"],
+    ["simulate", "no-such-scenario", "--out", "/tmp/x.jsonl"],
+    ["demo", "--speed", "0"],
+    ["query", "--clickhouse", "mysql://nope", "SELECT 1"],
+])
+def test_bad_input_is_one_line_and_nonzero(args):
+    out = fs(*args)
+    assert out.returncode != 0
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"failslow {args[0]}:"), out.stderr
+
+
+def test_up_twice_then_query_then_down(tmp_path):
+    home = tmp_path / "home"
+    port = free_port()
+    env = {"FAILSLOW_HOME": str(home)}
+    try:
+        first = fs("up", "--port", str(port), env=env)
+        assert first.returncode == 0, first.stderr
+        state = orjson.loads((home / "stack.json").read_bytes())
+        assert state["port"] == port and pid_alive(state["pid"]) and port_open(port)
+        second = fs("up", "--port", str(port), env=env)
+        assert second.returncode == 0 and "already running" in second.stdout
+        # The background sink owns the chdb folder; `query` reads through it.
+        deadline = time.monotonic() + 60
+        out = None
+        while time.monotonic() < deadline:
+            out = fs("query", "--format", "json", "SELECT count() AS n FROM failslow.incidents",
+                     env=env)
+            if out.returncode == 0:
+                break
+            time.sleep(0.5)
+        assert out is not None and out.returncode == 0, out.stderr
+        assert orjson.loads(out.stdout.splitlines()[0]) == {"n": 0}
+    finally:
+        down = fs("down", env=env)
+    assert down.returncode == 0 and "broker" in down.stdout
+    assert not port_open(port) and not pid_alive(state["pid"]) and not pid_alive(state["db_pid"])
+    assert not (home / "stack.json").exists()
+
+
+def test_up_refuses_a_taken_port(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        out = fs("up", "--port", str(s.getsockname()[1]), env={"FAILSLOW_HOME": str(tmp_path)})
+    assert out.returncode == 2 and "already taken" in out.stderr
