@@ -16,6 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from failslow.errors import FailslowError
 from schema import Topics
@@ -143,7 +144,7 @@ def start_broker(port: int | None = None, log_path: Path | None = None,
     if port_open(port):
         raise StackError(f"port {port} on 127.0.0.1 is already taken by another process")
     url = f"tcp://127.0.0.1:{port}"
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    out: Any = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(
             [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,

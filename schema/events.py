@@ -268,8 +268,8 @@ def validate(obj: Any) -> Any:
     if v != VERSION or type(v) is not int:
         raise SchemaError(f"event.v: unknown version {v!r} (this reader knows v=1)")
     kind = obj.get("kind")
-    spec = SPECS.get(kind) if type(kind) is str else None
-    if spec is None:
+    spec = SPECS.get(kind) if isinstance(kind, str) else None
+    if spec is None or not isinstance(kind, str):
         raise SchemaError(f"event.kind: unknown kind {kind!r} (known: {', '.join(KINDS)})")
     required, optional = spec
     for name, ftype in required.items():
