@@ -20,10 +20,13 @@ CORES_LOAD = 128.0  # host cores: load1 under full contention is about this many
 
 
 def step_and_collective_events(job_id: str, lay: Layout, hosts: list[str], out: StepOut,
-                               tokens: int) -> tuple[list[dict], np.ndarray]:
-    """All step and collective events of one step of one job in ts order, and their ts."""
+                               tokens: int, skew: np.ndarray) -> tuple[list[dict], np.ndarray]:
+    """All step and collective events of one step of one job in ts order, and their ts.
+
+    ``skew`` (per rank, seconds) is the offset of the rank's host clock: every host
+    stamps its own events, and host clocks disagree by about a millisecond."""
     W = lay.world
-    end = np.round(out.end, 6)
+    end = np.round(out.end + skew, 6)
     dur = np.round(out.end - out.t0, 7).tolist()
     comp = np.round(out.compute, 7).tolist()
     comm = np.round(out.comm, 7).tolist()
@@ -42,10 +45,11 @@ def step_and_collective_events(job_id: str, lay: Layout, hosts: list[str], out: 
     if not len(col["rank"]):
         order = np.argsort(end, kind="stable")
         return [steps[i] for i in order.tolist()], end[order]
-    cend = np.round(col["end"], 6)
+    cskew = skew[col["rank"]]
+    cend = np.round(col["end"] + cskew, 6)
     order = np.argsort(cend, kind="stable")
     ranks = col["rank"][order]
-    start = np.round(col["start"][order], 6)
+    start = np.round(col["start"][order] + cskew[order], 6)
     cend = cend[order]
     cdur = np.round(cend - start, 7).tolist()
     gids = col["gid"][order].tolist()

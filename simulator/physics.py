@@ -7,9 +7,10 @@ when its slowest member arrives, plus its transfer time: early members wait (the
 both sides have posted it. Nobody synchronizes globally, yet step times lock to
 the critical path because every rank depends on its TP, PP and DP neighbours.
 
-Noise: a persistent per-GPU speed spread, a per-step per-rank factor and a
-per-chunk factor (all lognormal), rare per-rank hiccups (GC, allocator),
-heavy-tailed collective jitter, lognormal input wait with rare stalls.
+Noise: a persistent per-GPU speed spread, a slow job-wide drift and a per-replica
+batch cost (data-dependent), per-step per-rank and per-chunk factors (all
+lognormal), rare per-rank hiccups (GC, allocator), heavy-tailed collective
+jitter, lognormal input wait with rare stalls.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class JobSim:
         self.ready = start_ts + rng.uniform(0.0, 0.05, self.shape)
         self.step = 0
         self.warm = 0          # steps since (re)start, for warm-up slowness
+        self.drift = 0.0       # log of the job-wide data-dependent cost factor
         self.dp_seq = np.zeros((P, 1, T), dtype=np.int64)
         self.tp_seq = np.zeros((P, D, 1), dtype=np.int64)
         self.pp_seq = np.zeros((max(P - 1, 1), D, T), dtype=np.int64)
@@ -92,8 +94,12 @@ class JobSim:
         W = lay.world
         self._cols: list[tuple] = []
         warm = 1.0 + 4.0 * 0.35 ** self.warm if self.warm < warmup_steps else 1.0
-        cm = (eff.compute_mult.reshape(self.shape) * self.speed * warm
-              * rng.lognormal(0.0, 0.012, self.shape))
+        # Data-dependent cost: the whole job drifts slowly (sequence mix), and each DP
+        # replica (all its TP/PP ranks) sees its own batch.
+        self.drift = 0.9 * self.drift + rng.normal(0.0, 0.004)
+        batch = rng.lognormal(0.0, 0.01, (1, D, 1))
+        cm = (eff.compute_mult.reshape(self.shape) * self.speed * warm * np.exp(self.drift)
+              * batch * rng.lognormal(0.0, 0.01, self.shape))
         t0 = self.ready.copy()
         data = (self.data_s * rng.lognormal(0.0, 0.35, self.shape)
                 * eff.data_mult.reshape(self.shape) + eff.data_extra_s.reshape(self.shape))

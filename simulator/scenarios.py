@@ -61,8 +61,8 @@ _ALL = [
     Scenario("slow_link_pair_3x", "64 ranks pp4: the pipeline link rank 9 <-> 25 at 3x "
              "transfer time", PP64, steps=80,
              faults=(F("slow_link", 25, 65, 2.0, rank=9, peer_rank=25),)),
-    Scenario("slow_link_nic_25", "hybrid 32: one NIC (h2 mlx5_3) 25 % slower from 40 s on",
-             HYB32, faults=(F("slow_link", 40, None, 0.25, host="h2", nic=3),)),
+    Scenario("slow_link_nic_2x", "hybrid 32: one NIC (h2 mlx5_3) at 2x transfer time from "
+             "40 s on", HYB32, faults=(F("slow_link", 40, None, 1.0, host="h2", nic=3),)),
     Scenario("nic_errors_flap", "16-rank DP: host h0 NIC symbol errors and link flaps, 60 %",
              DP16, faults=(F("nic_errors", 30, 80, 0.6, host="h0"),)),
     # -- host faults --

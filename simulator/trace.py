@@ -221,6 +221,8 @@ class Trace:
             tel = Telemetry(n_hosts, sc.gpus_per_host, self._targets(jobs),
                             np.random.default_rng([self.seed, 10_000]), self.start_ts,
                             sc.sample_interval_s)
+        # Host clocks (NTP) disagree by about a millisecond; events carry their host's time.
+        clock = np.random.default_rng([self.seed, 20_000]).normal(0.0, 0.001, n_hosts)
         benign: list[dict] = []
         for job in jobs:
             end = job.spec.step_s * (sc.warmup_steps + 4)
@@ -237,7 +239,8 @@ class Trace:
                 tel.update(job.gpus, job.lay.grid.ravel().tolist(), job.spec.job_id, out.t0,
                            out.end, out.compute, out.comm, out.net_bytes)
                 events, ts = step_and_collective_events(job.spec.job_id, job.lay, hosts, out,
-                                                        job.spec.tokens_per_step)
+                                                        job.spec.tokens_per_step,
+                                                        clock[job.lay.host_index])
                 yield _merge_by_ts(tel.sample_until(float(out.end.max())), events, ts)
             pending[k] = self._advance(job, tel, benign)
             if pending[k] is None:
