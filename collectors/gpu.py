@@ -22,7 +22,6 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -53,12 +52,14 @@ class GpuSampler:
 
     name = "gpu"
 
-    def __init__(self, nvml: ModuleType | Any | None = None, host: str | None = None,
+    def __init__(self, nvml: Any = None, host: str | None = None,
                  ranks: dict[int, tuple[str, int]] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         if nvml is None:
-            import pynvml as nvml
-        self.nvml = nvml
+            import pynvml
+
+            nvml = pynvml
+        self.nvml: Any = nvml
         self.host = host or socket.gethostname()
         self.ranks = ranks or {}
         self.clock = clock

@@ -114,7 +114,7 @@ class Publisher:
              "messages_delivered", "replayed"), 0)
         if self._spooling:
             log.warning("spool %s holds %d undelivered events from a previous run; replaying",
-                        spool_dir, self._spool.events)
+                        spool_dir, self._spool.events if self._spool else 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="failslow-publisher",
                                         daemon=True)
@@ -270,6 +270,7 @@ class Publisher:
                 self._settle_held()
                 if self._direct_msgs or self._held:
                     continue
+                assert self._spool is not None
                 if not len(self._spool):
                     self._spooling = False
                     log.warning("broker answers again: spool %s drained",
@@ -302,6 +303,7 @@ class Publisher:
         while len(results) < sent and not self._stop.is_set():
             self._producer.poll(0.05)
         with self._lock:
+            assert self._spool is not None
             done: list[Record] = []
             for rec in window:
                 ok = rec.pos in self._replay_ok or results.get(rec.pos, False)

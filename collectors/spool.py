@@ -26,6 +26,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 _HEADER = struct.Struct(">IIIHH")  # length of the rest, crc32 of the rest, events, topic, key
 _HEAD_FILE = "head"
@@ -65,7 +66,7 @@ class Spool:
         self.dropped_records = 0
         self._segments: list[_Segment] = []
         self._head: tuple[int, int] = (0, 0)
-        self._tail_file = None
+        self._tail_file: BinaryIO | None = None
         self._load()
 
     # -- state -------------------------------------------------------------------------------
@@ -125,7 +126,7 @@ class Spool:
         return sum(s.events for s in self._segments)
 
     @property
-    def bytes(self) -> int:
+    def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
 
     def __len__(self) -> int:
@@ -141,6 +142,7 @@ class Spool:
         tail = self._segments[-1] if self._segments else None
         if tail is None or self._tail_file is None or tail.size + len(record) > self.segment_bytes:
             tail = self._new_segment()
+        assert self._tail_file is not None
         self._tail_file.write(record)
         self._tail_file.flush()
         tail.size += len(record)
@@ -161,7 +163,7 @@ class Spool:
 
     def _enforce_bound(self) -> int:
         dropped = 0
-        while self.bytes > self.max_bytes and len(self._segments) > 1:
+        while self.size_bytes > self.max_bytes and len(self._segments) > 1:
             seg = self._segments.pop(0)
             dropped += seg.events
             self.dropped_records += seg.records

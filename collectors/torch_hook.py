@@ -182,8 +182,10 @@ class TrainingHook:
 
     def install(self) -> TrainingHook:
         """Wrap the torch.distributed calls and start the publishing thread."""
+        if self._originals:
+            return self  # already installed
         for name in _OPS:
-            original = getattr(c10d, name)
+            original: Callable = getattr(c10d, name)
             wrapped = self._wrap(name, original)
             for module in (dist, c10d):
                 if getattr(module, name, None) is original:

@@ -71,7 +71,7 @@ def test_spool_keeps_order_across_restart_and_bounds_size(tmp_path):
     again = Spool(tmp_path, max_bytes=64 << 10, segment_bytes=4096)
     assert [r.value[100:] for r in again.peek(100)] == [str(i).encode() for i in range(3, 10)]
     dropped = sum(again.append("t", "k", b"y" * 1000, 2) for _ in range(200))
-    assert dropped == again.dropped_events > 0 and again.bytes <= 64 << 10
+    assert dropped == again.dropped_events > 0 and again.size_bytes <= 64 << 10
     assert again.events + dropped == 7 + 400
 
 
