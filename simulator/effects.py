@@ -55,11 +55,13 @@ def physics_effects(faults: list[FaultSpec], lay: Layout, gpus_per_host: int, t_
         elif k == "input_stall":
             eff.data_extra_s[f.rank] += f.intensity * step_s
         elif k == "cpu_contention":
+            assert f.host is not None  # FaultSpec.check
             on = lay.host_index == host_index(f.host)
             eff.compute_mult[on] *= slow
             eff.data_mult[on] *= slow
         elif k in ("slow_link", "nic_errors"):
             if f.host is None:
+                assert f.rank is not None and f.peer_rank is not None  # FaultSpec.check
                 eff.pairs.append((f.rank, f.peer_rank, slow))
             else:
                 on = lay.host_index == host_index(f.host)

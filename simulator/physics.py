@@ -74,8 +74,7 @@ class JobSim:
         self.dp_bytes = int(per_op * dp_bw / (_ring(D) / (2 if job.dp_op == "zero" else 1))) \
             if D > 1 else 0
         self.dp_time = np.where(lay.dp_cross, per_op, per_op * dp_bw / NVLINK_BPS)[:, None, :]
-        self.pp_time = np.where(lay.pp_cross, self.pp_s,
-                                self.pp_bytes / NVLINK_BPS) if P > 1 else None
+        self.pp_time = np.where(lay.pp_cross, self.pp_s, self.pp_bytes / NVLINK_BPS)
         self.speed = rng.lognormal(0.0, 0.008, self.shape)
         self.ready = start_ts + rng.uniform(0.0, 0.05, self.shape)
         self.step = 0

@@ -69,8 +69,8 @@ class Telemetry:
         self.f_compute = np.zeros(n)
         self.f_comm = np.zeros(n)
         self.net_bps = np.zeros(n)
-        self.job = [None] * n
-        self.rank = [None] * n
+        self.job: list[str | None] = [None] * n
+        self.rank: list[int | None] = [None] * n
         self.pauses: list[tuple[np.ndarray, float, float]] = []
         self.ambient = rng.normal(30.0, 2.5, n)
         self.temp = self.ambient + 5.0

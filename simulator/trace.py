@@ -197,14 +197,14 @@ class Trace:
             secs = (f.end_s if f.end_s is not None else f.start_s + 30.0) - f.start_s
             sim.pause(out, f.kind, secs)
             kind, b, e = out.pauses[-1]
-            entry = {"kind": kind, "job_id": job.spec.job_id, "start_ts": b, "end_ts": e}
+            entry: dict = {"kind": kind, "job_id": job.spec.job_id, "start_ts": b, "end_ts": e}
             if kind == "checkpoint":
                 job.last_ckpt = out.step
             else:
+                resume = (job.last_ckpt if job.last_ckpt is not None else out.step) + 1
                 entry["rank"] = f.rank
-                entry["resumed_at_step"] = (job.last_ckpt + 1) if job.last_ckpt is not None \
-                    else out.step + 1
-                sim.restart(entry["resumed_at_step"])
+                entry["resumed_at_step"] = resume
+                sim.restart(resume)
             benign.append(entry)
             if tel is not None:
                 tel.pause(job.gpus, b, e)
@@ -228,12 +228,15 @@ class Trace:
             end = job.spec.step_s * (sc.warmup_steps + 4)
             benign.append({"kind": "warmup", "job_id": job.spec.job_id,
                            "start_ts": self.start_ts, "end_ts": self.start_ts + end})
-        pending = {k: self._advance(j, tel, benign) for k, j in enumerate(jobs)}
+        pending: dict[int, StepOut] = {}
+        for k, j in enumerate(jobs):
+            first = self._advance(j, tel, benign)
+            if first is not None:
+                pending[k] = first
         last_ts = self.start_ts
-        while any(v is not None for v in pending.values()):
-            k = min((k for k, v in pending.items() if v is not None),
-                    key=lambda k: pending[k].end.max())
-            job, out = jobs[k], pending[k]
+        while pending:
+            k = min(pending, key=lambda k: pending[k].end.max())
+            job, out = jobs[k], pending.pop(k)
             last_ts = max(last_ts, float(out.end.max()))
             if tel is not None:
                 tel.update(job.gpus, job.lay.grid.ravel().tolist(), job.spec.job_id, out.t0,
@@ -242,8 +245,10 @@ class Trace:
                                                         job.spec.tokens_per_step,
                                                         clock[job.lay.host_index])
                 yield _merge_by_ts(tel.sample_until(float(out.end.max())), events, ts)
-            pending[k] = self._advance(job, tel, benign)
-            if pending[k] is None:
+            nxt = self._advance(job, tel, benign)
+            if nxt is not None:
+                pending[k] = nxt
+            else:
                 job.ended_ts = float(out.end.max())
                 if job.done < (job.spec.steps or sc.steps):
                     benign.append({"kind": "job_end", "job_id": job.spec.job_id,
