@@ -7,7 +7,8 @@ same id); it is updated only when something an operator cares about changes
 after its culprit has been absent (back within its baseline and its peers)
 for ``resolve_steps`` consecutive steps of the job, so it does not flap.
 Severity never goes down while an incident is open: ``job_slowdown`` is always
-``info``; otherwise ``critical`` from ``critical_pct`` percent of job slowdown,
+``info``, and so is a ``slow_link`` that no NIC counter explains (root cause
+``unknown``: seen only in collective timings); otherwise ``critical`` from ``critical_pct`` percent of job slowdown,
 else ``warning``.
 """
 
@@ -49,8 +50,10 @@ class IncidentTracker:
         self.critical_pct = critical_pct
         self.open: dict[tuple[str, str], Incident] = {}
 
-    def severity(self, fault: str, pct: float) -> str:
-        if fault == "job_slowdown":
+    def severity(self, fault: str, pct: float, cause: str = "unknown") -> str:
+        if fault == "job_slowdown" or (fault == "slow_link" and cause == "unknown"):
+            # A link seen slower only in collective timings, with no NIC counter
+            # behind it, is a suspicion: paths differ and queueing varies.
             return "info"
         return "critical" if pct >= self.critical_pct else "warning"
 
@@ -84,7 +87,7 @@ class IncidentTracker:
                 ev = {"v": 1, "kind": "incident", "ts": ts,
                       "incident_id": f"{job_id}:{f.fault}:{culprit}:{f.onset_step}",
                       "job_id": job_id, "status": "open", "fault": f.fault,
-                      "severity": self.severity(f.fault, pct), "onset_ts": float(f.onset_ts),
+                      "severity": self.severity(f.fault, pct, cause), "onset_ts": float(f.onset_ts),
                       "detected_ts": ts, "slowdown_pct": pct}
                 for name in ("rank", "host", "gpu", "peer_rank", "peer_host"):
                     value = getattr(f, name)
@@ -111,7 +114,7 @@ class IncidentTracker:
               rc_ev: dict, pct: float, ts: float) -> bool:
         """Refresh the incident's fields; True when the change deserves an update event."""
         ev = inc.event
-        sev = self.severity(f.fault, pct)
+        sev = self.severity(f.fault, pct, cause)
         if SEVERITY_ORDER[sev] < SEVERITY_ORDER[ev["severity"]]:
             sev = ev["severity"]
         last = inc.emitted

@@ -35,9 +35,11 @@ class JobConfig:
 
     ``min_rel``: smallest excess over peers (or over the own baseline) worth
     flagging (0.05 = 5%); ``z_min``: how many noise sigmas that excess must
-    also be; ``confirm_steps``: consecutive flagged steps before a culprit is
-    confirmed (2: one-step spikes never confirm); ``lag_steps``: how far a
-    step may trail the newest one before it is evaluated with the ranks it has.
+    also be; ``confirm_steps``: steps of full evidence before a culprit is
+    confirmed (a CUSUM over z-scores reaching ``confirm_z = confirm_steps *
+    z_min``; one-step spikes never confirm); ``lag_steps``: how far a step may
+    trail the newest one before it is evaluated with the ranks it has;
+    ``warm_steps``: samples before an own-past baseline is trusted.
     """
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
@@ -45,6 +47,7 @@ class JobConfig:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
+        self.confirm_z = confirm_steps * z_min
         self.lag_steps = lag_steps
         self.warm_steps = warm_steps
 
@@ -145,9 +148,21 @@ class JobState:
         if sig > 0:
             self.noise.update(sig)
         rel2, z2 = self._self_scores(ranks, work)
-        flagged = (rel >= cfg.min_rel) & (z >= cfg.z_min) | (rel2 >= cfg.min_rel) & (z2 >= cfg.z_min)
-        weak = (rel >= cfg.min_rel / 2) & (z >= cfg.z_min / 2) \
-            | (rel2 >= cfg.min_rel / 2) & (z2 >= cfg.z_min / 2)
+        risen = np.flatnonzero((rel2 >= cfg.min_rel) & (z2 >= cfg.z_min / 2))
+        if risen.size > 2 and len({row[ranks[i]]["host"] for i in risen}) > 1:
+            # Many ranks on several hosts rose against their own past at once: a
+            # job-wide change (a new phase reaching the stages a step apart), not a
+            # culprit. Only peers judge this step.
+            rel2 = np.zeros(n)
+            z2 = np.zeros(n)
+        # Evidence per step, in z-units above the allowance k = z_min / 2: only an
+        # excess of at least min_rel counts in full, and one step adds at most
+        # z_min, so a confirmation (cusum >= 2 z_min) always spans two steps or more.
+        k = cfg.z_min / 2
+        zp = np.where(rel >= cfg.min_rel, z, np.minimum(z, k))
+        zs = np.where(rel2 >= cfg.min_rel, z2, np.minimum(z2, k))
+        inc = np.minimum(np.maximum(zp, zs), cfg.z_min + k) - k
+        weak = (rel >= cfg.min_rel / 2) & (z >= k) | (rel2 >= cfg.min_rel / 2) & (z2 >= k)
         job_s = float(np.median(dur))
         findings: list[Finding] = []
         present: list[int] = []
@@ -157,13 +172,12 @@ class JobState:
             if st is None:
                 st = self.ranks[r] = RankState()
             ev = row[r]
-            if flagged[i]:
-                if st.streak == 0:
-                    st.onset_ts = ev["ts"] - ev["duration_s"]
-                    st.onset_step = s
-                st.streak += 1
-            else:
-                st.streak = 0
+            if inc[i] > 0 and st.cusum == 0.0:
+                st.onset_ts = ev["ts"] - ev["duration_s"]
+                st.onset_step = s
+            # Capped so the evidence drains within a few steps once the fault ends.
+            st.cusum = min(max(0.0, st.cusum + float(inc[i])), cfg.confirm_z + cfg.z_min)
+            st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
             st.clear = 0 if weak[i] else st.clear + 1
             ref = float(work[i]) / (1.0 + max(float(rel[i]), float(rel2[i])))
             excess = float(work[i]) - ref
@@ -171,7 +185,7 @@ class JobState:
             st.data_excess_s = max(float(data[i]) - dref, 0.0)
             st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
             st.observe(float(work[i]), float(data[i]), float(dur[i]), bool(weak[i]))
-            if st.streak >= cfg.confirm_steps or weak[i]:
+            if st.streak or weak[i]:
                 present.append(r)        # weakly present keeps an open incident alive
         findings.extend(self._localize(present, s, job_s, perf, ranks, late))
         findings.extend(self.links.evaluate(s, self.aligner.take_transfers(s), self.rank_host,
@@ -191,9 +205,10 @@ class JobState:
         ok = np.zeros(n, dtype=bool)
         for i, r in enumerate(ranks):
             st = self.ranks.get(r)
-            if st is not None and st.work.n >= self.cfg.warm_steps and st.work.mean > 0:
-                ratio[i] = work[i] / st.work.mean
-                own[i] = st.work.std / st.work.mean
+            med = st.work.median if st is not None else 0.0
+            if st is not None and st.work.n >= self.cfg.warm_steps and med > 0:
+                ratio[i] = work[i] / med
+                own[i] = st.work.sigma / med
                 ok[i] = True
         if ok.sum() < 4:
             return np.zeros(n), np.zeros(n)
@@ -218,8 +233,7 @@ class JobState:
                 data_ex = float(np.median([st.data_excess_s for st in sts]))
                 out.append(Finding(
                     key=f"slow_host:{h}", fault="slow_host",
-                    confirmed=sum(st.streak >= self.cfg.confirm_steps for st in sts) * 2
-                    >= len(sts),
+                    confirmed=sum(st.streak > 0 for st in sts) * 2 >= len(sts),
                     onset_ts=min(st.onset_ts for st in sts),
                     onset_step=min(st.onset_step for st in sts),
                     slowdown_pct=_pct(excess, job_s), host=h, hosts=[h],
@@ -231,6 +245,10 @@ class JobState:
                               "rel_to_own_past": round(float(np.median(
                                   [st.self_rel for st in sts])), 3)}))
                 left -= set(members)
+        # Half or more of a host standing out, but not all of it yet: likely a host
+        # fault still spreading over its ranks, so hold the single-rank verdicts.
+        held = {m for members in per_host.values() if len(members) >= 2
+                and 2 * sum(m in left for m in members) >= len(members) for m in members}
         pos = {r: i for i, r in enumerate(ranks)}
         for r in sorted(left):
             st = self.ranks[r]
@@ -239,7 +257,7 @@ class JobState:
             i = pos.get(r)
             out.append(Finding(
                 key=f"slow_rank:r{r}", fault="slow_rank",
-                confirmed=st.streak >= self.cfg.confirm_steps,
+                confirmed=st.streak > 0 and r not in held,
                 onset_ts=st.onset_ts, onset_step=st.onset_step,
                 slowdown_pct=_pct(st.excess_s, job_s), rank=r, host=h, gpu=g,
                 hosts=[h] if h else [], gpus=[(h, g)] if h is not None and g is not None else [],
@@ -249,7 +267,8 @@ class JobState:
                           "rel_to_own_past": round(st.self_rel, 3),
                           "perf_vs_best": round(float(perf[i]), 3) if i is not None else None,
                           "arrival_lag_s": round(float(late[i]), 4) if i is not None else None,
-                          "own_work_baseline_s": round(st.work.mean, 4)}))
+                          "evidence_z": round(st.cusum, 1),
+                          "own_work_baseline_s": round(st.work.median, 4)}))
         return out
 
     def _job_level(self, s: int, job_s: float, ts: float, located: bool) -> list[Finding]:

@@ -5,10 +5,12 @@ Input per step: the transfers of every complete collective (from
 ``models.alignment``): group, op, members, transfer seconds once all members
 were in, bytes. Only groups that cross hosts are judged (NVLink traffic inside
 a host never touches a NIC). A group's *cost* is its transfer seconds per byte
-in the step (the inverse of effective bandwidth). It is flagged when it stands
-out from its own past (protected baseline) or from the groups of the same
-shape (same op class, size and bytes; faster-half reference); it is confirmed
-after ``confirm_steps`` consecutive flagged steps.
+(median over the step's transfers; the inverse of effective bandwidth). It is flagged when it stands
+out: its cost over its own past (a protected rolling median), compared with
+the same ratio of the other groups (faster-half reference), so a change of the
+whole network is no link fault; it is confirmed by the same capped CUSUM of
+z-scores as a rank (``models.job``). A link slow from the very first step has
+no past to differ from and is found by the NIC counters only.
 
 Localization (C4's per-pair view): among candidate culprits — each slow
 point-to-point pair, and each host of a slow group — pick the one that
@@ -30,7 +32,7 @@ import numpy as np
 from models.findings import Finding
 from models.peers import lower_half_ref
 from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, rate_ratio
-from models.stats import EWMeanVar
+from models.stats import RollingMedian
 from models.telemetry import TelemetryStore
 
 P2P = ("send", "recv")
@@ -41,11 +43,12 @@ NIC_OUTLIER = 20.0
 
 
 class GroupState:
-    __slots__ = ("cost", "streak", "onset_ts", "onset_step", "extra_s", "rel")
+    __slots__ = ("cost", "streak", "cusum", "onset_ts", "onset_step", "extra_s", "rel")
 
     def __init__(self) -> None:
-        self.cost = EWMeanVar(0.05)
+        self.cost = RollingMedian(32)
         self.streak = 0
+        self.cusum = 0.0
         self.onset_ts = 0.0
         self.onset_step = 0
         self.extra_s = 0.0
@@ -81,47 +84,61 @@ class LinkMonitor:
                 hosts = {rank_host.get(r) for r in ranks}
                 if len(hosts) < 2 or None in hosts:
                     continue
-                a = agg[group] = [0.0, 0, ranks, ("p2p" if op in P2P else "coll", len(ranks))]
+                a = agg[group] = [0.0, 0, ranks, ("p2p" if op in P2P else "coll", len(ranks)),
+                                  []]
             a[0] += t
             a[1] += nbytes
+            a[4].append(t / nbytes)
         if not agg:
             return []
         names = list(agg)
-        cost = np.array([agg[g][0] / agg[g][1] for g in names])
-        shapes = [(agg[g][3], agg[g][1]) for g in names]
-        peer_rel = np.zeros(len(names))
-        peer_z = np.zeros(len(names))
-        for shape in set(shapes):
-            idx = [i for i, sh in enumerate(shapes) if sh == shape]
-            if len(idx) < 4:
-                continue
-            ref, sigma = lower_half_ref(cost[idx])
-            if ref > 0:
-                peer_rel[idx] = cost[idx] / ref - 1.0
-                peer_z[idx] = peer_rel[idx] / max(sigma / ref, 0.02)
-        slow, healthy = [], []
+        # Median over the step's transfers: one transfer queued behind other traffic
+        # must not make its whole group look slow.
+        cost = np.array([float(np.median(agg[g][4])) for g in names])
+        # Groups are compared through their cost relative to their own past: paths
+        # differ (NVLink, rails, shared NICs), so raw costs of two groups are not
+        # comparable, but a healthy network moves every group's ratio alike.
+        ratio = np.zeros(len(names))
+        own = np.zeros(len(names))
+        warm = np.zeros(len(names), dtype=bool)
         for i, g in enumerate(names):
             st = self.groups.get(g)
             if st is None:
                 st = self.groups[g] = GroupState()
             b = st.cost
-            self_rel = cost[i] / b.mean - 1.0 if b.n >= cfg.warm_steps and b.mean > 0 else 0.0
-            self_z = self_rel * b.mean / max(b.std, 0.02 * b.mean) if b.n >= cfg.warm_steps else 0.0
-            rel = max(self_rel, peer_rel[i])
-            flag = (self_rel >= cfg.min_rel and self_z >= cfg.z_min) or \
-                (peer_rel[i] >= cfg.min_rel and peer_z[i] >= cfg.z_min)
-            weak = (rel >= cfg.min_rel / 2) and max(self_z, peer_z[i]) >= cfg.z_min / 2
-            if flag:
-                if st.streak == 0:
-                    st.onset_ts = ts - job_s
-                    st.onset_step = s
-                st.streak += 1
-            else:
-                st.streak = 0
+            if b.n >= cfg.warm_steps and b.median > 0:
+                ratio[i] = cost[i] / b.median
+                own[i] = b.sigma / b.median
+                warm[i] = True
+        peer_rel = np.zeros(len(names))
+        peer_z = np.zeros(len(names))
+        if warm.sum() >= 4:
+            ref, sigma = lower_half_ref(ratio[warm])
+            peer_rel = np.where(warm, ratio / ref - 1.0, 0.0)
+            peer_z = peer_rel / np.maximum(max(sigma / ref, 0.02), own)
+        elif warm.any():
+            # Too few groups to compare: each against its own past alone.
+            peer_rel = np.where(warm, ratio - 1.0, 0.0)
+            peer_z = peer_rel / np.maximum(own, 0.02)
+        slow, healthy = [], []
+        for i, g in enumerate(names):
+            st = self.groups[g]
+            b = st.cost
+            rel = float(peer_rel[i])
+            # Same evidence rule as for ranks (models.job): gated, capped CUSUM of z.
+            k = cfg.z_min / 2
+            zi = float(peer_z[i])
+            inc = min(zi if rel >= cfg.min_rel else min(zi, k), cfg.z_min + k) - k
+            weak = rel >= cfg.min_rel / 2 and zi >= k
+            if inc > 0 and st.cusum == 0.0:
+                st.onset_ts = ts - job_s
+                st.onset_step = s
+            st.cusum = min(max(0.0, st.cusum + inc), cfg.confirm_z + cfg.z_min)
+            st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
             if not weak:
                 b.update(cost[i])
                 healthy.append(g)
-            elif st.streak > 0:
+            elif st.cusum > 0:
                 st.rel = rel
                 st.extra_s = agg[g][0] * rel / (1.0 + rel)
                 slow.append(g)
@@ -155,7 +172,7 @@ class LinkMonitor:
         ambiguous = len(ranked) > 1 and score(ranked[1]) == score(best)
         mine = [g for g in slow if covers(best, g)]
         sts = [self.groups[g] for g in mine]
-        confirmed = any(st.streak >= self.cfg.confirm_steps for st in sts)
+        confirmed = any(st.streak > 0 for st in sts)
         extra = max(st.extra_s for st in sts)
         base = job_s - extra
         pct = 100.0 * extra / base if base > 0 else 0.0

@@ -1,34 +1,40 @@
 """Per-rank state: a protected baseline of the rank's own work and how long
 it has stood out from its peers.
 
-The baseline (exponentially weighted mean/variance of own work, input wait
-and step time, seconds) learns only from steps where the rank was *not*
-flagged, so it never drifts to the fault and the alarm never clears itself.
+The baselines (own work: rolling median and robust sigma, so warm-up steps
+and one-off pauses do not move it; input wait and step time: exponentially
+weighted mean/variance; all seconds) learn only from steps where the rank was
+*not* flagged, so they never drift to the fault and the alarm never clears
+itself. ``cusum`` accumulates the evidence that the rank stands out (robust
+z-scores above a reference), so a large slowdown confirms in two steps and a
+small one in a few more, while a one-step spike adds a bounded amount.
 
 >>> r = RankState()
 >>> r.observe(1.0, 0.01, 1.0, flagged=False); r.observe(2.0, 0.01, 2.0, flagged=True)
->>> round(r.work.mean, 3)
+>>> r.work.median
 1.0
 """
 
 from __future__ import annotations
 
-from models.stats import EWMeanVar
+from models.stats import EWMeanVar, RollingMedian
 
 BASELINE_ALPHA = 0.05     # ~20 steps of memory
+BASELINE_WINDOW = 32      # steps in the rolling median of own work
 
 
 class RankState:
     """Baselines and the run of consecutive flagged steps of one rank."""
 
-    __slots__ = ("work", "data", "dur", "streak", "clear", "onset_ts", "onset_step", "excess_s",
-                 "data_excess_s", "rel", "z", "self_rel")
+    __slots__ = ("work", "data", "dur", "streak", "cusum", "clear", "onset_ts", "onset_step",
+                 "excess_s", "data_excess_s", "rel", "z", "self_rel")
 
     def __init__(self) -> None:
-        self.work = EWMeanVar(BASELINE_ALPHA)
+        self.work = RollingMedian(BASELINE_WINDOW)
         self.data = EWMeanVar(BASELINE_ALPHA)
         self.dur = EWMeanVar(BASELINE_ALPHA)
         self.streak = 0           # consecutive steps flagged
+        self.cusum = 0.0          # accumulated evidence (z-units) of standing out
         self.clear = 0            # consecutive steps not even weakly flagged
         self.onset_ts = 0.0       # start of the first step of the current streak
         self.onset_step = 0

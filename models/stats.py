@@ -13,6 +13,8 @@ rank and metric stays cheap on jobs with thousands of ranks.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
+from collections import deque
 
 import numpy as np
 
@@ -63,3 +65,58 @@ def robust_scale(values: np.ndarray, center: float) -> float:
     """1.4826 x the median absolute deviation from ``center``: a standard
     deviation estimate that one or a few outliers cannot inflate."""
     return 1.4826 * float(np.median(np.abs(values - center)))
+
+
+class RollingMedian:
+    """Median and MAD-based sigma of the last ``window`` samples (seconds in,
+    seconds out). A baseline that a few outliers (warm-up steps, a GC pause)
+    cannot move: half the window must change before the median does.
+
+    >>> m = RollingMedian(window=5)
+    >>> for x in (9.0, 1.0, 1.1, 0.9, 1.0):
+    ...     m.update(x)
+    >>> m.median, m.n
+    (1.0, 5)
+    """
+
+    __slots__ = ("window", "n", "_fifo", "_sorted")
+
+    def __init__(self, window: int = 32) -> None:
+        self.window = window
+        self.n = 0
+        self._fifo: deque[float] = deque()
+        self._sorted: list[float] = []
+
+    def update(self, x: float) -> None:
+        self._fifo.append(x)
+        insort(self._sorted, x)
+        if len(self._fifo) > self.window:
+            old = self._fifo.popleft()
+            del self._sorted[bisect_left(self._sorted, old)]
+        self.n += 1
+
+    @property
+    def median(self) -> float:
+        s = self._sorted
+        k = len(s)
+        if not k:
+            return 0.0
+        return s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2])
+
+    @property
+    def sigma(self) -> float:
+        """1.4826 x the median absolute deviation of the window (a robust std)."""
+        if len(self._sorted) < 2:
+            return 0.0
+        return robust_scale(np.asarray(self._sorted), self.median)
+
+    def clone(self) -> RollingMedian:
+        return RollingMedian(self.window)
+
+    def __getstate__(self) -> dict:
+        return {"window": self.window, "n": self.n, "fifo": list(self._fifo)}
+
+    def __setstate__(self, d: dict) -> None:
+        self.window, self.n = d["window"], d["n"]
+        self._fifo = deque(d["fifo"])
+        self._sorted = sorted(self._fifo)

@@ -1,0 +1,175 @@
+"""Detection quality over the simulator's scenario library.
+
+For every (non-large) scenario and seed: simulate, run ``models.pipeline.Detector``
+over the events, and score its incidents against the ground truth:
+
+- localization: an incident of the right fault on the right culprit (rank for
+  slow_rank, host for slow_host, the unordered rank pair or the host for
+  slow_link) opened while the fault was active (or within 10 steps after a
+  short one ended);
+- root cause: that incident's final ``root_cause`` equals the truth's;
+- latency: job steps that ended between the fault's onset and the incident's
+  ``detected_ts`` (the faulty steps the job ran before we knew), and the same
+  in seconds / the healthy step time;
+- false incidents: incidents above ``info`` that match no injected fault.
+
+Prints a table per fault kind and overall; writes bench/results/detect_quality.json.
+
+    .venv/bin/python bench/detect_quality.py [--seeds 3] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from models.pipeline import Detector  # noqa: E402
+from simulator import SCENARIOS, simulate  # noqa: E402
+
+GRACE_STEPS = 10
+
+
+def culprit_ok(inc: dict, f: dict) -> bool:
+    if inc["fault"] != f["fault"] or inc["job_id"] != f["job_id"]:
+        return False
+    if f["fault"] == "slow_rank":
+        return inc.get("rank") == f["rank"]
+    if f["fault"] == "slow_host":
+        return inc.get("host") == f["host"]
+    if f["rank"] is not None and f["peer_rank"] is not None:
+        return {inc.get("rank"), inc.get("peer_rank")} == {f["rank"], f["peer_rank"]}
+    return inc.get("host") == f["host"] and inc.get("rank") is None
+
+
+def run_one(name: str, seed: int) -> dict:
+    trace = simulate(SCENARIOS[name], seed=seed)
+    det = Detector()
+    incidents: list[dict] = []
+    step_end: dict[tuple[str, int], float] = {}
+    n = 0
+    t0 = time.perf_counter()
+    for chunk in trace.batches():
+        n += len(chunk)
+        for ev in chunk:
+            if ev["kind"] == "step":
+                k = (ev["job_id"], ev["step"])
+                if ev["ts"] > step_end.get(k, 0.0):
+                    step_end[k] = ev["ts"]
+        incidents.extend(det.process_batch(chunk))
+    incidents.extend(det.flush())
+    elapsed = time.perf_counter() - t0
+    truth = trace.truth
+    first: dict[str, dict] = {}
+    last: dict[str, dict] = {}
+    for inc in incidents:
+        first.setdefault(inc["incident_id"], inc)
+        last[inc["incident_id"]] = inc
+    step_s = {j["job_id"]: j["step_s"] for j in truth["jobs"]}
+    results = []
+    used = set()
+    for f in truth["faults"]:
+        end = f["end_ts"] if f["end_ts"] is not None else truth["end_ts"]
+        limit = end + GRACE_STEPS * step_s[f["job_id"]]
+        hits = [i for i in first.values() if culprit_ok(i, f)
+                and f["onset_ts"] - step_s[f["job_id"]] <= i["detected_ts"] <= limit]
+        hits.sort(key=lambda i: i["detected_ts"])
+        used.update(i["incident_id"] for i in hits)
+        res = {"kind": f["kind"], "fault": f["fault"], "intensity": f["intensity"],
+               "localized": bool(hits), "root_cause_expected": f["root_cause"]}
+        if hits:
+            inc = hits[0]
+            res["root_cause"] = last[inc["incident_id"]].get("root_cause")
+            res["latency_steps"] = sum(1 for (j, _), ts in step_end.items()
+                                       if j == f["job_id"] and f["onset_ts"] < ts
+                                       <= inc["detected_ts"])
+            res["latency_s_over_step"] = round((inc["detected_ts"] - f["onset_ts"])
+                                               / step_s[f["job_id"]], 2)
+        results.append(res)
+    false = [i for iid, i in first.items() if iid not in used and i["severity"] != "info"]
+    return {"scenario": name, "seed": seed, "events": n, "seconds": round(elapsed, 3),
+            "benign_only": not truth["faults"], "faults": results,
+            "false_incidents": [{"incident_id": i["incident_id"], "severity": i["severity"],
+                                 "root_cause": last[i["incident_id"]].get("root_cause")}
+                                for i in false],
+            "info_incidents": sum(1 for i in first.values() if i["severity"] == "info")}
+
+
+def pct(a: int, b: int) -> str:
+    return f"{100.0 * a / b:5.1f}%" if b else "   - "
+
+
+def summarize(runs: list[dict]) -> dict:
+    rows: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        for f in r["faults"]:
+            rows[f["kind"]].append(f)
+    table = {}
+    for kind, fs in sorted(rows.items()) + [("OVERALL", [f for v in rows.values() for f in v])]:
+        big = [f for f in fs if f["intensity"] >= 0.1]
+        rc = [f for f in fs if f["localized"] and f["root_cause_expected"] != "unknown"]
+        lat = sorted(f["latency_steps"] for f in fs if f["localized"])
+        table[kind] = {
+            "faults": len(fs), "localized": sum(f["localized"] for f in fs),
+            "faults_ge10": len(big), "localized_ge10": sum(f["localized"] for f in big),
+            "root_cause_n": len(rc),
+            "root_cause_ok": sum(f["root_cause"] == f["root_cause_expected"] for f in rc),
+            "latency_median": statistics.median(lat) if lat else None,
+            "latency_p95": lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else None,
+        }
+    benign = [r for r in runs if r["benign_only"]]
+    table["_benign"] = {"runs": len(benign),
+                        "false_incidents": sum(len(r["false_incidents"]) for r in benign),
+                        "info_incidents": sum(r["info_incidents"] for r in benign)}
+    table["_all_false"] = sum(len(r["false_incidents"]) for r in runs)
+    return table
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--only", nargs="*", help="scenario names (default: every non-large one)")
+    args = ap.parse_args()
+    names = args.only or [n for n, s in SCENARIOS.items() if not s.large]
+    runs = []
+    for name in names:
+        for seed in range(args.seeds):
+            r = run_one(name, seed)
+            runs.append(r)
+            bad = [f["kind"] for f in r["faults"] if not f["localized"]]
+            print(f"{name:28s} seed {seed}: {r['events']:7d} events {r['seconds']:6.2f} s"
+                  f"  missed {bad or '-'}  false {[i['incident_id'] for i in r['false_incidents']] or '-'}",
+                  flush=True)
+    table = summarize(runs)
+    print(f"\n{'fault kind':18s} {'n':>4s} {'localized':>9s} {'loc>=10%':>9s} {'root cause':>10s}"
+          f" {'lat med':>7s} {'lat p95':>7s}   (latency in job steps)")
+    for kind, t in table.items():
+        if kind.startswith("_"):
+            continue
+        print(f"{kind:18s} {t['faults']:4d} {pct(t['localized'], t['faults']):>9s} "
+              f"{pct(t['localized_ge10'], t['faults_ge10']):>9s} "
+              f"{pct(t['root_cause_ok'], t['root_cause_n']):>10s} "
+              f"{t['latency_median'] if t['latency_median'] is not None else '-':>7} "
+              f"{t['latency_p95'] if t['latency_p95'] is not None else '-':>7}")
+    b = table["_benign"]
+    print(f"\nbenign runs: {b['runs']}, incidents above info: {b['false_incidents']}, "
+          f"info incidents: {b['info_incidents']}; false incidents in all runs: "
+          f"{table['_all_false']}")
+    out = ROOT / "bench" / "results" / "detect_quality.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps({"seeds": args.seeds, "table": table, "runs": runs},
+                                 option=orjson.OPT_INDENT_2))
+    print(f"wrote {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
