@@ -32,24 +32,25 @@ class CollectiveAligner:
         self.late: dict[tuple[int, int], float] = {}
         # step -> list of (group, op, member ranks, transfer seconds, bytes)
         self.transfers: dict[int, list[tuple[str, str, tuple[int, ...], float, int]]] = {}
-        self.seen = False
 
     def add(self, ev: dict[str, Any], step: int) -> None:
         """Take one collective event of a rank; ``step`` is the step it belongs to."""
-        self.seen = True
         key = (ev["rank"], step)
         ct = self.coll_time
         ct[key] = ct.get(key, 0.0) + ev["duration_s"]
         gk = (ev["group"], ev["seq"])
         members = self.open.get(gk)
         if members is None:
-            members = self.open[gk] = [step]
+            self.open[gk] = [step, ev]
+            return
         members.append(ev)
         if len(members) > ev["group_size"]:
             del self.open[gk]
-            self._join(members[0], members[1:])
+            self._join(step, members)
 
-    def _join(self, step: int, members: list[dict[str, Any]]) -> None:
+    def _join(self, step: int, members: list[Any]) -> None:
+        step = members[0]
+        members = members[1:]
         starts = sorted((m["start_ts"], m["rank"]) for m in members)
         last_start, last_rank = starts[-1]
         if len(starts) > 1:

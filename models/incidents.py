@@ -5,7 +5,10 @@ An incident opens once, when its finding is confirmed, with a stable id
 same id); it is updated only when something an operator cares about changes
 (severity, root cause, an escalated mitigation, or the slowdown by half or 5 points); it resolves
 after its culprit has been absent (back within its baseline and its peers)
-for ``resolve_steps`` consecutive steps of the job, so it does not flap.
+for ``resolve_steps`` consecutive steps of the job, so it does not flap. A
+culprit that costs the job less than ``open_min_pct`` percent opens nothing.
+If the same culprit comes back with the same estimated onset after a resolve,
+the new incident's id gets a ``.N`` suffix (still deterministic on replay).
 Severity never goes down while an incident is open: ``job_slowdown`` is always
 ``info``, and so is a ``slow_link`` that no NIC counter explains (root cause
 ``unknown``: seen only in collective timings); otherwise ``critical`` from ``critical_pct`` percent of job slowdown,
@@ -45,10 +48,13 @@ class Incident:
 class IncidentTracker:
     """Open / update / resolve incidents of every job from their findings."""
 
-    def __init__(self, resolve_steps: int = 5, critical_pct: float = 20.0) -> None:
+    def __init__(self, resolve_steps: int = 5, critical_pct: float = 20.0,
+                 open_min_pct: float = 2.0) -> None:
         self.resolve_steps = resolve_steps
         self.critical_pct = critical_pct
+        self.open_min_pct = open_min_pct
         self.open: dict[tuple[str, str], Incident] = {}
+        self.reopened: dict[str, int] = {}    # incident id -> times it was opened again
 
     def severity(self, fault: str, pct: float, cause: str = "unknown") -> str:
         if fault == "job_slowdown" or (fault == "slow_link" and cause == "unknown"):
@@ -78,14 +84,18 @@ class IncidentTracker:
         for f, cause, action, why, rc_ev in found:
             k = (job_id, f.key)
             inc = self.open.get(k)
-            if inc is None and not f.confirmed:
+            if inc is None and (not f.confirmed or f.slowdown_pct < self.open_min_pct):
                 continue
             seen.add(k)
             pct = round(float(f.slowdown_pct), 2)
             if inc is None:
                 culprit = f.key.split(":", 1)[1]
-                ev = {"v": 1, "kind": "incident", "ts": ts,
-                      "incident_id": f"{job_id}:{f.fault}:{culprit}:{f.onset_step}",
+                iid = f"{job_id}:{f.fault}:{culprit}:{f.onset_step}"
+                again = self.reopened.get(iid)
+                self.reopened[iid] = (again or 0) + 1
+                if again:          # same culprit and onset, after a resolve: a new incident
+                    iid = f"{iid}.{again}"
+                ev = {"v": 1, "kind": "incident", "ts": ts, "incident_id": iid,
                       "job_id": job_id, "status": "open", "fault": f.fault,
                       "severity": self.severity(f.fault, pct, cause), "onset_ts": float(f.onset_ts),
                       "detected_ts": ts, "slowdown_pct": pct}

@@ -31,15 +31,11 @@ import numpy as np
 
 from models.findings import Finding
 from models.peers import lower_half_ref
-from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, rate_ratio
+from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER, lower_quartile
 from models.stats import RollingMedian
 from models.telemetry import TelemetryStore
 
 P2P = ("send", "recv")
-# A NIC points at the culprit when its congestion or error counters grow this many
-# times faster than the job's typical NIC (incast bursts on healthy ports reach ~30x
-# for one sample; smoothing spreads that below this).
-NIC_OUTLIER = 20.0
 
 
 class GroupState:
@@ -94,7 +90,7 @@ class LinkMonitor:
         names = list(agg)
         # Median over the step's transfers: one transfer queued behind other traffic
         # must not make its whole group look slow.
-        cost = np.array([float(np.median(agg[g][4])) for g in names])
+        cost = np.array([_median(agg[g][4]) for g in names])
         # Groups are compared through their cost relative to their own past: paths
         # differ (NVLink, rails, shared NICs), so raw costs of two groups are not
         # comparable, but a healthy network moves every group's ratio alike.
@@ -202,12 +198,7 @@ def refine_with_nics(f: Finding, slow_members: list[tuple[int, ...]], store: Tel
     nics = {k: d for k, d in store.nics.items() if k[0] in hosts}
     if len(nics) < 4:
         return f
-    bad: list[tuple[str, str]] = []
-    for key, dev in nics.items():
-        peers = [d for k, d in nics.items() if k != key]
-        if max(rate_ratio(dev, peers, CONGESTION, NIC_AGREE)[0],
-               rate_ratio(dev, peers, NIC_ERRORS, NIC_AGREE)[0]) >= NIC_OUTLIER:
-            bad.append((key[0], key[1]))
+    bad = outlier_nics(nics)
     if not bad:
         return f
     per_host: dict[str, int] = {}
@@ -229,6 +220,34 @@ def refine_with_nics(f: Finding, slow_members: list[tuple[int, ...]], store: Tel
             return _retarget(f, f"slow_link:r{a}-r{b}", rank=a, peer_rank=b, host=rank_host[a],
                              peer_host=rank_host[b], hosts=[rank_host[a], rank_host[b]])
     return f
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    k = len(xs)
+    return xs[k // 2] if k % 2 else 0.5 * (xs[k // 2 - 1] + xs[k // 2])
+
+
+def outlier_nics(nics: dict[tuple[str, str, int], Any]) -> list[tuple[str, str]]:
+    """(host, nic) of the ports whose congestion or error counters grow at least
+    ``NIC_OUTLIER`` times the ports' lower quartile, on ``NIC_AGREE`` counters.
+    The quartile is taken once per counter over all ports (one port more or
+    less in the reference does not move a quartile)."""
+    refs = {name: lower_quartile([d.rates.get(name, 0.0) for d in nics.values()])
+            for name in CONGESTION + NIC_ERRORS}
+    bad = []
+    for key, dev in nics.items():
+        rates = dev.rates
+        for names in (CONGESTION, NIC_ERRORS):
+            hits = 0
+            for name in names:
+                r = rates.get(name, 0.0)
+                if r > 0 and r >= NIC_OUTLIER * max(refs[name], 0.01 * r):
+                    hits += 1
+            if hits >= NIC_AGREE:
+                bad.append((key[0], key[1]))
+                break
+    return bad
 
 
 def nic_slots(f: Finding, store: TelemetryStore, job: Any) -> set[tuple[str, str]] | None:

@@ -31,6 +31,7 @@ from models.telemetry import TelemetryStore
 
 STATE_VERSION = 1
 LINK_PATIENCE_STEPS = 4
+CAUSE_EVERY_STEPS = 3
 
 
 class Detector:
@@ -55,6 +56,9 @@ class Detector:
         self.store = TelemetryStore()
         self.tracker = IncidentTracker(resolve_steps, critical_pct)
         self.rejected = 0
+        # (job, finding key) -> (step, root cause, evidence): telemetry arrives about
+        # once a step, so the attribution is refreshed every few steps, not every step.
+        self._causes: dict[tuple[str, str], tuple[int, str, dict]] = {}
 
     def clone(self) -> Detector:
         return Detector(self.min_rel, self.z_min, self.confirm_steps, self.resolve_steps,
@@ -120,9 +124,16 @@ class Detector:
                 f = g
             if not f.confirmed and (job.job_id, f.key) not in self.tracker.open:
                 continue
-            slots = nic_slots(f, self.store, job) if f.peer_rank is not None else None
-            cause, rc_ev = ("unknown", {}) if f.fault == "job_slowdown" else attribute(
-                f.fault, self.store, f.hosts, f.gpus, job_hosts, f.data_share, slots)
+            cached = self._causes.get((job.job_id, f.key))
+            if f.fault == "job_slowdown":
+                cause, rc_ev = "unknown", {}
+            elif cached and job.evaluated - cached[0] < CAUSE_EVERY_STEPS:
+                cause, rc_ev = cached[1], cached[2]
+            else:
+                slots = nic_slots(f, self.store, job) if f.peer_rank is not None else None
+                cause, rc_ev = attribute(f.fault, self.store, f.hosts, f.gpus, job_hosts,
+                                         f.data_share, slots)
+                self._causes[(job.job_id, f.key)] = (job.evaluated, cause, rc_ev)
             cause = self.tracker.vote_cause(job.job_id, f.key, cause)
             action, why = self.planner.plan(f.fault, cause, f.slowdown_pct,
                                             max(ts - f.onset_ts, 0.0), step_s)

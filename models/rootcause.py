@@ -27,6 +27,10 @@ TIERS = (("gpu_errors", "pcie_degraded", "gpu_thermal", "gpu_power", "nic_errors
           "nic_congestion"), ("cpu_contention",), ("input_stall",), ("gpu_clock",))
 Scores = dict[str, tuple[float, dict[str, Any]]]
 NIC_AGREE = 2     # NIC counters that must agree before a port counts as congested/erroring
+# A NIC is congested / erroring when those counters grow this many times faster than
+# the job's typical NIC (incast bursts on healthy ports reach ~30x for one sample;
+# smoothing spreads that below this, real congestion is orders of magnitude above).
+NIC_OUTLIER = 20.0
 
 
 def _peer_stats(values: list[float]) -> tuple[float, float]:
@@ -48,6 +52,14 @@ def _gauge_z(dev: Device, peers: list[Device], name: str) -> tuple[float, dict[s
     return (x - med) / scale, info
 
 
+def lower_quartile(vals: list[float]) -> float:
+    """25th percentile (nearest rank) of a small list; 0 for an empty one."""
+    if not vals:
+        return 0.0
+    vals = sorted(vals)
+    return vals[(len(vals) - 1) // 4]
+
+
 def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
                agree: int = 1) -> tuple[float, dict]:
     """How many times the peers' typical rate the device's counters grow: the
@@ -58,9 +70,8 @@ def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
         r = dev.rates.get(name, 0.0)
         if r <= 0:
             continue
-        vals = [p.rates.get(name, 0.0) for p in peers]
         # The peers' lower quartile: clean even when half the peers share the fault.
-        ref = float(np.percentile(vals, 25)) if vals else 0.0
+        ref = lower_quartile([p.rates.get(name, 0.0) for p in peers])
         ratio = r / max(ref, 0.01 * r)
         ratios.append(ratio)
         ev[name] = {"rate_per_s": round(r, 3), "peer_p25": round(ref, 3), "ratio": round(ratio, 1)}
@@ -137,16 +148,16 @@ def nic_scores(devs: list[Device], peers: list[Device]) -> Scores:
     out: Scores = {}
     for dev in devs:
         ratio, ev = rate_ratio(dev, peers, CONGESTION, NIC_AGREE)
-        if ratio >= 5 and ratio / 5 > out.get("nic_congestion", (0.0, {}))[0]:
-            out["nic_congestion"] = (ratio / 5, ev)
+        if ratio >= NIC_OUTLIER and ratio / NIC_OUTLIER > out.get("nic_congestion", (0.0, {}))[0]:
+            out["nic_congestion"] = (ratio / NIC_OUTLIER, ev)
         ratio, ev = rate_ratio(dev, peers, NIC_ERRORS, NIC_AGREE)
         if dev.down:
-            ratio, ev = max(ratio, 25.0), {**ev, "state": "down"}
+            ratio, ev = max(ratio, 2 * NIC_OUTLIER), {**ev, "state": "down"}
         speed = _gauge_z(dev, peers, "speed_gbps")
         if speed and speed[0] <= -4:
-            ratio, ev = max(ratio, 10.0), {**ev, "speed_gbps": speed[1]}
-        if ratio >= 5 and ratio / 5 > out.get("nic_errors", (0.0, {}))[0]:
-            out["nic_errors"] = (ratio / 5, ev)
+            ratio, ev = max(ratio, 2 * NIC_OUTLIER), {**ev, "speed_gbps": speed[1]}
+        if ratio >= NIC_OUTLIER and ratio / NIC_OUTLIER > out.get("nic_errors", (0.0, {}))[0]:
+            out["nic_errors"] = (ratio / NIC_OUTLIER, ev)
     return out
 
 
