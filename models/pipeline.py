@@ -82,7 +82,11 @@ class Detector:
                     job = jobs.get(ev["job_id"])
                     if job is None:
                         job = jobs[ev["job_id"]] = JobState(ev["job_id"], self.cfg)
-                    job.add_collective(ev)
+                    step = ev.get("step")
+                    if step is None:
+                        job.add_collective(ev)
+                    else:                       # the common case, one call shorter
+                        job.aligner.add(ev, step)
                 elif kind == "step":
                     job = jobs.get(ev["job_id"])
                     if job is None:

@@ -106,9 +106,14 @@ class RollingMedian:
     @property
     def sigma(self) -> float:
         """1.4826 x the median absolute deviation of the window (a robust std)."""
-        if len(self._sorted) < 2:
+        s = self._sorted
+        k = len(s)
+        if k < 2:
             return 0.0
-        return robust_scale(np.asarray(self._sorted), self.median)
+        med = self.median
+        dev = sorted(abs(x - med) for x in s)     # a small window: plain Python is faster
+        mad = dev[k // 2] if k % 2 else 0.5 * (dev[k // 2 - 1] + dev[k // 2])
+        return 1.4826 * mad
 
     def clone(self) -> RollingMedian:
         return RollingMedian(self.window)
