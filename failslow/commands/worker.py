@@ -1,15 +1,61 @@
-"""`failslow worker` — not built yet."""
+"""`failslow worker` — the stream processors: a faust worker that routes the input topics
+to each job's home partition, runs models/ there and emits incidents.
+
+Start several with the same ``--group`` to share the partitions. SIGINT/SIGTERM
+stop it cleanly (final snapshot, commit, leave the group); an agent crash exits
+with code 70.
+"""
+
+from __future__ import annotations
 
 import argparse
-import sys
+import logging
 
-HELP = "not built yet"
+from failslow.config import resolve
+from failslow.errors import ConfigError
+from schema import Topics
+
+HELP = "the stream processors (faust worker)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    return None
+    parser.add_argument("--group", "--workers-id", dest="group", default="failslow-worker",
+                        help="consumer group / faust app id shared by cooperating workers "
+                             "[failslow-worker]")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics [off]")
+    parser.add_argument("--lateness", type=float, default=10.0,
+                        help="event-time seconds an event may trail the others and still be "
+                             "ordered with them [10]")
+    parser.add_argument("--snapshot-interval", type=float, default=5.0,
+                        help="seconds between state snapshots (bounds the replay after a "
+                             "crash) [5]")
+    parser.add_argument("--session-timeout", type=float, default=2.0,
+                        help="consumer-group session timeout in seconds; a crashed worker's "
+                             "partitions move after about this long [2]")
+    parser.add_argument("--log-level", default="info", help="faust/worker log level [info]")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("failslow worker: not built yet (its issue is still open)", file=sys.stderr)
-    return 2
+    if args.lateness <= 0 or args.snapshot_interval <= 0 or args.session_timeout <= 0:
+        raise ConfigError("--lateness, --snapshot-interval and --session-timeout must be > 0")
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        raise ConfigError(f"--metrics-port {args.metrics_port}: not a TCP port")
+    settings = resolve(args)
+    import faust
+
+    from streams.app import WorkerConfig, build_app
+
+    cfg = WorkerConfig(bootstrap=settings.bootstrap, topics=Topics(settings.topic_prefix),
+                       group=args.group, lateness=args.lateness,
+                       snapshot_interval=args.snapshot_interval, metrics_port=args.metrics_port,
+                       session_timeout=args.session_timeout)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = build_app(cfg)
+    worker = faust.Worker(app, loglevel=args.log_level, quiet=True, override_logging=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0

@@ -1,0 +1,368 @@
+"""The faust app of ``failslow worker``: two thin agents and two timers.
+
+    input topics --route--> <prefix>internal.job (partition = job's home partition) --jobs-->
+        incidents (same partition number), dead letters, host map announcements
+
+- ``route`` consumes every input topic. Step and collective messages carry the
+  job in their key and go on to the job's home partition as raw bytes (no
+  decode: the cost is per message, not per event). Telemetry, keyed by host,
+  goes to the home partitions of the jobs on that host (``HostMap``, learned
+  from the job stage's announcements); telemetry of a host not yet known waits
+  up to ``lateness`` wall seconds for its announcement.
+- ``jobs`` consumes the internal job topic: decode + validate (bad records to the
+  dead-letter topic), then ``JobPartition`` orders, de-duplicates and runs the
+  Detector of models/. Its messages are acked by hand, only up to the oldest
+  offset the newest durable snapshot still needs, so a restart (even after
+  kill -9) resumes from committed offsets at or before the snapshot and
+  rebuilds the exact state.
+- A crash in an agent or a timer exits the process (code 70) instead of leaving
+  a worker that consumes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from schema import Topics, decode_lenient, encode, encode_deadletter
+from schema.topics import KIND_TOPIC
+from streams.metrics import Metrics
+from streams.partition import INPUT_KINDS, JobPartition
+from streams.routing import HostMap, home_partition, job_of_collective_key
+from streams.snapshots import SnapshotStore, scan
+
+log = logging.getLogger("failslow.worker")
+CRASH_EXIT = 70
+_FETCH_WAIT_MS = [100]
+
+
+def _patch_fetch_wait() -> None:
+    """faust builds its aiokafka consumer with a fixed 1,500 ms fetch wait, and Tansu holds
+    every fetch for the full wait: lower it (MEASURED.md: 100 ms -> ~30-50 ms delivery)."""
+    cls = faust_aiokafka.AIOKafkaConsumerThread
+    if getattr(cls, "_failslow_patched", False):
+        return
+    original = cls._create_worker_consumer
+
+    def create(self: Any, transport: Any) -> Any:
+        consumer = original(self, transport)
+        consumer._fetch_max_wait_ms = _FETCH_WAIT_MS[0]
+        return consumer
+
+    cls._create_worker_consumer = create
+    cls._failslow_patched = True
+
+
+@dataclass
+class WorkerConfig:
+    bootstrap: str
+    topics: Topics = field(default_factory=Topics)
+    group: str = "failslow-worker"
+    lateness: float = 10.0
+    idle_s: float = 1.0
+    snapshot_interval: float = 5.0
+    metrics_port: int | None = None
+    session_timeout: float = 2.0
+    fetch_wait_ms: int = 100
+    detector_factory: Callable[[], Any] | None = None
+    detector_restore: Callable[[Any], Any] | None = None
+
+    def internal(self, name: str) -> str:
+        return f"{self.topics.prefix}internal.{name}"
+
+
+def ensure_internal_topics(cfg: WorkerConfig) -> int:
+    """Create the internal topics with as many partitions as the incidents topic; return N."""
+    admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
+    meta = admin.list_topics(timeout=10)
+    incidents = meta.topics.get(cfg.topics.for_kind("incident"))
+    if incidents is None or not incidents.partitions:
+        from streams import StreamsError
+
+        raise StreamsError(f"topic {cfg.topics.for_kind('incident')} does not exist on "
+                           f"{cfg.bootstrap} (run `failslow up` or create the topics)")
+    n = len(incidents.partitions)
+    names = [cfg.internal(x) for x in ("job", "hostmap", "snapshots")]
+    new = [NewTopic(t, num_partitions=n, replication_factor=1) for t in names
+           if t not in meta.topics]
+    for fut in (admin.create_topics(new, operation_timeout=10).values() if new else []):
+        try:
+            fut.result()
+        except Exception as exc:  # a concurrent worker created it first
+            if "already exists" not in str(exc).lower() and "TOPIC_ALREADY" not in str(exc):
+                raise
+    return n
+
+
+class HostMapReader(threading.Thread):
+    """Reads every partition of the host-map topic from the start, for as long as it runs."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, hostmap: HostMap) -> None:
+        super().__init__(name="failslow-hostmap", daemon=True)
+        self._consumer = Consumer({"bootstrap.servers": bootstrap,
+                                   "group.id": f"failslow-hostmap-{os.getpid()}-{id(self)}",
+                                   "enable.auto.commit": False, "fetch.wait.max.ms": 50})
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.hostmap = hostmap
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for m in self._consumer.consume(num_messages=500, timeout=0.1):
+                    if m.error() is None:
+                        entry = orjson.loads(m.value())
+                        self.hostmap.add(entry["host"], entry["partition"], time.time())
+        finally:
+            self._consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _fatal(what: str) -> None:
+    log.exception("%s crashed; exiting so a supervisor restarts the worker", what)
+    logging.shutdown()
+    os._exit(CRASH_EXIT)
+
+
+def build_app(cfg: WorkerConfig) -> faust.App:
+    """The faust app; input and internal topics must exist (``ensure_internal_topics``)."""
+    _FETCH_WAIT_MS[0] = cfg.fetch_wait_ms
+    _patch_fetch_wait()
+    nparts = ensure_internal_topics(cfg)
+    app = faust.App(
+        cfg.group, broker=f"kafka://{cfg.bootstrap}", value_serializer="raw",
+        key_serializer="raw", web_enabled=False, processing_guarantee="at_least_once",
+        broker_session_timeout=cfg.session_timeout, broker_heartbeat_interval=0.3,
+        broker_rebalance_timeout=10.0, broker_commit_interval=1.0,
+        consumer_auto_offset_reset="earliest", topic_disable_leader=True, stream_wait_empty=False,
+        topic_allow_declare=False, datadir=tempfile.mkdtemp(prefix="failslow-worker-"),
+    )
+    t = cfg.topics
+    src_kind = {cfg.topics.prefix + topic: kind for kind, topic in KIND_TOPIC.items()
+                if kind in INPUT_KINDS}
+    inputs = app.topic(*t.inputs(), value_serializer="raw", key_serializer="raw")
+    job_topic = app.topic(cfg.internal("job"), value_serializer="raw", key_serializer="raw")
+    hostmap_topic = app.topic(cfg.internal("hostmap"), value_serializer="raw")
+    incidents_topic = app.topic(t.for_kind("incident"), value_serializer="raw")
+    dead_topic = app.topic(t.deadletter, value_serializer="raw")
+    metrics = Metrics()
+    hostmap = HostMap()
+    store = SnapshotStore(cfg.bootstrap, cfg.internal("snapshots"))
+    parts: dict[int, JobPartition] = {}
+    held: dict[int, list[Any]] = {}  # unacked events of the job stream, per partition
+    announced: dict[int, dict[str, float]] = {}
+    pending: dict[str, list[tuple[float, Any]]] = {}  # telemetry of hosts not yet mapped
+    job_stream: list[Any] = []
+    reader = HostMapReader(cfg.bootstrap, cfg.internal("hostmap"), nparts, hostmap)
+    app.failslow_metrics = metrics  # for tests and the CLI
+
+    async def dead_letter(error: str, topic: str, key: bytes | None, raw: bytes | None) -> None:
+        metrics.deadletters.labels(topic).inc()
+        await dead_topic.send(key=key, value=encode_deadletter(error, topic, raw))
+
+    async def forward(msg: Any, job_or_none: str | None, partition: int) -> None:
+        headers = {"src": msg.topic.encode(), "ts0": str(msg.timestamp or 0).encode()}
+        await job_topic.send(key=msg.key, value=msg.value, partition=partition, headers=headers)
+
+    def job_from_value(value: bytes | None) -> str | None:
+        events, _ = decode_lenient(value or b"")
+        return next((e["job_id"] for e in events if isinstance(e.get("job_id"), str)), None)
+
+    async def route_one(msg: Any, now: float) -> None:
+        kind = src_kind[msg.topic]
+        key = (msg.key or b"").decode("utf-8", errors="replace")
+        if kind in ("step", "collective"):
+            job = (job_of_collective_key(key) if kind == "collective" else key) or None
+            job = job or job_from_value(msg.value)
+            if job is None:
+                await dead_letter("no job_id in the key or the value", msg.topic, msg.key,
+                                  msg.value)
+                return
+            await forward(msg, job, home_partition(job, nparts))
+            return
+        if not key:
+            events, errors = decode_lenient(msg.value or b"")
+            key = events[0]["host"] if events else ""
+            if not key:
+                await dead_letter("; ".join(errors) or "no host", msg.topic, msg.key, msg.value)
+                return
+        targets = hostmap.partitions(key, now)
+        if targets:
+            for p in targets:
+                await forward(msg, None, p)
+        else:
+            pending.setdefault(key, []).append((now, msg))
+
+    async def route_pending(now: float) -> None:
+        for host in list(pending):
+            targets = hostmap.partitions(host, now)
+            waiting = pending[host]
+            if targets:
+                del pending[host]
+                for _, msg in waiting:
+                    for p in targets:
+                        await forward(msg, None, p)
+            else:
+                kept = [(t0, m) for t0, m in waiting if now - t0 <= cfg.lateness]
+                metrics.unrouted.inc(len(waiting) - len(kept))
+                if kept:
+                    pending[host] = kept
+                else:
+                    del pending[host]
+
+    @app.agent(inputs)
+    async def route(stream: Any) -> None:
+        try:
+            async for event in stream.events():
+                now = time.time()
+                msg = event.message
+                metrics.seen(msg.topic, msg.timestamp, now)
+                await route_one(msg, now)
+        except Exception:
+            _fatal("route agent")
+
+    async def emit(p: int, incidents: list[dict]) -> None:
+        for inc in incidents:
+            metrics.incidents.labels(inc["status"]).inc()
+            await incidents_topic.send(key=inc["job_id"].encode(), value=encode(inc), partition=p)
+
+    async def take_over(p: int) -> JobPartition:
+        """State of partition ``p`` when this worker gets it: newest snapshot + emitted incidents."""
+        state = JobPartition(p, lateness=cfg.lateness, idle_s=cfg.idle_s,
+                             **({"detector_factory": cfg.detector_factory} if cfg.detector_factory else {}),
+                             **({"detector_restore": cfg.detector_restore} if cfg.detector_restore else {}))
+        snap = await asyncio.to_thread(store.read_latest, p)
+        if snap is not None:
+            state.restore(snap)
+        for m in await asyncio.to_thread(scan, cfg.bootstrap, t.for_kind("incident"), p):
+            try:
+                state.remember(orjson.loads(m.value()))
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+        log.info("partition %d taken over: snapshot %s, %d incidents already emitted", p,
+                 "restored" if snap else "none", len(state.emitted))
+        parts[p] = state
+        held[p] = []
+        announced[p] = {}
+        return state
+
+    async def announce(p: int, events: list[dict], now: float) -> None:
+        seen = announced[p]
+        for ev in events:
+            if ev["kind"] == "step":
+                host = ev["host"]
+                if now - seen.get(host, -math.inf) > hostmap.ttl_s / 3:
+                    seen[host] = now
+                    await hostmap_topic.send(
+                        key=host.encode(), partition=home_partition(host, nparts),
+                        value=orjson.dumps({"host": host, "partition": p}))
+
+    async def handle(event: Any, now: float) -> None:
+        msg = event.message
+        p = msg.partition
+        state = parts.get(p) or await take_over(p)
+        held[p].append(event)
+        headers = dict(msg.headers or [])
+        src = (headers.get("src") or b"").decode() or msg.topic
+        events, errors = decode_lenient(msg.value or b"")
+        want = src_kind.get(src)
+        wrong = [e for e in events if e["kind"] != want]
+        if wrong:
+            errors.append(f"{len(wrong)} event(s) of kind {wrong[0]['kind']!r} on topic {src}")
+            events = [e for e in events if e["kind"] == want]
+        if errors:
+            await dead_letter("; ".join(errors), src, msg.key, msg.value)
+        metrics.events.labels(src).inc(len(events))
+        before = state.counts["duplicates"], state.counts["late"]
+        incidents = state.ingest(events, msg.offset, now)
+        metrics.duplicates.inc(state.counts["duplicates"] - before[0])
+        metrics.late.inc(state.counts["late"] - before[1])
+        await emit(p, incidents)
+        await announce(p, events, now)
+        ts0 = float(headers.get("ts0") or 0)
+        if ts0:
+            metrics.latency.observe(max(0.0, time.time() - ts0))
+
+    @app.agent(job_topic)
+    async def jobs(stream: Any) -> None:
+        try:
+            manual = stream.noack()
+            job_stream.append(manual)
+            async for event in manual.events():
+                await handle(event, time.time())
+        except Exception:
+            _fatal("jobs agent")
+
+    @app.timer(0.25)
+    async def tick() -> None:
+        try:
+            now = time.time()
+            await route_pending(now)
+            for p, state in list(parts.items()):
+                await emit(p, state.tick(now))
+            metrics.open_incidents.set(sum(len(s.open_ids) for s in parts.values()))
+            metrics.buffered.set(sum(s.buffered for s in parts.values()))
+            line = metrics.summary()
+            if line:
+                log.info("%s", line)
+        except Exception:
+            _fatal("tick timer")
+
+    async def snapshot_all(ack: bool) -> None:
+        for p, state in list(parts.items()):
+            snap = state.snapshot()
+            state.prune()
+            size = await asyncio.to_thread(store.write, p, snap)
+            metrics.snapshot_bytes.labels(str(p)).set(size)
+            if ack and job_stream and parts.get(p) is state:
+                keep = []
+                for ev in held.get(p, []):
+                    if ev.message.offset < snap["o_min"]:
+                        await job_stream[0].ack(ev)
+                    else:
+                        keep.append(ev)
+                held[p] = keep
+
+    @app.timer(cfg.snapshot_interval)
+    async def snapshots() -> None:
+        try:
+            await snapshot_all(ack=True)
+        except Exception:
+            _fatal("snapshot timer")
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        for tp in revoked:
+            if tp.topic == job_topic.get_topic_name() and tp.partition in parts:
+                del parts[tp.partition]
+                held.pop(tp.partition, None)
+
+    @app.on_before_shutdown.connect
+    async def on_shutdown(sender: Any, **kwargs: Any) -> None:
+        await snapshot_all(ack=False)
+        reader.stop()
+
+    @app.task
+    async def start_reader() -> None:
+        reader.start()
+        if cfg.metrics_port is not None:
+            metrics.serve(cfg.metrics_port)
+            log.info("metrics on http://127.0.0.1:%d/metrics", cfg.metrics_port)
+
+    return app

@@ -1,0 +1,74 @@
+"""Pipeline health as Prometheus metrics (own registry, served on an HTTP port) and a
+one-line summary for the log once a minute.
+
+Consumer lag is measured from what the worker consumed, in seconds (now minus the
+Kafka timestamp of the newest message taken from each topic): broker end offsets
+are wrong on Tansu, so an offset lag computed from them would be too.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.events = Counter("failslow_stream_events_total", "Valid events processed",
+                              ["topic"], registry=r)
+        self.messages = Counter("failslow_stream_messages_total", "Kafka messages consumed",
+                                ["topic"], registry=r)
+        self.deadletters = Counter("failslow_stream_deadletters_total",
+                                   "Records sent to the dead-letter topic", ["topic"], registry=r)
+        self.duplicates = Counter("failslow_stream_duplicates_total",
+                                  "Duplicate events dropped", registry=r)
+        self.late = Counter("failslow_stream_late_events_total",
+                            "Events that arrived behind the watermark (processed)", registry=r)
+        self.unrouted = Counter("failslow_stream_telemetry_unrouted_total",
+                                "Telemetry messages of hosts in no known job (dropped)",
+                                registry=r)
+        self.incidents = Counter("failslow_stream_incidents_total", "Incident events emitted",
+                                 ["status"], registry=r)
+        self.open_incidents = Gauge("failslow_stream_open_incidents",
+                                    "Incidents currently open", registry=r)
+        self.buffered = Gauge("failslow_stream_buffered_events",
+                              "Events held for ordering", registry=r)
+        self.lag = Gauge("failslow_stream_consumer_lag_seconds",
+                         "Now minus the timestamp of the newest message consumed", ["topic"],
+                         registry=r)
+        self.latency = Histogram("failslow_stream_processing_latency_seconds",
+                                 "Wall time from an input message's produce time to its events "
+                                 "being processed", registry=r,
+                                 buckets=(.01, .025, .05, .1, .25, .5, 1, 2, 5, 10, 30))
+        self.snapshot_bytes = Gauge("failslow_stream_snapshot_bytes",
+                                    "Size of the newest state snapshot", ["partition"], registry=r)
+        self._last_log = time.monotonic()
+        self._last_counts: dict[str, float] = {}
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)
+
+    def seen(self, topic: str, kafka_ts: float | None, now: float) -> None:
+        """One message from ``topic`` with Kafka timestamp ``kafka_ts`` (epoch s) taken at ``now``."""
+        self.messages.labels(topic).inc()
+        if kafka_ts:
+            self.lag.labels(topic).set(max(0.0, now - kafka_ts))
+
+    def summary(self) -> str | None:
+        """One log line with rates since the previous call, at most once a minute."""
+        now = time.monotonic()
+        if now - self._last_log < 60.0:
+            return None
+        span, self._last_log = now - self._last_log, now
+        totals: dict[str, float] = {}
+        for metric in self.registry.collect():
+            for s in metric.samples:
+                if s.name == "failslow_stream_events_total":
+                    totals[s.labels["topic"]] = s.value
+        rates = ", ".join(f"{t}={(v - self._last_counts.get(t, 0.0)) / span:.0f}/s"
+                          for t, v in sorted(totals.items()))
+        self._last_counts = totals
+        return (f"events {rates or 'none'}; open incidents {self.open_incidents._value.get():.0f}; "
+                f"buffered {self.buffered._value.get():.0f}")

@@ -1,0 +1,245 @@
+"""The state of one home partition: event-time ordering, de-duplication, the Detector,
+and the incidents already emitted. Pure Python, no I/O, no asyncio.
+
+Ordering. Events of one partition come from many producers, interleaved by
+message. They are held in a buffer and handed to the Detector in ``ts`` order
+once the *watermark* passes them. The watermark is the lowest of the active
+kinds' progress (per kind, the 10th percentile over hosts of each host's newest
+``ts``, so a few hosts with skewed clocks neither hold it back nor push it
+ahead), never further behind the median host than ``lateness`` seconds, and
+never moving back. A kind that sent nothing for ``idle_s`` of wall time stops
+holding the watermark, and a partition that received nothing for ``idle_s``
+releases everything it holds. An event that arrives behind the watermark
+(late, or from a host whose clock is behind) is handed over at once: nothing
+is dropped for being late.
+
+De-duplication. Each source (a rank's steps, a rank's collectives in one
+group, one GPU / NIC port / host) produces in order and Kafka keeps per-key
+order, so a source's ``(ts, step|seq)`` only grows: an event that does not
+advance its source's mark is a duplicate (an at-least-once producer retry) and
+is dropped, counted. Emitted incidents are de-duplicated on their full content,
+so a replay after a restart re-creates the same incident events and none is
+emitted twice.
+
+Recovery. ``snapshot()`` is small: the Detector's state, the watermark, the
+per-host progress and two offsets: ``o_min`` (the oldest message still holding
+an unreleased event: consumption must resume at or before it) and ``o_next``.
+After ``restore``, a message below ``o_next`` contributes only its events
+newer than the snapshot's watermark (the others are already inside the
+Detector's state); from ``o_next`` on, processing is normal.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+import orjson
+
+INPUT_KINDS = ("step", "collective", "gpu", "nic", "host")
+_TS = itemgetter(0)
+
+
+def source_mark(ev: dict) -> tuple[tuple, tuple]:
+    """(source id, position) of an input event; positions of one source only grow."""
+    k = ev["kind"]
+    if k == "step":
+        return ("s", ev["job_id"], ev["rank"]), (ev["ts"], ev["step"])
+    if k == "collective":
+        return ("c", ev["job_id"], ev["group"], ev["rank"]), (ev["ts"], ev["seq"])
+    if k == "gpu":
+        return ("g", ev["host"], ev["gpu"]), (ev["ts"], 0)
+    if k == "nic":
+        return ("n", ev["host"], ev["nic"], ev["port"]), (ev["ts"], 0)
+    return ("h", ev["host"]), (ev["ts"], 0)
+
+
+def _default_detector_factory() -> Any:
+    from models.pipeline import Detector
+
+    return Detector()
+
+
+def _default_detector_restore(state: Any) -> Any:
+    from models.pipeline import Detector
+
+    return Detector.from_state(state)
+
+
+class JobPartition:
+    """Everything one home partition needs between two messages.
+
+    ``lateness`` (event-time s): the most the watermark trails the median host.
+    ``idle_s`` (wall s): silence after which a kind / the partition stops holding events.
+    """
+
+    def __init__(self, partition: int, lateness: float = 10.0, idle_s: float = 1.0,
+                 detector_factory: Callable[[], Any] = _default_detector_factory,
+                 detector_restore: Callable[[Any], Any] = _default_detector_restore) -> None:
+        self.partition = partition
+        self.lateness = lateness
+        self.idle_s = idle_s
+        self._restore_detector = detector_restore
+        self.detector = detector_factory()
+        self.wm = -math.inf
+        self._buf: list[tuple[float, int, dict]] = []
+        self._dirty = False  # buffer has unsorted appends
+        self._hw: dict[str, dict[str, float]] = {k: {} for k in INPUT_KINDS}
+        self._kind_wall: dict[str, float] = {}
+        self._last_wall = 0.0
+        self._marks: dict[tuple, tuple] = {}
+        self.emitted: dict[str, set[bytes]] = {}
+        self.open_ids: set[str] = set()
+        self.next_offset = 0
+        self._skip_below = -1  # offsets below this replay only events newer than _skip_ts
+        self._skip_ts = math.inf
+        self.counts = {"events": 0, "late": 0, "duplicates": 0, "replay_skipped": 0,
+                       "incidents": 0, "incidents_suppressed": 0}
+
+    # -- input ---------------------------------------------------------------------------
+
+    def ingest(self, events: list[dict], offset: int, now: float) -> list[dict]:
+        """Take the valid events of the message at ``offset``; return incidents to emit."""
+        self._last_wall = now
+        if offset >= self.next_offset:
+            self.next_offset = offset + 1
+        if offset < self._skip_below:
+            kept = [e for e in events if e["ts"] > self._skip_ts]
+            self.counts["replay_skipped"] += len(events) - len(kept)
+            events = kept
+        late: list[dict] = []
+        wm = self.wm
+        hw = self._hw
+        buf = self._buf
+        for ev in events:
+            ts = ev["ts"]
+            kind = ev["kind"]
+            per_host = hw[kind]
+            host = ev["host"]
+            if ts > per_host.get(host, -math.inf):
+                per_host[host] = ts
+            self._kind_wall[kind] = now
+            if ts <= wm:
+                late.append(ev)
+            else:
+                buf.append((ts, offset, ev))
+        if len(buf) and events:
+            self._dirty = True
+        self.counts["events"] += len(events)
+        self.counts["late"] += len(late)
+        out = self._feed(late) if late else []
+        out.extend(self._advance(now))
+        return out
+
+    def tick(self, now: float) -> list[dict]:
+        """Called periodically: let idle kinds / an idle partition release what they hold."""
+        return self._advance(now, force=now - self._last_wall >= self.idle_s)
+
+    # -- ordering ------------------------------------------------------------------------
+
+    def _progress(self, now: float) -> float:
+        """The watermark the hosts' progress allows now (event-time s)."""
+        latest = [np.fromiter(d.values(), float, len(d)) for d in self._hw.values() if d]
+        if not latest:
+            return -math.inf
+        ref = float(np.median(np.concatenate(latest)))
+        floor = ref - self.lateness
+        bound = math.inf
+        for kind, d in self._hw.items():
+            if not d or now - self._kind_wall.get(kind, -math.inf) > self.idle_s:
+                continue
+            values = np.fromiter(d.values(), float, len(d))
+            values = values[values >= floor]  # hosts silent for longer have left
+            if len(values):
+                bound = min(bound, float(np.quantile(values, 0.1)))
+        return max(floor, bound) if bound < math.inf else ref
+
+    def _advance(self, now: float, force: bool = False) -> list[dict]:
+        if not self._buf:
+            return []
+        if self._dirty:
+            self._buf.sort(key=_TS)
+            self._dirty = False
+        new = self._buf[-1][0] if force else self._progress(now)
+        if new <= self.wm:
+            return []
+        self.wm = new
+        cut = bisect_right(self._buf, new, key=_TS)
+        if not cut:
+            return []
+        released = [ev for _, _, ev in self._buf[:cut]]
+        del self._buf[:cut]
+        return self._feed(released)
+
+    # -- detection -----------------------------------------------------------------------
+
+    def _feed(self, events: list[dict]) -> list[dict]:
+        marks = self._marks
+        fresh = []
+        for ev in events:
+            src, pos = source_mark(ev)
+            last = marks.get(src)
+            if last is not None and pos <= last:
+                continue
+            marks[src] = pos
+            fresh.append(ev)
+        self.counts["duplicates"] += len(events) - len(fresh)
+        if not fresh:
+            return []
+        return self._dedupe(self.detector.process_batch(fresh))
+
+    def _dedupe(self, incidents: list[dict]) -> list[dict]:
+        out = []
+        for inc in incidents:
+            if self.remember(inc):
+                out.append(inc)
+            else:
+                self.counts["incidents_suppressed"] += 1
+        self.counts["incidents"] += len(out)
+        return out
+
+    def remember(self, inc: dict) -> bool:
+        """Record an incident event as emitted; False when this exact event was emitted before."""
+        sig = orjson.dumps(inc, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+        seen = self.emitted.setdefault(inc["incident_id"], set())
+        if sig in seen:
+            return False
+        seen.add(sig)
+        if inc["status"] == "open":
+            self.open_ids.add(inc["incident_id"])
+        else:
+            self.open_ids.discard(inc["incident_id"])
+        return True
+
+    # -- recovery ------------------------------------------------------------------------
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def o_min(self) -> int:
+        """The oldest offset consumption must resume from to rebuild the buffer."""
+        return min((off for _, off, _ in self._buf), default=self.next_offset)
+
+    def prune(self) -> None:
+        """Forget de-duplication marks of sources silent for 6 x lateness (ended jobs)."""
+        horizon = self.wm - 6 * self.lateness
+        self._marks = {s: p for s, p in self._marks.items() if p[0] >= horizon}
+
+    def snapshot(self) -> dict:
+        wm = self.wm if math.isfinite(self.wm) else None
+        return {"v": 1, "partition": self.partition, "wm": wm, "o_min": self.o_min(),
+                "o_next": self.next_offset, "hw": self._hw,
+                "detector": self.detector.state_dict()}
+
+    def restore(self, snap: dict) -> None:
+        self.detector = self._restore_detector(snap["detector"])
+        self.wm = -math.inf if snap["wm"] is None else snap["wm"]
+        self._hw = {k: dict(snap["hw"].get(k, {})) for k in INPUT_KINDS}
+        self.next_offset = snap["o_next"]
+        self._skip_below = snap["o_next"]
+        self._skip_ts = self.wm

@@ -1,0 +1,61 @@
+"""Where each event is processed: a job's home partition and the host -> partitions map.
+
+Every job has one *home partition* ``crc32(job_id) % N`` of the internal job topic
+(and of the incidents topic: N is the incidents topic's partition count). Step
+and collective messages are forwarded there unchanged (raw bytes, no re-encode);
+telemetry, keyed by host, is forwarded to the home partitions of the jobs
+running on that host, which the job stage learns from step events and
+announces on the internal host-map topic.
+
+``crc32 % N`` is also librdkafka's default (``consistent_random``) partitioner,
+so incidents keyed by ``job_id`` land on the same partition number either way.
+
+>>> home_partition("job0", 4) == home_partition("job0", 4)
+True
+>>> job_of_collective_key("team-a/job7/dp3")
+'team-a/job7'
+"""
+
+from __future__ import annotations
+
+import zlib
+
+
+def home_partition(job_id: str, partitions: int) -> int:
+    """The partition (0..N-1) on which all of ``job_id``'s events meet."""
+    return zlib.crc32(job_id.encode()) % partitions
+
+
+def job_of_collective_key(key: str) -> str:
+    """``job_id`` from a collectives key ``job_id/group``.
+
+    Group names (``dp3``, ``pp1-2``) carry no ``/``; job ids may, so split at the last one.
+    """
+    return key.rpartition("/")[0]
+
+
+class HostMap:
+    """host -> {home partition: last time announced (wall s)}, forgetting silent entries.
+
+    A job stage re-announces its hosts every ``ttl_s / 3``, so an entry that has
+    not been refreshed for ``ttl_s`` belongs to a job that ended or moved.
+    """
+
+    def __init__(self, ttl_s: float = 300.0) -> None:
+        self.ttl_s = ttl_s
+        self._hosts: dict[str, dict[int, float]] = {}
+
+    def add(self, host: str, partition: int, now: float) -> None:
+        self._hosts.setdefault(host, {})[partition] = now
+
+    def partitions(self, host: str, now: float) -> list[int]:
+        parts = self._hosts.get(host)
+        if not parts:
+            return []
+        live = [p for p, seen in parts.items() if now - seen <= self.ttl_s]
+        if len(live) != len(parts):
+            self._hosts[host] = {p: parts[p] for p in live}
+        return live
+
+    def __len__(self) -> int:
+        return len(self._hosts)
