@@ -29,6 +29,8 @@ from models.peers import lower_half_ref, peer_scores
 from models.ranks import RankState
 from models.stats import EWMeanVar
 
+HOLD_STEPS = 4     # how long a possible host fault may hold single-rank verdicts
+
 
 class JobConfig:
     """Scale-free thresholds (fractions and z-scores) shared by the job's models.
@@ -62,6 +64,8 @@ class JobState:
         self.last_step: dict[int, int] = {}
         self.newest = -1
         self.evaluated = -1
+        self.judged = 0              # steps evaluated so far
+        self.host_seen: dict[str, int] = {}   # host -> last step all its ranks stood out
         self.world = 0
         self.ranks: dict[int, RankState] = {}
         self.rank_host: dict[int, str] = {}
@@ -162,6 +166,11 @@ class JobState:
         zp = np.where(rel >= cfg.min_rel, z, np.minimum(z, k))
         zs = np.where(rel2 >= cfg.min_rel, z2, np.minimum(z2, k))
         inc = np.minimum(np.maximum(zp, zs), cfg.z_min + k) - k
+        self.judged += 1
+        if self.judged <= cfg.warm_steps:
+            # Warm-up steps (compilation, allocator, autotuning) differ from rank to
+            # rank for no lasting reason: no evidence from them.
+            inc = np.minimum(inc, 0.0)
         weak = (rel >= cfg.min_rel / 2) & (z >= k) | (rel2 >= cfg.min_rel / 2) & (z2 >= k)
         job_s = float(np.median(dur))
         findings: list[Finding] = []
@@ -227,13 +236,23 @@ class JobState:
         out = []
         left = set(culprits)
         for h, members in per_host.items():
-            if len(members) >= 2 and all(m in left for m in members):
+            if len(members) < 2:
+                continue
+            whole = all(m in left for m in members)
+            # A host fault drains from its ranks unevenly: while it was seen lately,
+            # its remaining ranks keep the host finding alive, never open rank ones.
+            draining = not whole and s - self.host_seen.get(h, -10**9) <= 2 * HOLD_STEPS \
+                and any(m in left for m in members)
+            if whole or draining:
+                if whole:
+                    self.host_seen[h] = s
+                members = [m for m in members if m in left] if draining else members
                 sts = [self.ranks[m] for m in members]
                 excess = float(np.median([st.excess_s for st in sts]))
                 data_ex = float(np.median([st.data_excess_s for st in sts]))
                 out.append(Finding(
                     key=f"slow_host:{h}", fault="slow_host",
-                    confirmed=sum(st.streak > 0 for st in sts) * 2 >= len(sts),
+                    confirmed=whole and sum(st.streak > 0 for st in sts) * 2 >= len(sts),
                     onset_ts=min(st.onset_ts for st in sts),
                     onset_step=min(st.onset_step for st in sts),
                     slowdown_pct=_pct(excess, job_s), host=h, hosts=[h],
@@ -245,10 +264,13 @@ class JobState:
                               "rel_to_own_past": round(float(np.median(
                                   [st.self_rel for st in sts])), 3)}))
                 left -= set(members)
-        # Half or more of a host standing out, but not all of it yet: likely a host
-        # fault still spreading over its ranks, so hold the single-rank verdicts.
+        # Half or more of a host rising together, not all of it yet: likely a host
+        # fault still spreading over its ranks, so hold the single-rank verdicts for
+        # a few steps.
         held = {m for members in per_host.values() if len(members) >= 2
-                and 2 * sum(m in left for m in members) >= len(members) for m in members}
+                and 2 * sum(m in left or (m in self.ranks and self.ranks[m].cusum > 0)
+                            for m in members) >= len(members)
+                for m in members if m in left and s - self.ranks[m].onset_step < HOLD_STEPS}
         pos = {r: i for i, r in enumerate(ranks)}
         for r in sorted(left):
             st = self.ranks[r]

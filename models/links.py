@@ -64,7 +64,7 @@ class LinkMonitor:
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
         self.groups: dict[str, GroupState] = {}
-        self.slow_members: list[tuple[int, ...]] = []   # members of the last slow groups
+        self.slow_members: list[tuple[int, ...]] = []   # members of the located slow groups
 
     def evaluate(self, s: int, transfers: list[tuple[str, str, tuple[int, ...], float, int]],
                  rank_host: dict[int, str], ts: float, job_s: float) -> list[Finding]:
@@ -138,7 +138,7 @@ class LinkMonitor:
                 st.rel = rel
                 st.extra_s = agg[g][0] * rel / (1.0 + rel)
                 slow.append(g)
-        self.slow_members = [agg[g][2] for g in slow]
+        self.slow_members = []
         if not slow:
             return []
         return [self._localize(slow, healthy, agg, rank_host, job_s)]
@@ -167,6 +167,7 @@ class LinkMonitor:
         best = ranked[0]
         ambiguous = len(ranked) > 1 and score(ranked[1]) == score(best)
         mine = [g for g in slow if covers(best, g)]
+        self.slow_members = [agg[g][2] for g in mine]
         sts = [self.groups[g] for g in mine]
         confirmed = any(st.streak > 0 for st in sts)
         extra = max(st.extra_s for st in sts)
@@ -190,36 +191,41 @@ class LinkMonitor:
 
 
 def refine_with_nics(f: Finding, slow_members: list[tuple[int, ...]], store: TelemetryStore,
-                     rank_host: dict[int, str], rank_gpu: dict[int, int]) -> Finding:
+                     rank_host: dict[int, str], rank_gpu: dict[int, int]
+                     ) -> tuple[Finding, bool]:
     """Re-aim a slow_link finding at the host or rank pair whose NIC counters
     stand out (``NIC_OUTLIER`` x the job's other NICs), when that explanation is
-    consistent with every slow group. Returns ``f`` itself or an adjusted copy."""
+    consistent with every slow group: most NICs of one host, or a single NIC,
+    -> that host; one NIC at each of two hosts -> the rank pair they serve.
+    Returns (the finding, possibly re-aimed; whether the NICs decided it)."""
     hosts = set(rank_host.values())
     nics = {k: d for k, d in store.nics.items() if k[0] in hosts}
     if len(nics) < 4:
-        return f
+        return f, False
     bad = outlier_nics(nics)
     if not bad:
-        return f
+        return f, False
     per_host: dict[str, int] = {}
     for h, _ in bad:
         per_host[h] = per_host.get(h, 0) + 1
     h = max(per_host, key=lambda x: per_host[x])
     total = sum(1 for k in nics if k[0] == h)
-    if total >= 2 and per_host[h] * 2 >= total:
+    if len(bad) == 1 or (total >= 2 and per_host[h] * 2 >= total):
         if all(any(rank_host[r] == h for r in m) for m in slow_members):
-            return _retarget(f, f"slow_link:{h}", host=h, hosts=[h])
-        return f
+            nic = bad[0][1] if len(bad) == 1 else None
+            return _retarget(f, f"slow_link:{h}", nic, host=h, hosts=[h]), True
+        return f, False
     if len(bad) == 2 and bad[0][0] != bad[1][0]:
         by_slot = {(rank_host[r], g): r for r, g in rank_gpu.items() if r in rank_host}
         ends = [by_slot.get((h, _nic_index(n))) for h, n in bad]
         if None in ends:
-            return f
+            return f, False
         a, b = sorted(ends)
         if all(a in m and b in m for m in slow_members):
-            return _retarget(f, f"slow_link:r{a}-r{b}", rank=a, peer_rank=b, host=rank_host[a],
-                             peer_host=rank_host[b], hosts=[rank_host[a], rank_host[b]])
-    return f
+            return _retarget(f, f"slow_link:r{a}-r{b}", None, rank=a, peer_rank=b,
+                             host=rank_host[a], peer_host=rank_host[b],
+                             hosts=[rank_host[a], rank_host[b]]), True
+    return f, False
 
 
 def _median(xs: list[float]) -> float:
@@ -274,10 +280,9 @@ def _nic_index(name: str) -> int | None:
     return int(digits) if digits else None
 
 
-def _retarget(f: Finding, key: str, **where: Any) -> Finding:
-    if key == f.key:
-        return f
+def _retarget(f: Finding, key: str, nic: str | None, **where: Any) -> Finding:
+    evidence = {**f.evidence, "located_by": "nic counters", **({"nic": nic} if nic else {})}
     fields = {"rank": None, "peer_rank": None, "host": None, "peer_host": None, **where}
     return Finding(key=key, fault=f.fault, confirmed=f.confirmed, onset_ts=f.onset_ts,
-                   onset_step=f.onset_step, slowdown_pct=f.slowdown_pct,
-                   evidence={**f.evidence, "located_by": "nic counters"}, **fields)
+                   onset_step=f.onset_step, slowdown_pct=f.slowdown_pct, evidence=evidence,
+                   **fields)

@@ -118,13 +118,13 @@ class Detector:
         step_s = job.job_step_s or 1.0
         for f in findings:
             if f.fault == "slow_link":
-                g = refine_with_nics(f, job.links.slow_members, self.store, job.rank_host,
-                                     job.rank_gpu)
-                if g is f and f.evidence.get("ambiguous") and f.confirmed:
+                g, decided = refine_with_nics(f, job.links.slow_members, self.store,
+                                              job.rank_host, job.rank_gpu)
+                if not decided and f.evidence.get("ambiguous") and f.confirmed:
                     # Transfers alone cannot tell which end; give the NIC counters a few
                     # steps to show it before settling on the first candidate.
                     waited = job.evaluated - f.onset_step
-                    f.confirmed = waited >= self.confirm_steps + LINK_PATIENCE_STEPS
+                    g.confirmed = waited >= self.confirm_steps + LINK_PATIENCE_STEPS
                 f = g
             if not f.confirmed and (job.job_id, f.key) not in self.tracker.open:
                 continue
