@@ -151,7 +151,12 @@ class JobState:
         rel, z, perf, sig = peer_scores(work, groups, floor=max(0.01, self.noise.mean))
         if sig > 0:
             self.noise.update(sig)
-        rel2, z2 = self._self_scores(ranks, work)
+        # Own past is kept as the rank's position against the job-wide level (the
+        # faster half's median of all ranks), so a change of the whole job (a new
+        # phase, longer sequences) never looks like a change of one rank.
+        level = lower_half_ref(work)[0]
+        pos = work / level if level > 0 else np.ones(n)
+        rel2, z2 = self._self_scores(ranks, pos)
         risen = np.flatnonzero((rel2 >= cfg.min_rel) & (z2 >= cfg.z_min / 2))
         if risen.size > 2 and len({row[ranks[i]]["host"] for i in risen}) > 1:
             # Many ranks on several hosts rose against their own past at once: a
@@ -193,7 +198,7 @@ class JobState:
             st.excess_s = excess if st.streak <= 1 else 0.7 * st.excess_s + 0.3 * excess
             st.data_excess_s = max(float(data[i]) - dref, 0.0)
             st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
-            st.observe(float(work[i]), float(data[i]), float(dur[i]), bool(weak[i]))
+            st.observe(float(pos[i]), float(data[i]), float(dur[i]), bool(weak[i]))
             if st.streak or weak[i]:
                 present.append(r)        # weakly present keeps an open incident alive
         findings.extend(self._localize(present, s, job_s, perf, ranks, late))
@@ -203,11 +208,11 @@ class JobState:
         findings.extend(self._job_level(s, job_s, ts_max, bool(findings)))
         return s, findings, ts_max
 
-    def _self_scores(self, ranks: list[int], work: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each rank's work over its own baseline, compared across ranks: a job-wide
-        change moves every ratio alike, a rank or host that got slower stands out
-        (this catches the ranks whose peers are all on one slow host). The noise
-        is the larger of the ranks' spread and the rank's own step-to-step spread."""
+    def _self_scores(self, ranks: list[int], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each rank's position (own work / job level) over its own usual position,
+        compared across ranks: a rank or host that got slower stands out, even
+        when its peers are all on that one slow host. The noise is the larger of
+        the ranks' spread and the rank's own step-to-step spread."""
         n = len(ranks)
         ratio = np.ones(n)
         own = np.zeros(n)
@@ -216,7 +221,7 @@ class JobState:
             st = self.ranks.get(r)
             med = st.work.median if st is not None else 0.0
             if st is not None and st.work.n >= self.cfg.warm_steps and med > 0:
-                ratio[i] = work[i] / med
+                ratio[i] = pos[i] / med
                 own[i] = st.work.sigma / med
                 ok[i] = True
         if ok.sum() < 4:
@@ -290,7 +295,7 @@ class JobState:
                           "perf_vs_best": round(float(perf[i]), 3) if i is not None else None,
                           "arrival_lag_s": round(float(late[i]), 4) if i is not None else None,
                           "evidence_z": round(st.cusum, 1),
-                          "own_work_baseline_s": round(st.work.median, 4)}))
+                          "own_usual_position": round(st.work.median, 4)}))
         return out
 
     def _job_level(self, s: int, job_s: float, ts: float, located: bool) -> list[Finding]:

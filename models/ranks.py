@@ -1,9 +1,10 @@
 """Per-rank state: a protected baseline of the rank's own work and how long
 it has stood out from its peers.
 
-The baselines (own work: rolling median and robust sigma, so warm-up steps
-and one-off pauses do not move it; input wait and step time: exponentially
-weighted mean/variance; all seconds) learn only from steps where the rank was
+The baselines (own work as a position against the job-wide level, a ratio:
+rolling median and robust sigma, so warm-up steps and one-off pauses do not
+move it; input wait and step time, seconds: exponentially weighted
+mean/variance) learn only from steps where the rank was
 *not* flagged, so they never drift to the fault and the alarm never clears
 itself. ``cusum`` accumulates the evidence that the rank stands out (robust
 z-scores above a reference), so a large slowdown confirms in two steps and a

@@ -26,6 +26,9 @@ GPU_ERROR_COUNTERS = ("ecc_dbe_total", "ecc_sbe_total", "nvlink_crc_errors_total
 TIERS = (("gpu_errors", "pcie_degraded", "gpu_thermal", "gpu_power", "nic_errors",
           "nic_congestion"), ("cpu_contention",), ("input_stall",), ("gpu_clock",))
 Scores = dict[str, tuple[float, dict[str, Any]]]
+# Error counters that stay at zero on healthy devices (ECC, PCIe replays): a rate
+# counts from one event a minute up, so a lone correctable error is no fault.
+SPARSE_FLOOR_PER_S = 1.0 / 60.0
 NIC_AGREE = 2     # NIC counters that must agree before a port counts as congested/erroring
 # A NIC is congested / erroring when those counters grow this many times faster than
 # the job's typical NIC (incast bursts on healthy ports reach ~30x for one sample;
@@ -61,10 +64,12 @@ def lower_quartile(vals: list[float]) -> float:
 
 
 def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
-               agree: int = 1) -> tuple[float, dict]:
+               agree: int = 1, floor_per_s: float = 0.0) -> tuple[float, dict]:
     """How many times the peers' typical rate the device's counters grow: the
     ``agree``-th largest ratio over ``names`` (0 when fewer counters grow), so a
-    single sparse counter ticking once cannot make a device look faulty."""
+    single sparse counter ticking once cannot make a device look faulty. The
+    reference is at least ``floor_per_s``: for error counters that are zero on
+    healthy peers, one stray increment is no rate."""
     ratios, ev = [], {}
     for name in names:
         r = dev.rates.get(name, 0.0)
@@ -72,7 +77,7 @@ def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
             continue
         # The peers' lower quartile: clean even when half the peers share the fault.
         ref = lower_quartile([p.rates.get(name, 0.0) for p in peers])
-        ratio = r / max(ref, 0.01 * r)
+        ratio = r / max(ref, 0.01 * r, floor_per_s)
         ratios.append(ratio)
         ev[name] = {"rate_per_s": round(r, 3), "peer_p25": round(ref, 3), "ratio": round(ratio, 1)}
     ratios.sort(reverse=True)
@@ -100,14 +105,14 @@ def gpu_scores(dev: Device, peers: list[Device]) -> Scores:
         out["gpu_power"] = (-limit[0] / 4, {"power_limit_w": limit[1]})
     if dev.xids:
         out["gpu_errors"] = (5.0, {"xid": sorted(set(dev.xids))[:8]})
-    ratio, ev = rate_ratio(dev, peers, GPU_ERROR_COUNTERS)
+    ratio, ev = rate_ratio(dev, peers, GPU_ERROR_COUNTERS, floor_per_s=SPARSE_FLOOR_PER_S)
     if ratio >= 5 and "gpu_errors" not in out:
         out["gpu_errors"] = (min(ratio / 5, 5.0), ev)
     g = dev.gauges
     for cur, top in (("pcie_gen", "pcie_max_gen"), ("pcie_width", "pcie_max_width")):
         if cur in g and top in g and g[cur] < g[top] - 0.5:
             out["pcie_degraded"] = (4.0, {cur: g[cur], top: g[top]})
-    ratio, ev = rate_ratio(dev, peers, ("pcie_replay_total",))
+    ratio, ev = rate_ratio(dev, peers, ("pcie_replay_total",), floor_per_s=SPARSE_FLOOR_PER_S)
     if ratio >= 5 and "pcie_degraded" not in out:
         out["pcie_degraded"] = (min(ratio / 5, 3.0), ev)
     for name in ("pcie_gen", "pcie_width"):
