@@ -82,6 +82,7 @@ class Sink:
         self._consumer: Any = None
         self._producer: Any = None
         self._stop = threading.Event()
+        self._deadline: float | None = None
         self._kind_topic = {table: topics.for_kind(kind) for kind, table in KIND_TABLE.items()}
 
     def run(self, stop: threading.Event | None = None, max_seconds: float | None = None,
@@ -92,6 +93,7 @@ class Sink:
 
         self._stop = stop or threading.Event()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        self._deadline = deadline
         self._consumer = Consumer(self.config)
         self._consumer.subscribe(self.topics.all(), on_revoke=self._on_revoke)
         last_flush = last_data = time.monotonic()
@@ -126,6 +128,7 @@ class Sink:
         self._consumer.close()
         if self._producer is not None:
             self._producer.flush(10.0)
+            self._producer = None
 
     def _on_revoke(self, consumer: Any, partitions: Any) -> None:
         # Write and commit what we hold before another member takes these partitions.
@@ -204,8 +207,8 @@ class Sink:
         self.stats.events += result.rows - result.tables.get("dead_letters", 0)
 
     def _ack(self, final: bool = False) -> None:
-        """Write the buffer (retrying with backoff while ClickHouse fails; after a stop
-        request, three tries then StorageError), deliver the dead letters, then commit
+        """Write the buffer (retrying with backoff while ClickHouse fails; once stopping,
+        three tries then StorageError), deliver the dead letters, then commit
         the offsets the batch covers."""
         backoff, attempts = 0.2, 0
         while True:
@@ -215,10 +218,10 @@ class Sink:
             except StorageError as exc:
                 attempts += 1
                 self.stats.write_errors += 1
-                if self._stop.is_set() and attempts >= 3:
+                if self._stopping() and attempts >= 3:
                     raise
                 log.warning("ClickHouse write failed (retrying in %.1f s): %s", backoff, exc)
-                if self._stop.is_set() or final:
+                if self._stopping() or final:
                     time.sleep(backoff)
                 else:
                     self._stop.wait(backoff)
@@ -226,6 +229,10 @@ class Sink:
         if self._producer is not None and self._producer.flush(10.0):
             raise StorageError("dead letters not delivered to Kafka; offsets not committed")
         self._commit()
+
+    def _stopping(self) -> bool:
+        return self._stop.is_set() or (
+            self._deadline is not None and time.monotonic() >= self._deadline)
 
     def _commit(self) -> None:
         from confluent_kafka import KafkaException, TopicPartition
