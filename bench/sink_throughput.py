@@ -1,0 +1,120 @@
+"""Throughput of the storage path: Writer -> chdb, and Kafka (Tansu) -> Sink -> chdb.
+
+Prints rows/s and writes bench/results/sink_throughput.json. Sizes are flags so a
+busy machine can run a small version:  python bench/sink_throughput.py --rows 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+
+from failslow.stack import create_topics, start_broker
+from schema import Topics, encode
+from storage.client import connect
+from storage.migrations import migrate
+from storage.sink import Sink
+from storage.writer import Writer
+
+RESULTS = Path(__file__).parent / "results" / "sink_throughput.json"
+
+
+def step_events(n: int, world: int = 64) -> list[dict]:
+    return [{"v": 1, "kind": "step", "ts": 1.7e9 + i / world, "job_id": "job0", "rank": i % world,
+             "world_size": world, "host": f"h{(i % world) // 8}", "step": i // world,
+             "duration_s": 1.0 + (i % 7) * 0.01, "gpu": i % 8, "compute_s": 0.8,
+             "comm_s": 0.15, "data_s": 0.05, "tokens": 4096} for i in range(n)]
+
+
+def gpu_events(n: int) -> list[dict]:
+    return [{"v": 1, "kind": "gpu", "ts": 1.7e9 + i / 64, "host": f"h{(i % 64) // 8}",
+             "gpu": i % 8, "uuid": f"GPU-{i % 64}", "sm_clock_mhz": 1980.0,
+             "max_sm_clock_mhz": 1980.0, "util_pct": 97.0, "power_w": 650.0, "temp_c": 61.0,
+             "clocks_event_reasons": 0, "pcie_gen": 5, "pcie_width": 16, "xid": [],
+             "ecc_sbe_total": 0, "mem_used_bytes": 60 << 30} for i in range(n)]
+
+
+def bench_writer(client, rows: int, batch: int) -> dict:
+    out = {}
+    for name, events in (("step", step_events(rows)), ("gpu", gpu_events(rows))):
+        w = Writer(client)
+        t0 = time.perf_counter()
+        for i in range(0, rows, batch):
+            w.write(events[i:i + batch])
+        dt = time.perf_counter() - t0
+        out[f"writer_{name}_rows_per_s"] = round(rows / dt)
+    return out
+
+
+def bench_sink(client, events: int, per_message: int) -> dict:
+    broker = start_broker()
+    try:
+        topics = Topics(prefix=f"bench{uuid.uuid4().hex[:6]}.")
+        create_topics(broker.bootstrap, topics, partitions=4)
+        from confluent_kafka import Producer
+
+        p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20,
+                      "compression.type": "lz4"})
+        data = step_events(events)
+        for i in range(0, events, per_message):
+            chunk = data[i:i + per_message]
+            p.produce(topics.for_kind("step"), encode(chunk), key=f"job{i % 4}")
+            p.poll(0)
+        assert p.flush(60) == 0
+        stop = threading.Event()
+        sink = Sink(client, broker.bootstrap, topics, group_id="bench")
+        thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+        thread.start()
+        t_first = t_done = None
+        while t_done is None:
+            n = client.query("SELECT count() FROM steps")[1][0][0]
+            now = time.perf_counter()
+            if n and t_first is None:
+                t_first, n_first = now, n
+            if n >= events:
+                t_done = now
+            time.sleep(0.05)
+        stop.set()
+        thread.join(30)
+        rate = (events - n_first) / (t_done - t_first) if t_done > t_first else float("nan")
+        return {"sink_kafka_to_chdb_events_per_s": round(rate), "sink_events": events,
+                "sink_events_per_message": per_message, "sink_stats": sink.stats.as_dict()}
+    finally:
+        broker.stop(timeout=2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=300_000, help="rows per kind for the writer")
+    ap.add_argument("--batch", type=int, default=20_000, help="rows per writer batch")
+    ap.add_argument("--sink-events", type=int, default=300_000)
+    ap.add_argument("--per-message", type=int, default=500, help="events per Kafka message")
+    args = ap.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="failslow-bench-"))
+    try:
+        client = connect(f"chdb://{folder / 'chdb'}?database=bench_writer", own=True)
+        migrate(client)
+        result = {"machine": f"{platform.machine()} {platform.node()}", "rows": args.rows,
+                  "batch": args.batch, **bench_writer(client, args.rows, args.batch)}
+        client.close()
+        sink_client = connect(f"chdb://{folder / 'chdb'}?database=bench_sink", own=True)
+        migrate(sink_client)
+        result.update(bench_sink(sink_client, args.sink_events, args.per_message))
+        sink_client.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+
+
+if __name__ == "__main__":
+    main()
