@@ -9,6 +9,7 @@ processes reach the folder through its owner's query endpoint (storage.serve).
 
 from __future__ import annotations
 
+import atexit
 import threading
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,16 @@ def _acquire(path: Path) -> Any:
                     "endpoint; stop it (e.g. failslow down) or query through it") from None
             raise StorageError(f"cannot open chdb folder {path}: {one_line(exc)}") from None
         _state.update(path=path, session=sess, refs=1, db=None)
+        atexit.register(_close_at_exit, sess)
         return sess
+
+
+def _close_at_exit(sess: Any) -> None:
+    # A session still open when the interpreter exits can crash chdb's own shutdown.
+    with _LOCK:
+        if _state["session"] is sess:
+            sess.close()
+            _state.update(path=None, session=None, refs=0, db=None)
 
 
 def _release() -> None:

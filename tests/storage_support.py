@@ -32,8 +32,15 @@ def shared_folder() -> Path:
         path = Path(tempfile.mkdtemp(prefix="failslow-chdb-")) / "chdb"
         _folder.append(path)
         _keeper.append(connect(f"chdb://{path}", own=True))
-        atexit.register(shutil.rmtree, path.parent, True)
+        atexit.register(_cleanup, path.parent)
     return _folder[0]
+
+
+def _cleanup(root: Path) -> None:
+    # Close the session before its folder goes: chdb crashes at exit on a deleted folder.
+    for client in _keeper:
+        client.close()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def chdb_url(database: str) -> str:
