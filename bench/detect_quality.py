@@ -10,7 +10,9 @@ over the events, and score its incidents against the ground truth:
 - root cause: that incident's final ``root_cause`` equals the truth's;
 - latency: job steps that ended between the fault's onset and the incident's
   ``detected_ts`` (the faulty steps the job ran before we knew), and the same
-  in seconds / the healthy step time;
+  in seconds / the healthy step time; page latency: the same up to the
+  incident's first event above ``info`` (incidents open as info and page
+  once they persist);
 - false incidents: incidents above ``info`` that match no injected fault.
 
 Prints a table per fault kind and overall; writes bench/results/detect_quality.json.
@@ -93,6 +95,11 @@ def run_one(name: str, seed: int) -> dict:
                                        <= inc["detected_ts"])
             res["latency_s_over_step"] = round((inc["detected_ts"] - f["onset_ts"])
                                                / step_s[f["job_id"]], 2)
+            page = next((e["ts"] for e in incidents if e["incident_id"] == inc["incident_id"]
+                         and e["severity"] != "info"), None)
+            if page is not None:
+                res["page_latency_steps"] = sum(1 for (j, _), ts in step_end.items()
+                                                if j == f["job_id"] and f["onset_ts"] < ts <= page)
         results.append(res)
     false = [i for iid, i in first.items() if iid not in used and i["severity"] != "info"]
     return {"scenario": name, "seed": seed, "events": n, "seconds": round(elapsed, 3),
@@ -107,6 +114,10 @@ def pct(a: int, b: int) -> str:
     return f"{100.0 * a / b:5.1f}%" if b else "   - "
 
 
+def _p95(xs: list[int]) -> int | None:
+    return xs[min(len(xs) - 1, int(0.95 * len(xs)))] if xs else None
+
+
 def summarize(runs: list[dict]) -> dict:
     rows: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
@@ -117,13 +128,20 @@ def summarize(runs: list[dict]) -> dict:
         big = [f for f in fs if f["intensity"] >= 0.1]
         rc = [f for f in fs if f["localized"] and f["root_cause_expected"] != "unknown"]
         lat = sorted(f["latency_steps"] for f in fs if f["localized"])
+        lat10 = sorted(f["latency_steps"] for f in big if f["localized"])
+        page = sorted(f["page_latency_steps"] for f in fs if "page_latency_steps" in f)
         table[kind] = {
             "faults": len(fs), "localized": sum(f["localized"] for f in fs),
             "faults_ge10": len(big), "localized_ge10": sum(f["localized"] for f in big),
             "root_cause_n": len(rc),
             "root_cause_ok": sum(f["root_cause"] == f["root_cause_expected"] for f in rc),
             "latency_median": statistics.median(lat) if lat else None,
-            "latency_p95": lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else None,
+            "latency_p95": _p95(lat),
+            "latency_median_ge10": statistics.median(lat10) if lat10 else None,
+            "latency_p95_ge10": _p95(lat10),
+            "paged": len(page),
+            "page_latency_median": statistics.median(page) if page else None,
+            "page_latency_p95": _p95(page),
         }
     benign = [r for r in runs if r["benign_only"]]
     table["_benign"] = {"runs": len(benign),
@@ -150,7 +168,8 @@ def main() -> int:
                   flush=True)
     table = summarize(runs)
     print(f"\n{'fault kind':18s} {'n':>4s} {'localized':>9s} {'loc>=10%':>9s} {'root cause':>10s}"
-          f" {'lat med':>7s} {'lat p95':>7s}   (latency in job steps)")
+          f" {'lat med':>7s} {'lat p95':>7s} {'med>=10%':>8s} {'p95>=10%':>8s}"
+          f" {'page med':>8s} {'page p95':>8s}   (latency in job steps)")
     for kind, t in table.items():
         if kind.startswith("_"):
             continue
@@ -158,7 +177,11 @@ def main() -> int:
               f"{pct(t['localized_ge10'], t['faults_ge10']):>9s} "
               f"{pct(t['root_cause_ok'], t['root_cause_n']):>10s} "
               f"{t['latency_median'] if t['latency_median'] is not None else '-':>7} "
-              f"{t['latency_p95'] if t['latency_p95'] is not None else '-':>7}")
+              f"{t['latency_p95'] if t['latency_p95'] is not None else '-':>7} "
+              f"{t['latency_median_ge10'] if t['latency_median_ge10'] is not None else '-':>8} "
+              f"{t['latency_p95_ge10'] if t['latency_p95_ge10'] is not None else '-':>8} "
+              f"{t['page_latency_median'] if t['page_latency_median'] is not None else '-':>8} "
+              f"{t['page_latency_p95'] if t['page_latency_p95'] is not None else '-':>8}")
     b = table["_benign"]
     print(f"\nbenign runs: {b['runs']}, incidents above info: {b['false_incidents']}, "
           f"info incidents: {b['info_incidents']}; false incidents in all runs: "

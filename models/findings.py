@@ -15,7 +15,9 @@ class Finding:
     means it has stood out long enough to open an incident (a finding that is
     only still weakly present keeps an open incident alive but opens none).
     Times are epoch seconds; ``slowdown_pct`` is the job step-time increase
-    attributed to it.
+    attributed to it; ``own_pct`` how much slower the culprit itself is than
+    its reference (its work vs peers / own past, a link's transfer time vs its
+    past), percent.
     """
 
     key: str
@@ -24,6 +26,7 @@ class Finding:
     onset_ts: float
     onset_step: int
     slowdown_pct: float
+    own_pct: float = 0.0
     rank: int | None = None
     host: str | None = None
     gpu: int | None = None

@@ -6,10 +6,15 @@ same id); it is updated only when something an operator cares about changes
 (severity, root cause, an escalated mitigation, or the slowdown by half or 5 points); it resolves
 after its culprit has been absent (back within its baseline and its peers)
 for ``resolve_steps`` consecutive steps of the job, so it does not flap. A
-culprit that costs the job less than ``open_min_pct`` percent opens nothing.
+culprit less than ``open_min_pct`` percent slower than its reference (its
+peers, its own past) opens nothing, whatever the noise says; nor does a link
+that no NIC counter explains and that costs the job less than that.
 If the same culprit comes back with the same estimated onset after a resolve,
 the new incident's id gets a ``.N`` suffix (still deterministic on replay).
-Severity never goes down while an incident is open: ``job_slowdown`` is always
+An incident opens as ``info`` and pages (warning / critical) only once its
+culprit has stayed present ``page_after_steps`` more steps, so a two-step
+blip is recorded but wakes nobody. Severity never goes down while an incident
+is open: ``job_slowdown`` is always
 ``info``, and so is a ``slow_link`` that no NIC counter explains (root cause
 ``unknown``: seen only in collective timings); otherwise ``critical`` from ``critical_pct`` percent of job slowdown,
 else ``warning``.
@@ -29,11 +34,12 @@ LADDER = ["ignore", "rebalance_microbatches", "adjust_pipeline", "migrate_node",
 class Incident:
     """An open incident: its last emitted event and what drives its updates."""
 
-    __slots__ = ("event", "absent", "causes", "emitted")
+    __slots__ = ("event", "absent", "age", "causes", "emitted")
 
     def __init__(self, event: dict[str, Any]) -> None:
         self.event = event
         self.absent = 0
+        self.age = 0              # steps the culprit was present since the incident opened
         self.causes: dict[str, int] = {}
         self.emitted: dict[str, Any] = {}
 
@@ -49,8 +55,9 @@ class IncidentTracker:
     """Open / update / resolve incidents of every job from their findings."""
 
     def __init__(self, resolve_steps: int = 5, critical_pct: float = 20.0,
-                 open_min_pct: float = 2.0) -> None:
+                 open_min_pct: float = 5.0, page_after_steps: int = 2) -> None:
         self.resolve_steps = resolve_steps
+        self.page_after_steps = page_after_steps
         self.critical_pct = critical_pct
         self.open_min_pct = open_min_pct
         self.open: dict[tuple[str, str], Incident] = {}
@@ -84,7 +91,9 @@ class IncidentTracker:
         for f, cause, action, why, rc_ev in found:
             k = (job_id, f.key)
             inc = self.open.get(k)
-            if inc is None and (not f.confirmed or f.slowdown_pct < self.open_min_pct):
+            if inc is None and (not f.confirmed or f.own_pct < self.open_min_pct
+                                or (f.fault == "slow_link" and cause == "unknown"
+                                    and f.slowdown_pct < self.open_min_pct)):
                 continue
             seen.add(k)
             pct = round(float(f.slowdown_pct), 2)
@@ -97,7 +106,7 @@ class IncidentTracker:
                     iid = f"{iid}.{again}"
                 ev = {"v": 1, "kind": "incident", "ts": ts, "incident_id": iid,
                       "job_id": job_id, "status": "open", "fault": f.fault,
-                      "severity": self.severity(f.fault, pct, cause), "onset_ts": float(f.onset_ts),
+                      "severity": "info", "onset_ts": float(f.onset_ts),
                       "detected_ts": ts, "slowdown_pct": pct}
                 for name in ("rank", "host", "gpu", "peer_rank", "peer_host"):
                     value = getattr(f, name)
@@ -109,6 +118,7 @@ class IncidentTracker:
                 out.append(dict(ev))
                 continue
             inc.absent = 0
+            inc.age += 1
             if self._fill(inc, f, cause, action, why, rc_ev, pct, ts):
                 out.append(dict(inc.event))
         for k in [k for k in self.open if k[0] == job_id and k not in seen]:
@@ -124,7 +134,7 @@ class IncidentTracker:
               rc_ev: dict, pct: float, ts: float) -> bool:
         """Refresh the incident's fields; True when the change deserves an update event."""
         ev = inc.event
-        sev = self.severity(f.fault, pct, cause)
+        sev = self.severity(f.fault, pct, cause) if inc.age >= self.page_after_steps else "info"
         if SEVERITY_ORDER[sev] < SEVERITY_ORDER[ev["severity"]]:
             sev = ev["severity"]
         last = inc.emitted

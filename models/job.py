@@ -196,6 +196,8 @@ class JobState:
             ref = float(work[i]) / (1.0 + max(float(rel[i]), float(rel2[i])))
             excess = float(work[i]) - ref
             st.excess_s = excess if st.streak <= 1 else 0.7 * st.excess_s + 0.3 * excess
+            own = max(float(rel[i]), float(rel2[i]))
+            st.own_rel = own if st.streak <= 1 else 0.7 * st.own_rel + 0.3 * own
             st.data_excess_s = max(float(data[i]) - dref, 0.0)
             st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
             st.observe(float(pos[i]), float(data[i]), float(dur[i]), bool(weak[i]))
@@ -261,6 +263,7 @@ class JobState:
                     onset_ts=min(st.onset_ts for st in sts),
                     onset_step=min(st.onset_step for st in sts),
                     slowdown_pct=_pct(excess, job_s), host=h, hosts=[h],
+                    own_pct=100.0 * float(np.median([st.own_rel for st in sts])),
                     gpus=[(h, self.rank_gpu[m]) for m in members if m in self.rank_gpu],
                     data_share=_share(data_ex, excess),
                     evidence={"ranks": sorted(members),
@@ -286,7 +289,8 @@ class JobState:
                 key=f"slow_rank:r{r}", fault="slow_rank",
                 confirmed=st.streak > 0 and r not in held,
                 onset_ts=st.onset_ts, onset_step=st.onset_step,
-                slowdown_pct=_pct(st.excess_s, job_s), rank=r, host=h, gpu=g,
+                slowdown_pct=_pct(st.excess_s, job_s), own_pct=100.0 * st.own_rel, rank=r,
+                host=h, gpu=g,
                 hosts=[h] if h else [], gpus=[(h, g)] if h is not None and g is not None else [],
                 data_share=_share(st.data_excess_s, st.excess_s),
                 evidence={"work_excess_s": round(st.excess_s, 4),
@@ -320,6 +324,7 @@ class JobState:
         return [Finding(key="job_slowdown:job", fault="job_slowdown",
                         confirmed=cpd.drift_detected, onset_ts=self.job_onset[0],
                         onset_step=self.job_onset[1], slowdown_pct=max(pct, 0.0),
+                        own_pct=max(pct, 0.0),
                         evidence={"step_s": round(job_s, 4),
                                   "baseline_step_s": round(self.job_step_s, 4),
                                   "change_prob": round(cpd.change_prob, 3)})]

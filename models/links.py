@@ -180,6 +180,7 @@ class LinkMonitor:
         common = dict(fault="slow_link", confirmed=confirmed,
                       onset_ts=min(st.onset_ts for st in sts),
                       onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
+                      own_pct=100.0 * float(max(st.rel for st in sts)),
                       evidence=evidence)
         if best[0] == "pair":
             a, b = best[1]
@@ -284,5 +285,6 @@ def _retarget(f: Finding, key: str, nic: str | None, **where: Any) -> Finding:
     evidence = {**f.evidence, "located_by": "nic counters", **({"nic": nic} if nic else {})}
     fields = {"rank": None, "peer_rank": None, "host": None, "peer_host": None, **where}
     return Finding(key=key, fault=f.fault, confirmed=f.confirmed, onset_ts=f.onset_ts,
-                   onset_step=f.onset_step, slowdown_pct=f.slowdown_pct, evidence=evidence,
+                   onset_step=f.onset_step, slowdown_pct=f.slowdown_pct, own_pct=f.own_pct,
+                   evidence=evidence,
                    **fields)

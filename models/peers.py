@@ -1,10 +1,10 @@
 """Peer comparison (differential observability): how much a rank stands out
 from the ranks that do the same work, at one step.
 
-Slowdowns only ever make a rank slower, so the reference is the *faster half*
-of the peers: its median (the peers' lower quartile) and its spread. That
-stays clean while up to half the peers are slow, e.g. a whole host of a
-two-host job. Scores are relative, so they hold for any step time and model:
+Slowdowns only ever make a rank slower, so the reference comes from the
+*faster half* of the peers: its spread, and the healthy median estimated from
+it. That stays clean while up to half the peers are slow, e.g. a whole host
+of a two-host job. Scores are relative, so they hold for any step time and model:
 
 - ``rel``: fractional excess over the reference (0.3 = 30% slower);
 - ``z``: that excess in units of the reference half's spread (floored at
@@ -29,11 +29,14 @@ LOWER_HALF_MAD = 0.3991
 
 
 def lower_half_ref(values: np.ndarray) -> tuple[float, float]:
-    """(reference, sigma) of the faster half of ``values``: its median, and a
-    standard-deviation estimate from its median absolute deviation."""
+    """(reference, sigma) from the faster half of ``values``: sigma from its
+    median absolute deviation, and the reference is the healthy median
+    estimated from that half (its median, the lower quartile, plus 0.6745
+    sigma), so healthy ranks score about zero, not half a sigma high."""
     low = np.sort(values)[: max(1, (values.size + 1) // 2)]
-    ref = float(np.median(low))
-    return ref, float(np.median(np.abs(low - ref))) / LOWER_HALF_MAD
+    q25 = float(np.median(low))
+    sigma = float(np.median(np.abs(low - q25))) / LOWER_HALF_MAD
+    return q25 + 0.6745 * sigma, sigma
 
 
 def peer_scores(values: np.ndarray, groups: np.ndarray, floor: float = 0.01,

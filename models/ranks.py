@@ -28,7 +28,7 @@ class RankState:
     """Baselines and the run of consecutive flagged steps of one rank."""
 
     __slots__ = ("work", "data", "dur", "streak", "cusum", "clear", "onset_ts", "onset_step",
-                 "excess_s", "data_excess_s", "rel", "z", "self_rel")
+                 "excess_s", "own_rel", "data_excess_s", "rel", "z", "self_rel")
 
     def __init__(self) -> None:
         self.work = RollingMedian(BASELINE_WINDOW)
@@ -40,6 +40,7 @@ class RankState:
         self.onset_ts = 0.0       # start of the first step of the current streak
         self.onset_step = 0
         self.excess_s = 0.0       # own work above the peer reference, smoothed, seconds
+        self.own_rel = 0.0        # own work above the reference, fraction, smoothed
         self.data_excess_s = 0.0  # the part of it spent waiting for input
         self.rel = 0.0
         self.z = 0.0

@@ -1,0 +1,65 @@
+"""`failslow detect FILE` end to end on simulator traces."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+import schema
+from failslow.cli import main
+from simulator import SCENARIOS, simulate
+
+
+@pytest.fixture(scope="module")
+def thermal(tmp_path_factory):
+    path = tmp_path_factory.mktemp("detect") / "thermal.jsonl"
+    simulate(SCENARIOS["gpu_thermal_30"], seed=1).write_jsonl(path)
+    return path
+
+
+def incidents(text: str) -> list[dict]:
+    out = [orjson.loads(line) for line in text.splitlines() if line.strip()]
+    for inc in out:
+        schema.validate(inc)
+    return out
+
+
+def test_detect_finds_the_culprit_and_nothing_else(thermal, capsys):
+    truth = orjson.loads(thermal.with_name(thermal.name + ".truth.json").read_bytes())
+    fault = truth["faults"][0]
+    assert main(["detect", str(thermal)]) == 0
+    incs = incidents(capsys.readouterr().out)
+    paged = {(i["fault"], i.get("rank")) for i in incs if i["severity"] != "info"}
+    assert paged == {(fault["fault"], fault["rank"])}
+    last = [i for i in incs if i.get("rank") == fault["rank"]][-1]
+    assert last["root_cause"] == fault["root_cause"]
+    first = next(i for i in incs if i.get("rank") == fault["rank"])
+    assert fault["onset_ts"] <= first["detected_ts"] <= fault["onset_ts"] + 6 * truth["step_s"]
+
+
+def test_detect_healthy_trace_has_no_incident(tmp_path, capsys):
+    path = tmp_path / "healthy.jsonl"
+    simulate(SCENARIOS["healthy_16"], seed=2).write_jsonl(path)
+    assert main(["detect", str(path)]) == 0
+    assert [i for i in incidents(capsys.readouterr().out) if i["severity"] != "info"] == []
+
+
+def test_detect_skips_invalid_lines_with_a_warning(thermal, tmp_path, capsys):
+    lines = thermal.read_bytes().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\n".join(lines[:5] + [b"{not json", b'{"v":1,"kind":"step"}']
+                               + lines[5:]) + b"\n")
+    out = tmp_path / "incidents.jsonl"
+    assert main(["detect", str(bad), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "line 6: value: not JSON" in captured.err or "line 6: not JSON" in captured.err
+    assert "line 7: step.ts: required field is missing" in captured.err
+    assert "2 invalid line(s) skipped" in captured.err
+    assert incidents(out.read_text())
+
+
+def test_detect_missing_file_is_one_line(tmp_path, capsys):
+    assert main(["detect", str(tmp_path / "nope.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("failslow detect: cannot read")

@@ -1,0 +1,147 @@
+"""Unit tests of the decision models: root cause, mitigation, incident tracker."""
+
+from __future__ import annotations
+
+import pytest
+
+import schema
+from models.findings import Finding
+from models.incidents import IncidentTracker
+from models.mitigation import Planner
+from models.rootcause import attribute
+from models.telemetry import TelemetryStore
+
+
+def gpu(host, idx, ts, **kw):
+    base = {"v": 1, "kind": "gpu", "ts": ts, "host": host, "gpu": idx, "uuid": f"{host}-{idx}",
+            "sm_clock_mhz": 1980.0, "temp_c": 60.0 + idx % 3, "power_w": 600.0,
+            "power_limit_w": 700.0, "clocks_event_reasons": 0, "pcie_gen": 5, "pcie_width": 16,
+            "pcie_max_gen": 5, "pcie_max_width": 16, "ecc_sbe_total": 0, "ecc_dbe_total": 0,
+            "pcie_replay_total": 0, "xid": []}
+    base.update(kw)
+    return base
+
+
+def nic(host, idx, ts, k, **rates):
+    ev = {"v": 1, "kind": "nic", "ts": ts, "host": host, "nic": f"mlx5_{idx}", "port": 1,
+          "tx_bytes_total": 10**9 * k, "rx_bytes_total": 10**9 * k}
+    for name in ("rx_pause_total", "tx_pause_total", "cnp_sent_total", "cnp_handled_total",
+                 "ecn_marked_total", "xmit_wait_total", "symbol_errors_total", "rx_errors_total",
+                 "rx_drops_total", "out_of_sequence_total", "link_downed_total"):
+        ev[name] = int(rates.get(name, 1) * k)
+    return ev
+
+
+def store_with(faulty: dict, n_hosts=2, per_host=8, samples=6, nic_fault=None):
+    st = TelemetryStore()
+    for k in range(samples):
+        for h in range(n_hosts):
+            for g in range(per_host):
+                kw = faulty.get((f"h{h}", g), {})
+                if callable(kw):
+                    kw = kw(k)
+                st.observe_gpu(gpu(f"h{h}", g, 100.0 + k, **kw))
+                st.observe_nic(nic(f"h{h}", g, 100.0 + k, k + 1,
+                                   **(nic_fault.get((f"h{h}", g), {}) if nic_fault else {})))
+            st.observe_host({"v": 1, "kind": "host", "ts": 100.0 + k, "host": f"h{h}",
+                             "cpu_util_pct": 30.0, "load1": 40.0, "procs_running": 30})
+    return st
+
+
+HOSTS = {"h0", "h1"}
+
+
+@pytest.mark.parametrize("fields,cause", [
+    ({"clocks_event_reasons": 0x20, "sm_clock_mhz": 1500.0, "temp_c": 90.0}, "gpu_thermal"),
+    ({"clocks_event_reasons": 0x04, "sm_clock_mhz": 1600.0, "power_limit_w": 500.0}, "gpu_power"),
+    ({"sm_clock_mhz": 1600.0}, "gpu_clock"),
+    ({"pcie_width": 4}, "pcie_degraded"),
+    ({"xid": [94]}, "gpu_errors"),
+    ({}, "unknown"),
+])
+def test_root_cause_of_a_gpu(fields, cause):
+    st = store_with({("h1", 3): fields})
+    got, evidence = attribute("slow_rank", st, ["h1"], [("h1", 3)], HOSTS, 0.0)
+    assert got == cause
+    assert cause == "unknown" or cause in evidence
+
+
+def test_blips_on_peers_do_not_make_a_cause():
+    # A momentary power cap on a different GPU each sample is normal at full load.
+    st = store_with({("h0", g): (lambda k, g=g: {"clocks_event_reasons": 0x04} if k == g else {})
+                     for g in range(8)})
+    assert attribute("slow_rank", st, ["h0"], [("h0", 2)], HOSTS, 0.0)[0] == "unknown"
+
+
+def test_input_stall_and_cpu_contention():
+    st = store_with({})
+    assert attribute("slow_rank", st, ["h0"], [("h0", 1)], HOSTS, 0.8)[0] == "input_stall"
+    for k in range(4):
+        st.observe_host({"v": 1, "kind": "host", "ts": 200.0 + k, "host": "h1",
+                         "cpu_util_pct": 100.0, "load1": 250.0, "procs_running": 200})
+    gpus = [("h1", g) for g in range(8)]
+    assert attribute("slow_host", st, ["h1"], gpus, HOSTS, 0.3)[0] == "cpu_contention"
+
+
+def test_nic_causes_of_a_link():
+    cong = {("h1", g): {"rx_pause_total": 5000, "cnp_sent_total": 9000, "ecn_marked_total": 9000}
+            for g in range(8)}
+    st = store_with({}, nic_fault=cong)
+    assert attribute("slow_link", st, ["h1"], [], HOSTS, 0.0)[0] == "nic_congestion"
+    errs = {("h0", 2): {"symbol_errors_total": 900, "rx_errors_total": 300}}
+    st = store_with({}, nic_fault=errs)
+    got = attribute("slow_link", st, ["h0", "h1"], [], HOSTS, 0.0, {("h0", "mlx5_2")})[0]
+    assert got == "nic_errors"
+
+
+def test_mitigation_ladder_escalates_with_cost():
+    p = Planner()
+    assert p.plan("job_slowdown", "unknown", 50, 1000, 1.0)[0] == "ignore"
+    assert p.plan("slow_rank", "gpu_thermal", 3.0, 1000, 1.0)[0] == "ignore"
+    assert p.plan("slow_rank", "gpu_thermal", 30, 1, 1.0)[0] == "ignore"
+    assert p.plan("slow_rank", "gpu_thermal", 30, 10, 1.0)[0] == "rebalance_microbatches"
+    assert p.plan("slow_link", "nic_errors", 30, 10, 1.0)[0] == "ignore"  # 3 s < 5 steps
+    assert p.plan("slow_link", "nic_errors", 30, 20, 1.0)[0] == "adjust_pipeline"
+    assert p.plan("slow_rank", "gpu_errors", 30, 100, 1.0)[0] == "migrate_node"
+    assert p.plan("slow_rank", "gpu_errors", 30, 3000, 1.0)[0] == "checkpoint_restart"
+    # Congestion is not fixed by another machine: never past the first action.
+    action, why = p.plan("slow_link", "nic_congestion", 30, 3000, 1.0)
+    assert action == "adjust_pipeline" and "not fixed" in why
+
+
+def finding(confirmed=True, pct=30.0, fault="slow_rank"):
+    return Finding(key="slow_rank:r5", fault=fault, confirmed=confirmed, onset_ts=10.0,
+                   onset_step=7, slowdown_pct=pct, own_pct=pct, rank=5, host="h0", gpu=5)
+
+
+def test_tracker_open_update_resolve_without_flapping():
+    tr = IncidentTracker(resolve_steps=3)
+    assert tr.step("j", 11.0, [(finding(confirmed=False), "unknown", "ignore", "", {})]) == []
+    opened = tr.step("j", 12.0, [(finding(), "gpu_thermal", "ignore", "why", {})])
+    assert [e["status"] for e in opened] == ["open"] and opened[0]["incident_id"] == "j:slow_rank:r5:7"
+    assert opened[0]["severity"] == "info"
+    schema.validate(opened[0])
+    # Still there two steps later: it pages (critical: 30% of the job).
+    assert tr.step("j", 13.0, [(finding(), "gpu_thermal", "ignore", "why", {})]) == []
+    paged = tr.step("j", 13.5, [(finding(), "gpu_thermal", "ignore", "why", {})])
+    assert [e["severity"] for e in paged] == ["critical"]
+    # Gone for two steps, back: still the same incident.
+    assert tr.step("j", 14.0, []) == [] and tr.step("j", 15.0, []) == []
+    assert tr.step("j", 16.0, [(finding(confirmed=False), "gpu_thermal", "ignore", "", {})]) == []
+    upd = tr.step("j", 17.0, [(finding(), "gpu_thermal", "rebalance_microbatches", "", {})])
+    assert upd[0]["mitigation"] == "rebalance_microbatches"
+    # A weaker recommendation later does not de-escalate.
+    assert tr.step("j", 18.0, [(finding(), "gpu_thermal", "ignore", "", {})]) == []
+    out = []
+    for t in (19.0, 20.0, 21.0):
+        out += tr.step("j", t, [])
+    assert [e["status"] for e in out] == ["resolved"] and out[0]["resolved_ts"] == 21.0
+    schema.validate(out[0])
+
+
+def test_severity_rules():
+    tr = IncidentTracker()
+    assert tr.severity("job_slowdown", 80.0) == "info"
+    assert tr.severity("slow_link", 30.0, "unknown") == "info"
+    assert tr.severity("slow_rank", 10.0) == "warning"
+    assert tr.severity("slow_rank", 25.0) == "critical"

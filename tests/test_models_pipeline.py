@@ -1,0 +1,205 @@
+"""End-to-end behaviour of models.pipeline.Detector on small synthetic jobs.
+
+The generator below builds CONTRACT events of a synchronous data-parallel job
+(optionally two pipeline stages): every rank computes, then all meet in an
+all-reduce that ends when the last one arrives, so step times equalize and
+only own work and arrival times carry the signal.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+import schema
+from models.pipeline import Detector
+
+
+def synth(world=16, steps=60, slow=None, onset=20, intensity=0.3, seed=0, per_host=8,
+          compute=True, collectives=True, stages=1, job_factor=None, job_from=None,
+          telemetry=False):
+    """Events of one job, in ts order per step. ``slow``: the rank whose compute
+    grows by ``intensity`` from step ``onset``; ``job_factor`` from ``job_from``
+    slows every rank alike."""
+    rng = np.random.default_rng(seed)
+    dp = world // stages
+    t = 1.7e9
+    out = []
+    seqs: dict[str, int] = {}
+    for s in range(steps):
+        c = 0.4 * rng.lognormal(0, 0.015, world)
+        if slow is not None and s >= onset:
+            c[slow] *= 1 + intensity
+        if job_factor and s >= job_from:
+            c *= job_factor
+        data = 0.01 * rng.lognormal(0, 0.2, world)
+        ready = t + data + c                      # end of own work
+        evs = []
+        coll = np.zeros(world)
+        if stages == 2:
+            for d in range(dp):                   # stage 0 rank d -> stage 1 rank dp + d
+                a, b = d, dp + d
+                end = ready[a] + 0.01
+                g = f"pp{a}-{b}"
+                seq = seqs.get(g, 0)
+                seqs[g] = seq + 1
+                for r, op, start, peer in ((a, "send", ready[a], b), (b, "recv", t, a)):
+                    evs.append({"v": 1, "kind": "collective", "ts": float(end), "job_id": "j",
+                                "rank": r, "host": f"h{r // per_host}", "group": g,
+                                "group_size": 2, "op": op, "seq": seq, "start_ts": float(start),
+                                "duration_s": float(end - start), "bytes": 1 << 20, "step": s,
+                                "peer": peer})
+                    coll[r] += end - start
+                ready[a] = end
+                ready[b] = end + c[b] + data[b]
+        for k in range(stages):
+            members = list(range(k * dp, (k + 1) * dp))
+            g = f"dp{k}"
+            end = max(ready[m] for m in members) + 0.05
+            seq = seqs.get(g, 0)
+            seqs[g] = seq + 1
+            for m in members:
+                evs.append({"v": 1, "kind": "collective", "ts": float(end), "job_id": "j",
+                            "rank": m, "host": f"h{m // per_host}", "group": g,
+                            "group_size": dp, "op": "allreduce", "seq": seq,
+                            "start_ts": float(ready[m]), "duration_s": float(end - ready[m]),
+                            "bytes": 1 << 26, "step": s})
+                coll[m] += end - ready[m]
+                ready[m] = end
+        t_end = float(max(ready))
+        for r in range(world):
+            ev = {"v": 1, "kind": "step", "ts": t_end, "job_id": "j", "rank": r,
+                  "world_size": world, "host": f"h{r // per_host}", "gpu": r % per_host,
+                  "step": s, "duration_s": t_end - t, "pp_rank": r // dp}
+            if compute:
+                ev.update(compute_s=float(c[r]), data_s=float(data[r]), comm_s=float(coll[r]))
+            evs.append(ev)
+        if telemetry:
+            for r in range(world):
+                hot = slow == r and s >= onset
+                evs.append({"v": 1, "kind": "gpu", "ts": t_end, "host": f"h{r // per_host}",
+                            "gpu": r % per_host, "uuid": f"GPU-{r}",
+                            "sm_clock_mhz": 1500.0 if hot else 1980.0, "temp_c": 88.0 if hot
+                            else 60.0 + rng.normal(0, 1), "clocks_event_reasons": 0x20 if hot
+                            else 0, "pcie_gen": 5, "pcie_width": 16, "pcie_max_gen": 5,
+                            "pcie_max_width": 16})
+        out.extend(evs if collectives else [e for e in evs if e["kind"] != "collective"])
+        t = t_end
+    return out
+
+
+def run(events, det=None):
+    det = det or Detector()
+    incs = det.process_batch(events) + det.flush()
+    for inc in incs:
+        schema.validate(inc)
+    return incs
+
+
+def opened(incs):
+    return [i for i in incs if i["status"] == "open"
+            and i["incident_id"] not in {j["incident_id"] for j in incs[:incs.index(i)]}]
+
+
+@pytest.mark.parametrize("compute", [True, False])
+def test_slow_rank_found_with_or_without_compute_fields(compute):
+    incs = run(synth(slow=5, compute=compute))
+    first = opened(incs)
+    assert [(i["fault"], i["rank"], i["host"]) for i in first] == [("slow_rank", 5, "h0")]
+    # It opens as info and pages once it has lasted a couple more steps.
+    assert first[0]["severity"] == "info"
+    assert incs[-1]["severity"] in ("warning", "critical")
+    assert first[0]["onset_ts"] <= first[0]["detected_ts"]
+
+
+def test_healthy_job_has_no_incident_across_seeds():
+    for seed in range(6):
+        assert run(synth(seed=seed)) == [], seed
+
+
+def test_rank_slow_from_the_first_step_is_found_by_peers():
+    first = opened(run(synth(slow=11, onset=0)))
+    assert [(i["fault"], i["rank"]) for i in first] == [("slow_rank", 11)]
+
+
+def test_pipeline_lateness_blames_the_rank_whose_work_grew():
+    # Rank 3 (stage 0) slows; its stage-1 partner 11 arrives late at its own
+    # all-reduce although its own work is normal: only rank 3 is the culprit.
+    first = opened(run(synth(slow=3, stages=2, compute=False)))
+    assert [(i["fault"], i["rank"]) for i in first] == [("slow_rank", 3)]
+
+
+def test_single_step_spike_is_not_an_incident_and_two_steps_do_not_page():
+    evs = synth()
+    for e in evs:
+        if e["kind"] == "step" and e["step"] == 30 and e["rank"] == 2:
+            e["compute_s"] *= 2.0
+    assert run(evs) == []
+    for e in evs:
+        if e["kind"] == "step" and e["step"] == 31 and e["rank"] == 2:
+            e["compute_s"] *= 2.0
+    assert {i["severity"] for i in run(evs)} <= {"info"}
+
+
+def test_whole_job_slower_is_info_only():
+    incs = run(synth(job_factor=1.4, job_from=30, steps=50))
+    assert incs, "a 40% job-wide change should be reported"
+    assert {i["fault"] for i in incs} == {"job_slowdown"}
+    assert {i["severity"] for i in incs} == {"info"}
+    assert {i["mitigation"] for i in incs} == {"ignore"}
+
+
+def test_whole_host_slower_is_slow_host():
+    evs = synth(steps=50)
+    for e in evs:
+        if e["kind"] == "step" and e["host"] == "h1" and e["step"] >= 20:
+            e["compute_s"] *= 1.3
+    first = opened(run(evs))
+    assert [(i["fault"], i.get("host"), i.get("rank")) for i in first] == [("slow_host", "h1",
+                                                                            None)]
+
+
+def test_incident_resolves_once_the_rank_recovers_and_ids_are_stable():
+    evs = synth(slow=7, steps=80)
+    for e in evs:
+        if e["kind"] == "step" and e["rank"] == 7 and e["step"] >= 45:
+            e["compute_s"] /= 1.3
+    incs = run(evs)
+    ids = {i["incident_id"] for i in incs}
+    assert ids == {"j:slow_rank:r7:20"}
+    assert [i["status"] for i in incs].count("resolved") == 1
+    assert incs[-1]["status"] == "resolved" and incs[-1]["resolved_ts"] >= incs[0]["ts"]
+
+
+def test_root_cause_from_telemetry_and_evidence_attached():
+    incs = run(synth(slow=9, telemetry=True))
+    last = incs[-1]
+    assert last["root_cause"] == "gpu_thermal" and last["gpu"] == 1
+    assert "gpu_thermal" in last["evidence"]["root_cause"]
+    assert last["evidence"]["rel_to_peers"] > 0.2
+
+
+def test_process_and_process_batch_agree_and_input_is_not_mutated():
+    evs = synth(slow=5)
+    before = copy.deepcopy(evs)
+    a = Detector()
+    one = [i for e in evs for i in a.process(e)] + a.flush()
+    assert one == run(evs)
+    assert evs == before
+
+
+def test_state_dict_round_trip_resumes_identically():
+    evs = synth(slow=5, steps=60)
+    ref = run(evs)
+    det = Detector()
+    head = det.process_batch(evs[: len(evs) // 3])
+    det2 = Detector.from_state(det.state_dict())
+    assert head + det2.process_batch(evs[len(evs) // 3:]) + det2.flush() == ref
+
+
+def test_malformed_event_is_counted_not_raised():
+    det = Detector()
+    assert det.process({"v": 1, "kind": "step", "ts": 1.0}) == []
+    assert det.rejected == 1
