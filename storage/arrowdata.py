@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 
 # What `Client.insert` takes: an Arrow table, {column: values}, or a list of row dicts.
-InsertData = pa.Table | Mapping[str, Any] | Sequence[Mapping[str, Any]]
+InsertData: TypeAlias = "pa.Table | Mapping[str, Any] | Sequence[Mapping[str, Any]]"
 
 
 def to_arrow(data: InsertData) -> pa.Table:

@@ -197,11 +197,10 @@ def migrate(client: Client, database: str | None = None, ttl_days: int | None = 
     """
     db = check_identifier(database or client.database)
     check_server(client)
-    fill = {"db": db,
-            "ttl_days": DEFAULT_TTL_DAYS if ttl_days is None else int(ttl_days),
-            "rollup_ttl_days": DEFAULT_ROLLUP_TTL_DAYS if rollup_ttl_days is None
-            else int(rollup_ttl_days)}
-    if min(fill["ttl_days"], fill["rollup_ttl_days"]) < 1:
+    days = DEFAULT_TTL_DAYS if ttl_days is None else int(ttl_days)
+    rollup_days = DEFAULT_ROLLUP_TTL_DAYS if rollup_ttl_days is None else int(rollup_ttl_days)
+    fill = {"db": db, "ttl_days": days, "rollup_ttl_days": rollup_days}
+    if min(days, rollup_days) < 1:
         raise StorageError("TTL must be at least 1 day")
     client.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
     client.execute(_SCHEMA_MIGRATIONS.format(**fill))
@@ -215,7 +214,7 @@ def migrate(client: Client, database: str | None = None, ttl_days: int | None = 
         client.insert(f"{db}.schema_migrations", {"version": [version], "name": [name]})
         now.append(version)
     if ttl_days is not None:
-        _set_ttl(client, db, fill["ttl_days"])
+        _set_ttl(client, db, days)
     return now
 
 

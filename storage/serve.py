@@ -57,7 +57,9 @@ class QueryServer:
     """Serve SQL on the owner's chdb session to other local processes."""
 
     def __init__(self, client: ChdbClient, host: str = "127.0.0.1", port: int = 0):
+        assert client.url.path is not None
         self.client = client
+        self._folder: Path = client.url.path
         self.token = secrets.token_hex(16)
         self._clients: dict[str, ChdbClient] = {client.database: client}
         self._httpd = ThreadingHTTPServer((host, port), self._handler())
@@ -126,18 +128,18 @@ class QueryServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="chdb-query",
                                         daemon=True)
         self._thread.start()
-        path = owner_file(self.client.url.path)
+        path = owner_file(self._folder)
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(orjson.dumps({"pid": os.getpid(), "port": self.port, "token": self.token,
-                                  "folder": str(self.client.url.path)}))
+                                  "folder": str(self._folder)}))
         os.replace(tmp, path)
         return self
 
     def stop(self) -> None:
         """Stop serving and remove the owner record (only if it is still ours)."""
-        path = owner_file(self.client.url.path)
+        path = owner_file(self._folder)
         with contextlib.suppress(FileNotFoundError, orjson.JSONDecodeError):
             if orjson.loads(path.read_bytes()).get("token") == self.token:
                 path.unlink()

@@ -160,7 +160,7 @@ class Sink:
             return  # ours: already in the table
         try:
             rec = orjson.loads(value)
-            row = {"topic": str(rec["topic"]), "error": str(rec["error"]), "raw": str(rec["raw"])}
+            row: dict[str, Any] = {"topic": str(rec["topic"]), "error": str(rec["error"]), "raw": str(rec["raw"])}
         except (orjson.JSONDecodeError, KeyError, TypeError):
             row = {"topic": msg.topic(), "error": "deadletter: not {error, topic, raw}",
                    "raw": value.decode("utf-8", errors="replace")}
