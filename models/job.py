@@ -282,7 +282,7 @@ class JobState:
         pos = {r: i for i, r in enumerate(ranks)}
         for r in sorted(left):
             st = self.ranks[r]
-            h = self.rank_host.get(r)
+            rh = self.rank_host.get(r)
             g = self.rank_gpu.get(r)
             i = pos.get(r)
             out.append(Finding(
@@ -290,8 +290,9 @@ class JobState:
                 confirmed=st.streak > 0 and r not in held,
                 onset_ts=st.onset_ts, onset_step=st.onset_step,
                 slowdown_pct=_pct(st.excess_s, job_s), own_pct=100.0 * st.own_rel, rank=r,
-                host=h, gpu=g,
-                hosts=[h] if h else [], gpus=[(h, g)] if h is not None and g is not None else [],
+                host=rh, gpu=g,
+                hosts=[rh] if rh else [],
+                gpus=[(rh, g)] if rh is not None and g is not None else [],
                 data_share=_share(st.data_excess_s, st.excess_s),
                 evidence={"work_excess_s": round(st.excess_s, 4),
                           "rel_to_peers": round(st.rel, 3), "z_to_peers": round(st.z, 1),

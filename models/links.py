@@ -177,18 +177,18 @@ class LinkMonitor:
                     "transfer_rel_slowdown": round(float(max(st.rel for st in sts)), 3),
                     "healthy_groups": len(healthy)}
         evidence["ambiguous"] = ambiguous
-        common = dict(fault="slow_link", confirmed=confirmed,
-                      onset_ts=min(st.onset_ts for st in sts),
-                      onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
-                      own_pct=100.0 * float(max(st.rel for st in sts)),
-                      evidence=evidence)
+        f = Finding(key="", fault="slow_link", confirmed=confirmed,
+                    onset_ts=min(st.onset_ts for st in sts),
+                    onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
+                    own_pct=100.0 * float(max(st.rel for st in sts)), evidence=evidence)
         if best[0] == "pair":
             a, b = best[1]
             ha, hb = rank_host[a], rank_host[b]
-            return Finding(key=f"slow_link:r{a}-r{b}", rank=a, peer_rank=b, host=ha,
-                           peer_host=hb, hosts=[ha, hb], **common)
-        h = best[1]
-        return Finding(key=f"slow_link:{h}", host=h, hosts=[h], **common)
+            f.key, f.rank, f.peer_rank, f.host, f.peer_host = f"slow_link:r{a}-r{b}", a, b, ha, hb
+            f.hosts = [ha, hb]
+        else:
+            f.key, f.host, f.hosts = f"slow_link:{best[1]}", best[1], [best[1]]
+        return f
 
 
 def refine_with_nics(f: Finding, slow_members: list[tuple[int, ...]], store: TelemetryStore,
@@ -218,10 +218,10 @@ def refine_with_nics(f: Finding, slow_members: list[tuple[int, ...]], store: Tel
         return f, False
     if len(bad) == 2 and bad[0][0] != bad[1][0]:
         by_slot = {(rank_host[r], g): r for r, g in rank_gpu.items() if r in rank_host}
-        ends = [by_slot.get((h, _nic_index(n))) for h, n in bad]
-        if None in ends:
+        ends = [by_slot.get((h, i)) for h, n in bad if (i := _nic_index(n)) is not None]
+        if len(ends) != 2 or ends[0] is None or ends[1] is None:
             return f, False
-        a, b = sorted(ends)
+        a, b = sorted((ends[0], ends[1]))
         if all(a in m and b in m for m in slow_members):
             return _retarget(f, f"slow_link:r{a}-r{b}", None, rank=a, peer_rank=b,
                              host=rank_host[a], peer_host=rank_host[b],
