@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from itertools import islice
 from pathlib import Path
 
 import orjson
@@ -18,6 +19,8 @@ from failslow.errors import FailslowError
 from models.pipeline import Detector
 from schema import SchemaError, validate
 from schema.events import SPECS
+
+loads = orjson.loads
 
 HELP = "offline detection over a JSON Lines trace; prints incidents as JSON Lines"
 BATCH = 4096
@@ -84,31 +87,42 @@ def detect_lines(lines, det: Detector, write, warn) -> tuple[int, int, int]:
     """Feed decoded, validated events to ``det`` in batches; ``write(incident)`` each
     incident; ``warn(line_no, reason)`` each invalid line. Returns
     (events, invalid lines, incidents)."""
-    loads = orjson.loads
-    batch: list = []
+    it = iter(lines)
     n_events = n_bad = n_inc = 0
-    for no, line in enumerate(lines, 1):
+    first = 1
+    while chunk := list(islice(it, BATCH)):
+        try:
+            # The common case, a chunk of valid lines, in one comprehension.
+            batch = [check(loads(line)) for line in chunk if line.strip()]
+        except (orjson.JSONDecodeError, SchemaError):
+            batch, bad = _line_by_line(chunk, first, warn)
+            n_bad += bad
+        first += len(chunk)
+        n_events += len(batch)
+        for inc in det.process_batch(batch):
+            write(inc)
+            n_inc += 1
+    for inc in det.flush():
+        write(inc)
+        n_inc += 1
+    return n_events, n_bad, n_inc
+
+
+def _line_by_line(chunk: list, first: int, warn) -> tuple[list, int]:
+    """Decode a chunk that holds an invalid line: keep the valid ones, warn the rest."""
+    batch, bad = [], 0
+    for no, line in enumerate(chunk, first):
         if not line.strip():
             continue
         try:
             batch.append(check(loads(line)))
         except orjson.JSONDecodeError as exc:
-            n_bad += 1
+            bad += 1
             warn(no, f"not JSON ({exc})")
         except SchemaError as exc:
-            n_bad += 1
+            bad += 1
             warn(no, str(exc))
-        if len(batch) >= BATCH:
-            n_events += len(batch)
-            for inc in det.process_batch(batch):
-                write(inc)
-                n_inc += 1
-            batch = []
-    n_events += len(batch)
-    for inc in det.process_batch(batch) + det.flush():
-        write(inc)
-        n_inc += 1
-    return n_events, n_bad, n_inc
+    return batch, bad
 
 
 def run(args: argparse.Namespace) -> int:
