@@ -7,8 +7,9 @@
   job in their key and go on to the job's home partition as raw bytes (no
   decode: the cost is per message, not per event). Telemetry, keyed by host,
   goes to the home partitions of the jobs on that host (``HostMap``, learned
-  from the job stage's announcements); telemetry of a host not yet known waits
-  up to ``lateness`` wall seconds for its announcement.
+  from the job stage's announcements); telemetry of a host not yet announced
+  goes to every partition, so no partition sees a job's early telemetry late
+  (the announcement trails the first steps by a round trip through the broker).
 - ``jobs`` consumes the internal job topic: decode + validate (bad records to the
   dead-letter topic), then ``JobPartition`` orders, de-duplicates and runs the
   Detector of models/. Its messages are acked by hand, only up to the oldest
@@ -73,7 +74,7 @@ class WorkerConfig:
     topics: Topics = field(default_factory=Topics)
     group: str = "failslow-worker"
     lateness: float = 10.0
-    idle_s: float = 1.0
+    idle_s: float = 2.0
     snapshot_interval: float = 5.0
     metrics_port: int | None = None
     session_timeout: float = 2.0
@@ -167,7 +168,6 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     parts: dict[int, JobPartition] = {}
     held: dict[int, list[Any]] = {}  # unacked events of the job stream, per partition
     announced: dict[int, dict[str, float]] = {}
-    pending: dict[str, list[tuple[float, Any]]] = {}  # telemetry of hosts not yet mapped
     job_stream: list[Any] = []
     reader = HostMapReader(cfg.bootstrap, cfg.internal("hostmap"), nparts, hostmap)
     app.failslow_metrics = metrics  # for tests and the CLI
@@ -202,29 +202,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
             if not key:
                 await dead_letter("; ".join(errors) or "no host", msg.topic, msg.key, msg.value)
                 return
-        targets = hostmap.partitions(key, now)
-        if targets:
-            for p in targets:
-                await forward(msg, None, p)
-        else:
-            pending.setdefault(key, []).append((now, msg))
-
-    async def route_pending(now: float) -> None:
-        for host in list(pending):
-            targets = hostmap.partitions(host, now)
-            waiting = pending[host]
-            if targets:
-                del pending[host]
-                for _, msg in waiting:
-                    for p in targets:
-                        await forward(msg, None, p)
-            else:
-                kept = [(t0, m) for t0, m in waiting if now - t0 <= cfg.lateness]
-                metrics.unrouted.inc(len(waiting) - len(kept))
-                if kept:
-                    pending[host] = kept
-                else:
-                    del pending[host]
+        for p in hostmap.partitions(key, now) or range(nparts):
+            await forward(msg, None, p)
 
     @app.agent(inputs)
     async def route(stream: Any) -> None:
@@ -313,7 +292,6 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     async def tick() -> None:
         try:
             now = time.time()
-            await route_pending(now)
             for p, state in list(parts.items()):
                 await emit(p, state.tick(now))
             metrics.open_incidents.set(sum(len(s.open_ids) for s in parts.values()))

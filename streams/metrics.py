@@ -26,9 +26,6 @@ class Metrics:
                                   "Duplicate events dropped", registry=r)
         self.late = Counter("failslow_stream_late_events_total",
                             "Events that arrived behind the watermark (processed)", registry=r)
-        self.unrouted = Counter("failslow_stream_telemetry_unrouted_total",
-                                "Telemetry messages of hosts in no known job (dropped)",
-                                registry=r)
         self.incidents = Counter("failslow_stream_incidents_total", "Incident events emitted",
                                  ["status"], registry=r)
         self.open_incidents = Gauge("failslow_stream_open_incidents",

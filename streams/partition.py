@@ -7,8 +7,8 @@ once the *watermark* passes them. The watermark is the lowest of the active
 kinds' progress (per kind, the 10th percentile over hosts of each host's newest
 ``ts``, so a few hosts with skewed clocks neither hold it back nor push it
 ahead), never further behind the median host than ``lateness`` seconds, and
-never moving back. A kind that sent nothing for ``idle_s`` of wall time stops
-holding the watermark, and a partition that received nothing for ``idle_s``
+never moving back. A kind that sent nothing for ``lateness`` seconds of wall
+time stops holding the watermark, and a partition that received nothing for ``idle_s``
 releases everything it holds. An event that arrives behind the watermark
 (late, or from a host whose clock is behind) is handed over at once: nothing
 is dropped for being late.
@@ -77,7 +77,7 @@ class JobPartition:
     ``idle_s`` (wall s): silence after which a kind / the partition stops holding events.
     """
 
-    def __init__(self, partition: int, lateness: float = 10.0, idle_s: float = 1.0,
+    def __init__(self, partition: int, lateness: float = 10.0, idle_s: float = 2.0,
                  detector_factory: Callable[[], Any] = _default_detector_factory,
                  detector_restore: Callable[[Any], Any] = _default_detector_restore) -> None:
         self.partition = partition
@@ -88,9 +88,12 @@ class JobPartition:
         self.wm = -math.inf
         self._buf: list[tuple[float, int, dict]] = []
         self._dirty = False  # buffer has unsorted appends
-        self._hw: dict[str, dict[str, float]] = {k: {} for k in INPUT_KINDS}
-        self._kind_wall: dict[str, float] = {}
+        self._hw: dict[tuple, float] = {}  # source -> newest ts that arrived
+        self._seen: dict[tuple, float] = {}  # source -> wall time of its latest arrival
+        self._ref = -math.inf  # median of the sources' newest ts (event-time "now")
+        self._ref_wall = -math.inf
         self._last_wall = 0.0
+        self._first_wall: float | None = None
         self._marks: dict[tuple, tuple] = {}
         self.emitted: dict[str, set[bytes]] = {}
         self.open_ids: set[str] = set()
@@ -105,6 +108,8 @@ class JobPartition:
     def ingest(self, events: list[dict], offset: int, now: float) -> list[dict]:
         """Take the valid events of the message at ``offset``; return incidents to emit."""
         self._last_wall = now
+        if self._first_wall is None:
+            self._first_wall = now
         if offset >= self.next_offset:
             self.next_offset = offset + 1
         if offset < self._skip_below:
@@ -114,15 +119,14 @@ class JobPartition:
         late: list[dict] = []
         wm = self.wm
         hw = self._hw
+        seen = self._seen
         buf = self._buf
         for ev in events:
             ts = ev["ts"]
-            kind = ev["kind"]
-            per_host = hw[kind]
-            host = ev["host"]
-            if ts > per_host.get(host, -math.inf):
-                per_host[host] = ts
-            self._kind_wall[kind] = now
+            src = source_mark(ev)[0]
+            if ts > hw.get(src, -math.inf):
+                hw[src] = ts
+            seen[src] = now
             if ts <= wm:
                 late.append(ev)
             else:
@@ -142,21 +146,30 @@ class JobPartition:
     # -- ordering ------------------------------------------------------------------------
 
     def _progress(self, now: float) -> float:
-        """The watermark the hosts' progress allows now (event-time s)."""
-        latest = [np.fromiter(d.values(), float, len(d)) for d in self._hw.values() if d]
-        if not latest:
+        """The watermark the sources' progress allows now (event-time s)."""
+        hw = self._hw
+        if not hw:
             return -math.inf
-        ref = float(np.median(np.concatenate(latest)))
-        floor = ref - self.lateness
-        bound = math.inf
-        for kind, d in self._hw.items():
-            if not d or now - self._kind_wall.get(kind, -math.inf) > self.idle_s:
-                continue
-            values = np.fromiter(d.values(), float, len(d))
-            values = values[values >= floor]  # hosts silent for longer have left
-            if len(values):
-                bound = min(bound, float(np.quantile(values, 0.1)))
-        return max(floor, bound) if bound < math.inf else ref
+        if self.wm == -math.inf and (now - self._first_wall < self.idle_s
+                                     and max(hw.values()) - min(hw.values()) < self.lateness):
+            return -math.inf  # starting: let every source show up before anything is released
+        if now - self._ref_wall >= 0.5 or self._ref == -math.inf:
+            self._ref = float(np.median(np.fromiter(hw.values(), float, len(hw))))
+            self._ref_wall = now
+            self._drop_stalled(now)
+            hw = self._hw
+        return min(hw.values()) if hw else self._ref
+
+    def _drop_stalled(self, now: float) -> None:
+        """Stop waiting for sources that fell ``lateness`` behind the median and sent nothing
+        for ``idle_s`` (a source that is behind but still delivering is catching up after a
+        backlog and keeps holding the watermark), or fell 6 x ``lateness`` behind."""
+        floor, hard = self._ref - self.lateness, self._ref - 6 * self.lateness
+        seen = self._seen
+        gone = [s for s, t in self._hw.items()
+                if t < hard or (t < floor and now - seen[s] > self.idle_s)]
+        for s in gone:
+            del self._hw[s], seen[s]
 
     def _advance(self, now: float, force: bool = False) -> list[dict]:
         if not self._buf:
@@ -233,13 +246,12 @@ class JobPartition:
     def snapshot(self) -> dict:
         wm = self.wm if math.isfinite(self.wm) else None
         return {"v": 1, "partition": self.partition, "wm": wm, "o_min": self.o_min(),
-                "o_next": self.next_offset, "hw": self._hw,
+                "o_next": self.next_offset,
                 "detector": self.detector.state_dict()}
 
     def restore(self, snap: dict) -> None:
         self.detector = self._restore_detector(snap["detector"])
         self.wm = -math.inf if snap["wm"] is None else snap["wm"]
-        self._hw = {k: dict(snap["hw"].get(k, {})) for k in INPUT_KINDS}
         self.next_offset = snap["o_next"]
         self._skip_below = snap["o_next"]
         self._skip_ts = self.wm

@@ -1,0 +1,160 @@
+"""Real ``failslow worker`` processes on the real Tansu broker: simulator scenarios give the
+same incidents as the offline Detector, a kill -9 mid-stream loses and duplicates
+nothing, two workers share the work, garbage goes to the dead-letter topic."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections import Counter
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from collectors.publisher import Publisher
+from failslow.stack import free_port
+from models.pipeline import Detector
+from schema import Topics
+from simulator import SCENARIOS, simulate
+from streams.runner import WorkerProcess, read_incidents, wait_for_incidents
+from streams.snapshots import scan
+
+def scenario_events(name: str, tag: str) -> list[dict]:
+    """A scenario's trace with its job and hosts renamed, so several share one broker."""
+    out = []
+    for ev in simulate(SCENARIOS[name], seed=0).events():
+        ev = dict(ev)
+        if "job_id" in ev and ev["job_id"] is not None:
+            ev["job_id"] = f"{tag}.{ev['job_id']}"
+        ev["host"] = f"{tag}-{ev['host']}"
+        out.append(ev)
+    return out
+
+
+def reference(events: list[dict]) -> list[dict]:
+    """What ``failslow detect`` emits for these events before its end-of-file flush
+    (a stream has no end, so the worker never flushes)."""
+    return Detector().process_batch(events)
+
+
+def brief(incidents: list[dict]) -> list[tuple]:
+    return sorted((i["incident_id"], i["ts"], i["status"], i.get("root_cause"), i["slowdown_pct"])
+                  for i in incidents)
+
+
+def canon(incidents: list[dict]) -> Counter:
+    return Counter(orjson.dumps(i, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+                   for i in incidents)
+
+
+def publish(broker, topics: Topics, events: list[dict], slice_s: float = 1.0) -> None:
+    """Publish in ``ts`` slices of ``slice_s``, as live collectors do (one batch per sample
+    interval), so no message spans more event time than a live one would."""
+    pub = Publisher(broker.bootstrap, topics)
+    start = 0
+    for n in range(1, len(events) + 1):
+        if n == len(events) or events[n]["ts"] - events[start]["ts"] >= slice_s:
+            pub.publish(events[start:n])
+            start = n
+    assert pub.flush(15) == 0
+    pub.close()
+
+
+def metric(port: int, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+SCENARIO_SET = ["gpu_thermal_30", "slow_link_host_50", "gpu_clock_15", "input_stall_50",
+                "checkpoints_16"]
+
+
+def test_scenarios_match_offline_detection_and_garbage_goes_to_deadletter(broker, topics):
+    events, ref = [], []
+    for name in SCENARIO_SET:
+        evs = scenario_events(name, name)
+        events += evs
+        ref += reference(evs)
+    assert ref, "the scenarios must produce incidents"
+    events.sort(key=lambda e: e["ts"])
+    publish(broker, topics, events)
+    raw = Producer({"bootstrap.servers": broker.bootstrap})
+    raw.produce(topics.for_kind("step"), b"not json", key=b"gpu_thermal_30.job0")
+    raw.produce(topics.for_kind("gpu"), b'{"v":1,"kind":"gpu","ts":1.0}', key=b"gpu_thermal_30-h0")
+    raw.produce(topics.for_kind("host"), b'[{"v":2}]')
+    raw.produce(topics.for_kind("collective"),
+                b'[{"v":1,"kind":"collective"}]', key=b"gpu_thermal_30.job0/dp0")
+    assert raw.flush(10) == 0
+    port = free_port()
+    worker = WorkerProcess(broker.bootstrap, topics, group=f"{topics.prefix}g", metrics_port=port)
+    try:
+        got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
+        assert brief(got) == brief(ref)
+        dead = [orjson.loads(m.value()) for p in range(4)
+                for m in scan(broker.bootstrap, topics.deadletter, p, idle_polls=1)]
+        assert metric(port, "failslow_stream_deadletters_total") == len(dead)
+        assert metric(port, "failslow_stream_events_total") >= len(events)
+        last = {i["incident_id"]: i["status"] for i in ref}
+        assert metric(port, "failslow_stream_open_incidents") == list(last.values()).count("open")
+    finally:
+        assert worker.stop() == 0
+    assert brief(got) == brief(ref)
+    assert canon(got) == canon(ref)
+    assert len(dead) == 4
+    assert {d["topic"] for d in dead} == {topics.for_kind(k) for k in
+                                          ("step", "gpu", "host", "collective")}
+    assert any("not JSON" in d["error"] for d in dead) and any(d["raw"] == "not json" for d in dead)
+
+
+def test_kill_9_mid_stream_loses_and_duplicates_nothing(broker, topics):
+    events = scenario_events("gpu_thermal_30", "k") + scenario_events("input_stall_50", "s")
+    events.sort(key=lambda e: e["ts"])
+    ref = (reference([e for e in events if e["host"].startswith("k-")])
+           + reference([e for e in events if e["host"].startswith("s-")]))
+    first = [i for i in ref if i["status"] == "open"][0]
+    cut = next(n for n, e in enumerate(events) if e["ts"] > first["ts"] + 5.0)
+    publish(broker, topics, events[:cut])
+    group = f"{topics.prefix}g"
+    worker = WorkerProcess(broker.bootstrap, topics, group=group,
+                           extra=["--snapshot-interval", "0.5"])
+    try:
+        early = wait_for_incidents(broker.bootstrap, topics, 1, timeout=60, settle=2.0)
+        assert early, "the worker must have emitted incidents before the crash"
+    finally:
+        worker.kill()
+    assert worker.proc.returncode == -9
+    publish(broker, topics, events[cut:])
+    worker = WorkerProcess(broker.bootstrap, topics, group=group)
+    try:
+        got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
+    finally:
+        assert worker.stop() == 0
+    assert brief(got) == brief(ref)
+    assert canon(got) == canon(ref)
+
+
+def test_two_workers_share_partitions_and_match_one(broker, topics):
+    names = ["gpu_thermal_30", "gpu_errors_40", "gpu_clock_15", "input_stall_50"]
+    events, ref = [], []
+    for name in names:
+        evs = scenario_events(name, name)
+        events += evs
+        ref += reference(evs)
+    events.sort(key=lambda e: e["ts"])
+    publish(broker, topics, events)
+    group = f"{topics.prefix}g"
+    ports = [free_port(), free_port()]
+    workers = [WorkerProcess(broker.bootstrap, topics, group=group, metrics_port=p)
+               for p in ports]
+    try:
+        got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
+        shares = [metric(p, "failslow_stream_events_total") for p in ports]
+    finally:
+        codes = [w.stop() for w in workers]
+    assert codes == [0, 0]
+    assert all(s > 0 for s in shares), f"both workers must process events: {shares}"
+    assert sum(shares) >= len(events)
+    assert brief(got) == brief(ref)
+    assert canon(got) == canon(ref)
+    assert len(read_incidents(broker.bootstrap, topics)) == len(got)
