@@ -176,8 +176,11 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         metrics.deadletters.labels(topic).inc()
         await dead_topic.send(key=key, value=encode_deadletter(error, topic, raw))
 
-    async def forward(msg: Any, job_or_none: str | None, partition: int) -> None:
-        headers = {"src": msg.topic.encode(), "ts0": str(msg.timestamp or 0).encode()}
+    async def forward(msg: Any, partition: int, report: bool = True) -> None:
+        """Send a message on to a home partition; only one copy of a message that goes to
+        several partitions ``report``s its bad records to the dead-letter topic."""
+        headers = {"src": msg.topic.encode(), "ts0": str(msg.timestamp or 0).encode(),
+                   "report": b"1" if report else b"0"}
         await job_topic.send(key=msg.key, value=msg.value, partition=partition, headers=headers)
 
     def job_from_value(value: bytes | None) -> str | None:
@@ -194,7 +197,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                 await dead_letter("no job_id in the key or the value", msg.topic, msg.key,
                                   msg.value)
                 return
-            await forward(msg, job, home_partition(job, nparts))
+            await forward(msg, home_partition(job, nparts))
             return
         if not key:
             events, errors = decode_lenient(msg.value or b"")
@@ -202,8 +205,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
             if not key:
                 await dead_letter("; ".join(errors) or "no host", msg.topic, msg.key, msg.value)
                 return
-        for p in hostmap.partitions(key, now) or range(nparts):
-            await forward(msg, None, p)
+        for n, p in enumerate(hostmap.partitions(key, now) or range(nparts)):
+            await forward(msg, p, report=n == 0)
 
     @app.agent(inputs)
     async def route(stream: Any) -> None:
@@ -265,7 +268,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         if wrong:
             errors.append(f"{len(wrong)} event(s) of kind {wrong[0]['kind']!r} on topic {src}")
             events = [e for e in events if e["kind"] == want]
-        if errors:
+        if errors and headers.get("report") != b"0":
             await dead_letter("; ".join(errors), src, msg.key, msg.value)
         metrics.events.labels(src).inc(len(events))
         before = state.counts["duplicates"], state.counts["late"]
