@@ -118,7 +118,8 @@ class IncidentTracker:
                 out.append(dict(ev))
                 continue
             inc.absent = 0
-            inc.age += 1
+            if f.confirmed:          # only a culprit still standing out counts toward paging
+                inc.age += 1
             if self._fill(inc, f, cause, action, why, rc_ev, pct, ts):
                 out.append(dict(inc.event))
         for k in [k for k in self.open if k[0] == job_id and k not in seen]:

@@ -27,7 +27,7 @@ from models.findings import Finding
 from models.links import LinkMonitor
 from models.peers import lower_half_ref, peer_scores
 from models.ranks import RankState
-from models.stats import EWMeanVar
+from models.stats import EWMeanVar, median
 
 HOLD_STEPS = 4     # how long a possible host fault may hold single-rank verdicts
 
@@ -76,10 +76,17 @@ class JobState:
         self.noise = EWMeanVar(0.1)  # peers' relative spread, smoothed over steps
         self.job_step_s = 0.0        # typical healthy step time, seconds
         self.job_onset: tuple[float, int] | None = None
+        self.real_steps = False      # step events seen (else steps come from collectives)
+        self.synth: dict[int, list[Any]] = {}   # rank -> [step, end ts, seconds in colls]
+        self.widest = 0              # largest collective group seen
 
     # -- ingestion (hot path) --------------------------------------------------
 
-    def add_step(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
+    def add_step(self, ev: dict[str, Any], real: bool = True
+                 ) -> list[tuple[int, list[Finding], float]]:
+        if real and not self.real_steps:
+            self.real_steps = True
+            self.pending.clear()       # steps made from collectives give way to real ones
         s = ev["step"]
         r = ev["rank"]
         row = self.pending.get(s)
@@ -100,11 +107,42 @@ class JobState:
                 out.append(self.evaluate(old))
         return out
 
-    def add_collective(self, ev: dict[str, Any]) -> None:
-        s = ev.get("step")
-        if s is None:
-            s = self.last_step.get(ev["rank"], -1) + 1
-        self.aligner.add(ev, s)
+    def add_collective(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
+        """A collective event that names no step: it belongs to the rank's next
+        step; in a job that sends no step events at all (an NCCL-Inspector-like
+        source), its collectives make the steps (``_synth_step``)."""
+        if not self.real_steps:
+            return self._synth_step(ev)
+        self.aligner.add(ev, self.last_step.get(ev["rank"], -1) + 1)
+        return []
+
+    def _synth_step(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
+        """Steps from collectives alone: the job's widest group (by size) syncs
+        every rank, so each of its collectives closes a step of the rank. The
+        step lasts from the end of the rank's previous one to the end of this
+        one, and the rank spent ``comm_s`` of it inside collectives (all groups)
+        — both on the rank's own clock, so clock skew between hosts cancels."""
+        r = ev["rank"]
+        size = ev["group_size"]
+        if size > self.widest:
+            self.widest = size
+        st = self.synth.get(r)
+        if st is None:
+            st = self.synth[r] = [-1, None, 0.0]
+        st[2] += ev["duration_s"]
+        k = st[0] + 1
+        self.aligner.add(ev, k)
+        if size < self.widest:
+            return []
+        end = ev["start_ts"] + ev["duration_s"]
+        prev, comm = st[1], st[2]
+        st[0], st[1], st[2] = k, end, 0.0
+        if prev is None:
+            return []
+        step = {"ts": ev["ts"], "job_id": self.job_id, "rank": r, "world_size": self.widest,
+                "host": ev["host"], "step": k, "duration_s": end - prev, "comm_s": comm,
+                "gpu": ev.get("gpu")}
+        return self.add_step(step, real=False)
 
     def drain(self) -> list[tuple[int, list[Finding], float]]:
         return [self.evaluate(s) for s in sorted(self.pending)]
@@ -124,6 +162,7 @@ class JobState:
         late = np.zeros(n)
         groups = np.zeros(n, dtype=np.int64)
         ts_max = 0.0
+        need_time = False
         for i, r in enumerate(ranks):
             ev = row[r]
             d = ev["duration_s"]
@@ -134,20 +173,22 @@ class JobState:
             if dt is not None:
                 data[i] = dt
             c = ev.get("compute_s")
+            cm = ev.get("comm_s")
             if c is not None:
                 work[i] = c + data[i]
-            elif ev.get("comm_s") is not None:
-                work[i] = d - ev["comm_s"]
-            elif coll is not None:
-                work[i] = d - coll
+            elif cm is not None:
+                work[i] = d - cm
             else:
-                work[i] = d
+                need_time = True
+                work[i] = d - coll if coll is not None else d
             pp = ev.get("pp_rank")
             groups[i] = pp if pp is not None else 0
             self.rank_host[r] = ev["host"]
             g = ev.get("gpu")
             if g is not None:
                 self.rank_gpu[r] = g
+        # Time inside collectives is only counted while steps lack compute_s and comm_s.
+        self.aligner.need_time = need_time
         rel, z, perf, sig = peer_scores(work, groups, floor=max(0.01, self.noise.mean))
         if sig > 0:
             self.noise.update(sig)
@@ -177,10 +218,10 @@ class JobState:
             # rank for no lasting reason: no evidence from them.
             inc = np.minimum(inc, 0.0)
         weak = (rel >= cfg.min_rel / 2) & (z >= k) | (rel2 >= cfg.min_rel / 2) & (z2 >= k)
-        job_s = float(np.median(dur))
+        job_s = median(dur)
         findings: list[Finding] = []
         present: list[int] = []
-        dref = float(np.median(data))
+        dref = median(data)
         for i, r in enumerate(ranks):
             st = self.ranks.get(r)
             if st is None:
@@ -198,9 +239,13 @@ class JobState:
             st.excess_s = excess if st.streak <= 1 else 0.7 * st.excess_s + 0.3 * excess
             own = max(float(rel[i]), float(rel2[i]))
             st.own_rel = own if st.streak <= 1 else 0.7 * st.own_rel + 0.3 * own
-            st.data_excess_s = max(float(data[i]) - dref, 0.0)
+            # Input wait above both the peers' and the rank's own usual: a loader
+            # that is always a little slower there is no stall.
+            usual_data = st.data.mean if st.data.n >= cfg.warm_steps else 0.0
+            st.data_excess_s = max(float(data[i]) - max(dref, usual_data), 0.0)
             st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
-            st.observe(float(pos[i]), float(data[i]), float(dur[i]), bool(weak[i]))
+            st.observe(float(pos[i]), float(work[i]), float(data[i]), float(dur[i]),
+                       bool(weak[i]))
             if st.streak or weak[i]:
                 present.append(r)        # weakly present keeps an open incident alive
         findings.extend(self._localize(present, s, job_s, perf, ranks, late))
@@ -255,22 +300,21 @@ class JobState:
                     self.host_seen[h] = s
                 members = [m for m in members if m in left] if draining else members
                 sts = [self.ranks[m] for m in members]
-                excess = float(np.median([st.excess_s for st in sts]))
-                data_ex = float(np.median([st.data_excess_s for st in sts]))
+                excess = median([st.excess_s for st in sts])
+                data_ex = median([st.data_excess_s for st in sts])
                 out.append(Finding(
                     key=f"slow_host:{h}", fault="slow_host",
                     confirmed=whole and sum(st.streak > 0 for st in sts) * 2 >= len(sts),
                     onset_ts=min(st.onset_ts for st in sts),
                     onset_step=min(st.onset_step for st in sts),
                     slowdown_pct=_pct(excess, job_s), host=h, hosts=[h],
-                    own_pct=100.0 * float(np.median([st.own_rel for st in sts])),
+                    own_pct=100.0 * median([st.own_rel for st in sts]),
                     gpus=[(h, self.rank_gpu[m]) for m in members if m in self.rank_gpu],
                     data_share=_share(data_ex, excess),
                     evidence={"ranks": sorted(members),
                               "work_excess_s": round(excess, 4),
-                              "rel_to_peers": round(float(np.median([st.rel for st in sts])), 3),
-                              "rel_to_own_past": round(float(np.median(
-                                  [st.self_rel for st in sts])), 3)}))
+                              "rel_to_peers": round(median([st.rel for st in sts]), 3),
+                              "rel_to_own_past": round(median([st.self_rel for st in sts]), 3)}))
                 left -= set(members)
         # Half or more of a host rising together, not all of it yet: likely a host
         # fault still spreading over its ranks, so hold the single-rank verdicts for
@@ -300,7 +344,8 @@ class JobState:
                           "perf_vs_best": round(float(perf[i]), 3) if i is not None else None,
                           "arrival_lag_s": round(float(late[i]), 4) if i is not None else None,
                           "evidence_z": round(st.cusum, 1),
-                          "own_usual_position": round(st.work.median, 4)}))
+                          "own_usual_position": round(st.work.median, 4),
+                          "own_usual_s": st.usual()}))
         return out
 
     def _job_level(self, s: int, job_s: float, ts: float, located: bool) -> list[Finding]:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from models.stats import median
+
 # For a normal sample, the median absolute deviation of its lower half around
 # that half's median is 0.3991 sigma (computed from the normal quantile function).
 LOWER_HALF_MAD = 0.3991
@@ -34,8 +36,9 @@ def lower_half_ref(values: np.ndarray) -> tuple[float, float]:
     estimated from that half (its median, the lower quartile, plus 0.6745
     sigma), so healthy ranks score about zero, not half a sigma high."""
     low = np.sort(values)[: max(1, (values.size + 1) // 2)]
-    q25 = float(np.median(low))
-    sigma = float(np.median(np.abs(low - q25))) / LOWER_HALF_MAD
+    k = low.size
+    q25 = float(low[k // 2]) if k % 2 else 0.5 * (float(low[k // 2 - 1]) + float(low[k // 2]))
+    sigma = median(np.abs(low - q25)) / LOWER_HALF_MAD
     return q25 + 0.6745 * sigma, sigma
 
 
@@ -51,11 +54,16 @@ def peer_scores(values: np.ndarray, groups: np.ndarray, floor: float = 0.01,
     rel = np.zeros(n)
     z = np.zeros(n)
     perf = np.ones(n)
-    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
-    inverse = np.where(counts[inverse] < min_group, -1, inverse)
+    if n and (groups == groups[0]).all():
+        inverse = np.zeros(n, dtype=np.int64)          # one group: no grouping to do
+        labels = [0 if n >= min_group else -1]
+    else:
+        _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+        inverse = np.where(counts[inverse] < min_group, -1, inverse)
+        labels = list(np.unique(inverse))
     sigmas = []
-    for g in np.unique(inverse):
-        idx = np.flatnonzero(inverse == g)
+    for g in labels:
+        idx = np.flatnonzero(inverse == g) if len(labels) > 1 else np.arange(n)
         ref_vals = values[idx] if g >= 0 else values
         if ref_vals.size < 2:
             continue
@@ -67,4 +75,4 @@ def peer_scores(values: np.ndarray, groups: np.ndarray, floor: float = 0.01,
         sigmas.append(sigma / ref)
         z[idx] = r / max(sigma / ref, floor)
         perf[idx] = float(ref_vals.min()) / np.maximum(values[idx], 1e-12)
-    return rel, z, perf, float(np.median(sigmas)) if sigmas else 0.0
+    return rel, z, perf, median(sigmas) if sigmas else 0.0

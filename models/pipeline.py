@@ -75,22 +75,28 @@ class Detector:
         out: list[dict[str, Any]] = []
         jobs = self.jobs
         store = self.store
+        job_id, job = None, None        # the last job seen: events come in runs of one job
         for ev in events:
             try:
                 kind = ev["kind"]
                 if kind == "collective":
-                    job = jobs.get(ev["job_id"])
-                    if job is None:
-                        job = jobs[ev["job_id"]] = JobState(ev["job_id"], self.cfg)
+                    if ev["job_id"] != job_id:
+                        job_id = ev["job_id"]
+                        job = jobs.get(job_id)
+                        if job is None:
+                            job = jobs[job_id] = JobState(job_id, self.cfg)
                     step = ev.get("step")
                     if step is None:
-                        job.add_collective(ev)
+                        for _, findings, ts in job.add_collective(ev):
+                            out.extend(self._judge(job, findings, ts))
                     else:                       # the common case, one call shorter
                         job.aligner.add(ev, step)
                 elif kind == "step":
-                    job = jobs.get(ev["job_id"])
-                    if job is None:
-                        job = jobs[ev["job_id"]] = JobState(ev["job_id"], self.cfg)
+                    if ev["job_id"] != job_id:
+                        job_id = ev["job_id"]
+                        job = jobs.get(job_id)
+                        if job is None:
+                            job = jobs[job_id] = JobState(job_id, self.cfg)
                     for _, findings, ts in job.add_step(ev):
                         out.extend(self._judge(job, findings, ts))
                 elif kind == "gpu":

@@ -1,19 +1,28 @@
-"""Per-rank state: a protected baseline of the rank's own work and how long
+"""Per-rank state: protected baselines of the rank's own step and how long
 it has stood out from its peers.
 
-The baselines (own work as a position against the job-wide level, a ratio:
-rolling median and robust sigma, so warm-up steps and one-off pauses do not
-move it; input wait and step time, seconds: exponentially weighted
-mean/variance) learn only from steps where the rank was
-*not* flagged, so they never drift to the fault and the alarm never clears
-itself. ``cusum`` accumulates the evidence that the rank stands out (robust
-z-scores above a reference), so a large slowdown confirms in two steps and a
-small one in a few more, while a one-step spike adds a bounded amount.
+The baselines are river statistics (``models.stats``), updated once per
+step and only from steps where the rank was *not* flagged, so they never
+drift to the fault and the alarm never clears itself:
+
+- ``work``: own work as a position against the job-wide level (a ratio):
+  rolling median and IQR sigma, so warm-up steps and one-off pauses do not
+  move it; the self-relative score of ``models.job`` reads it;
+- ``step``, ``own``, ``comm``, ``data``: exponentially weighted mean and
+  variance of the step time and its parts (seconds): own work, time blocked
+  in collectives, input wait. Input wait above the rank's own usual (and
+  above its peers') is what counts as an input stall, and the incident
+  evidence shows each part against its usual value.
+
+``cusum`` accumulates the evidence that the rank stands out (robust z-scores
+above a reference), so a large slowdown confirms in two steps and a small
+one in a few more, while a one-step spike adds a bounded amount.
 
 >>> r = RankState()
->>> r.observe(1.0, 0.01, 1.0, flagged=False); r.observe(2.0, 0.01, 2.0, flagged=True)
->>> r.work.median
-1.0
+>>> r.observe(1.0, 0.9, 0.01, 1.0, flagged=False)
+>>> r.observe(2.0, 1.8, 0.01, 2.0, flagged=True)
+>>> r.work.median, r.step.mean
+(1.0, 1.0)
 """
 
 from __future__ import annotations
@@ -27,13 +36,15 @@ BASELINE_WINDOW = 32      # steps in the rolling median of own work
 class RankState:
     """Baselines and the run of consecutive flagged steps of one rank."""
 
-    __slots__ = ("work", "data", "dur", "streak", "cusum", "clear", "onset_ts", "onset_step",
-                 "excess_s", "own_rel", "data_excess_s", "rel", "z", "self_rel")
+    __slots__ = ("work", "step", "own", "comm", "data", "streak", "cusum", "clear", "onset_ts",
+                 "onset_step", "excess_s", "own_rel", "data_excess_s", "rel", "z", "self_rel")
 
     def __init__(self) -> None:
         self.work = RollingMedian(BASELINE_WINDOW)
+        self.step = EWMeanVar(BASELINE_ALPHA)
+        self.own = EWMeanVar(BASELINE_ALPHA)
+        self.comm = EWMeanVar(BASELINE_ALPHA)
         self.data = EWMeanVar(BASELINE_ALPHA)
-        self.dur = EWMeanVar(BASELINE_ALPHA)
         self.streak = 0           # consecutive steps flagged
         self.cusum = 0.0          # accumulated evidence (z-units) of standing out
         self.clear = 0            # consecutive steps not even weakly flagged
@@ -46,11 +57,21 @@ class RankState:
         self.z = 0.0
         self.self_rel = 0.0
 
-    def observe(self, work: float, data: float, dur: float, flagged: bool) -> None:
+    def observe(self, pos: float, own_s: float, data_s: float, step_s: float,
+                flagged: bool) -> None:
+        """Learn one step (position, own work, input wait and step time, seconds)
+        unless the rank was flagged in it."""
         if not flagged:
-            self.work.update(work)
-            self.data.update(data)
-            self.dur.update(dur)
+            self.work.update(pos)
+            self.step.update(step_s)
+            self.own.update(own_s)
+            self.comm.update(max(step_s - own_s, 0.0))
+            self.data.update(data_s)
+
+    def usual(self) -> dict[str, float]:
+        """The learned parts of a normal step (seconds), for incident evidence."""
+        return {name: round(getattr(self, name).mean, 4) for name in ("step", "own", "comm", "data")
+                if getattr(self, name).n}
 
     def __getstate__(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from models.stats import median
 from models.telemetry import Device, TelemetryStore
 
 CONGESTION = ("rx_pause_total", "tx_pause_total", "cnp_sent_total", "cnp_handled_total",
@@ -38,8 +39,8 @@ NIC_OUTLIER = 20.0
 
 def _peer_stats(values: list[float]) -> tuple[float, float]:
     arr = np.asarray(values, dtype=float)
-    med = float(np.median(arr))
-    return med, 1.4826 * float(np.median(np.abs(arr - med)))
+    med = median(arr)
+    return med, 1.4826 * median(np.abs(arr - med))
 
 
 def _gauge_z(dev: Device, peers: list[Device], name: str) -> tuple[float, dict[str, Any]] | None:
@@ -137,7 +138,7 @@ def host_scores(dev: Device, peers: list[Device]) -> Scores:
         if x is None:
             continue
         refs = [p.gauges[name] for p in peers if name in p.gauges]
-        ref = max(float(np.median(refs)) if refs else 0.0, dev.first.get(name, 0.0))
+        ref = max(median(refs) if refs else 0.0, dev.first.get(name, 0.0))
         if ref <= 0 and x <= 0:
             continue
         ratio = x / max(ref, 1e-3 * x, 1e-9)

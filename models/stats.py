@@ -1,7 +1,9 @@
-"""Incremental statistics used by the baselines (river-style: ``update`` then read).
+"""Incremental statistics used by the baselines: river's (``river.stats``,
+Rust-backed) behind the small read-only interface the models use.
 
-Everything here is O(1) per sample and holds a few floats, so one instance per
-rank and metric stays cheap on jobs with thousands of ranks.
+Everything here is O(1) or O(log window) per sample and holds a few floats
+or one window, so one instance per rank and metric stays cheap on jobs with
+thousands of ranks; the models update them once per step, never per event.
 
 >>> s = EWMeanVar(alpha=0.5)
 >>> for x in (1.0, 3.0):
@@ -13,64 +15,67 @@ rank and metric stays cheap on jobs with thousands of ranks.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
-from collections import deque
 
 import numpy as np
+from river import stats
+
+# For a normal sample the interquartile range is 1.349 standard deviations.
+IQR_PER_SIGMA = 1.3490
 
 
 class EWMeanVar:
-    """Exponentially weighted mean and variance (Finch 2009, incremental form).
+    """Exponentially weighted mean and variance (Finch 2009, incremental form),
+    river's ``EWMean`` and ``EWVar``.
 
-    ``alpha`` is the weight of the newest sample (0 < alpha <= 1); the memory is
-    about ``1 / alpha`` samples. The first sample sets the mean. Values are in
-    the unit of the input (seconds for step times).
+    ``alpha`` is the weight of the newest sample (0 < alpha <= 1, river's
+    ``fading_factor``); the memory is about ``1 / alpha`` samples. The first
+    sample sets the mean. Values are in the unit of the input (seconds for
+    step times).
     """
 
-    __slots__ = ("alpha", "n", "mean", "var")
+    __slots__ = ("alpha", "n", "_mean", "_var")
 
     def __init__(self, alpha: float = 0.1) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError("alpha must be in (0, 1]")
         self.alpha = alpha
         self.n = 0
-        self.mean = 0.0
-        self.var = 0.0
+        self._mean = stats.EWMean(alpha)
+        self._var = stats.EWVar(alpha)
 
     def update(self, x: float) -> None:
-        if self.n == 0:
-            self.mean = x
-        else:
-            d = x - self.mean
-            inc = self.alpha * d
-            self.mean += inc
-            self.var = (1.0 - self.alpha) * (self.var + d * inc)
+        self._mean.update(x)
+        self._var.update(x)
         self.n += 1
 
     @property
+    def mean(self) -> float:
+        return self._mean.get() if self.n else 0.0
+
+    @property
+    def var(self) -> float:
+        return self._var.get() if self.n else 0.0
+
+    @property
     def std(self) -> float:
-        return math.sqrt(self.var)
+        return math.sqrt(max(self.var, 0.0))
 
     def clone(self) -> EWMeanVar:
         return EWMeanVar(self.alpha)
 
     def __getstate__(self) -> dict:
-        return {"alpha": self.alpha, "n": self.n, "mean": self.mean, "var": self.var}
+        return {"alpha": self.alpha, "n": self.n, "mean": self._mean, "var": self._var}
 
     def __setstate__(self, d: dict) -> None:
-        self.alpha, self.n, self.mean, self.var = d["alpha"], d["n"], d["mean"], d["var"]
-
-
-def robust_scale(values: np.ndarray, center: float) -> float:
-    """1.4826 x the median absolute deviation from ``center``: a standard
-    deviation estimate that one or a few outliers cannot inflate."""
-    return 1.4826 * float(np.median(np.abs(values - center)))
+        self.alpha, self.n, self._mean, self._var = d["alpha"], d["n"], d["mean"], d["var"]
 
 
 class RollingMedian:
-    """Median and MAD-based sigma of the last ``window`` samples (seconds in,
-    seconds out). A baseline that a few outliers (warm-up steps, a GC pause)
-    cannot move: half the window must change before the median does.
+    """Median and IQR-based sigma of the last ``window`` samples (seconds in,
+    seconds out), river's ``RollingQuantile`` and ``RollingIQR`` (linear
+    interpolation, as numpy's default). A baseline that a few outliers
+    (warm-up steps, a GC pause) cannot move: half the window must change
+    before the median does, a quarter before the sigma does.
 
     >>> m = RollingMedian(window=5)
     >>> for x in (9.0, 1.0, 1.1, 0.9, 1.0):
@@ -79,49 +84,43 @@ class RollingMedian:
     (1.0, 5)
     """
 
-    __slots__ = ("window", "n", "_fifo", "_sorted")
+    __slots__ = ("window", "n", "_median", "_iqr")
 
     def __init__(self, window: int = 32) -> None:
         self.window = window
         self.n = 0
-        self._fifo: deque[float] = deque()
-        self._sorted: list[float] = []
+        self._median = stats.RollingQuantile(0.5, window)
+        self._iqr = stats.RollingIQR(window, 0.25, 0.75)
 
     def update(self, x: float) -> None:
-        self._fifo.append(x)
-        insort(self._sorted, x)
-        if len(self._fifo) > self.window:
-            old = self._fifo.popleft()
-            del self._sorted[bisect_left(self._sorted, old)]
+        self._median.update(x)
+        self._iqr.update(x)
         self.n += 1
 
     @property
     def median(self) -> float:
-        s = self._sorted
-        k = len(s)
-        if not k:
-            return 0.0
-        return s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2])
+        return self._median.get() if self.n else 0.0
 
     @property
     def sigma(self) -> float:
-        """1.4826 x the median absolute deviation of the window (a robust std)."""
-        s = self._sorted
-        k = len(s)
-        if k < 2:
-            return 0.0
-        med = self.median
-        dev = sorted(abs(x - med) for x in s)     # a small window: plain Python is faster
-        mad = dev[k // 2] if k % 2 else 0.5 * (dev[k // 2 - 1] + dev[k // 2])
-        return 1.4826 * mad
+        """Interquartile range of the window / 1.349 (a robust std); 0 below two samples."""
+        return self._iqr.get() / IQR_PER_SIGMA if self.n >= 2 else 0.0
 
     def clone(self) -> RollingMedian:
         return RollingMedian(self.window)
 
     def __getstate__(self) -> dict:
-        return {"window": self.window, "n": self.n, "fifo": list(self._fifo)}
+        return {"window": self.window, "n": self.n, "median": self._median, "iqr": self._iqr}
 
     def __setstate__(self, d: dict) -> None:
-        self.window, self.n = d["window"], d["n"]
-        self._fifo = deque(d["fifo"])
-        self._sorted = sorted(self._fifo)
+        self.window, self.n, self._median, self._iqr = d["window"], d["n"], d["median"], d["iqr"]
+
+
+def median(values) -> float:
+    """Median of a 1-D array or list (numpy's: the mean of the two middle values
+    for an even count), without ``np.median``'s fixed overhead, which dominates
+    on the few dozen values the models take a median of at every step."""
+    a = np.sort(np.asarray(values, dtype=float))
+    k = a.size
+    m = k // 2
+    return float(a[m]) if k % 2 else 0.5 * (float(a[m - 1]) + float(a[m]))

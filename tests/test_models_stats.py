@@ -9,6 +9,7 @@ import pytest
 
 from models.changepoint import BOCPD
 from models.peers import lower_half_ref, peer_scores
+from models.ranks import RankState
 from models.stats import EWMeanVar, RollingMedian
 
 
@@ -37,7 +38,39 @@ def test_rolling_median_and_sigma_match_numpy_at_every_prefix():
         med = float(np.median(win))
         assert m.median == pytest.approx(med)
         if n >= 2:
-            assert m.sigma == pytest.approx(1.4826 * float(np.median(np.abs(win - med))))
+            q1, q3 = np.quantile(win, [0.25, 0.75])
+            assert m.sigma == pytest.approx(float(q3 - q1) / 1.349, rel=1e-3)
+
+
+def test_rank_baselines_match_numpy_and_skip_flagged_steps():
+    """The per-rank river baselines equal numpy over the unflagged steps only."""
+    rng = np.random.default_rng(7)
+    st = RankState()
+    kept: list[tuple[float, float, float, float]] = []
+    for n in range(120):
+        flagged = 40 <= n < 60                       # a fault: 3x slower, never learned
+        scale = 3.0 if flagged else 1.0
+        own = scale * float(rng.gamma(50, 0.02))
+        data = float(rng.exponential(0.01))
+        step = own + 0.2
+        pos = own / 1.0
+        st.observe(pos, own, data, step, flagged)
+        if not flagged:
+            kept.append((pos, own, data, step))
+        arr = np.array(kept)
+        win = arr[-32:, 0]
+        assert st.work.median == pytest.approx(float(np.median(win)))
+        assert st.work.n == len(kept)
+        a = 0.05
+        k = len(kept)
+        w = np.array([(1 - a) ** (k - 1)] + [a * (1 - a) ** (k - 1 - i) for i in range(1, k)])
+        for name, col in (("own", 1), ("data", 2), ("step", 3)):
+            mean = float(np.sum(w * arr[:, col]))
+            var = float(np.sum(w * (arr[:, col] - mean) ** 2))
+            assert getattr(st, name).mean == pytest.approx(mean, rel=1e-9)
+            assert getattr(st, name).var == pytest.approx(var, rel=1e-6, abs=1e-15)
+        assert st.comm.mean == pytest.approx(0.2, rel=1e-9)
+    assert max(st.usual()["own"], st.work.median) < 1.5    # the 3x steps never got in
 
 
 def test_lower_half_reference_estimates_the_healthy_median():

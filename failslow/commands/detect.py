@@ -9,7 +9,9 @@ on stderr naming the line; a count of them ends the run.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 
@@ -31,51 +33,59 @@ class DetectError(FailslowError):
     """The trace cannot be read."""
 
 
-def _compile(kind: str):
-    """A predicate that is True when an event of ``kind`` certainly passes
-    ``schema.validate``: one generated function with the SPECS table inlined
-    (the way dataclasses builds ``__init__``), no per-field calls. None when a
-    field type is not one it knows."""
-    required, optional = SPECS[kind]
-    lines = ["def ok(o):", " g = o.get"]
-    for names, opt in ((required, False), (optional, True)):
-        for name, ftype in names.items():
-            lines.append(f" v = g({name!r})")
-            skip = "v is not None and " if opt else ""
-            if ftype == "num":
-                lines.append(f" if {skip}not ((type(v) is float and v - v == 0.0)"
-                             " or type(v) is int): return False")
-            elif ftype in ("int", "str"):
-                lines.append(f" if {skip}type(v) is not {ftype}: return False")
-            elif ftype == "ints":
-                lines.append(f" if {skip}(type(v) is not list"
-                             " or any(type(x) is not int for x in v)): return False")
-            elif ftype == "obj":
-                lines.append(f" if {skip}type(v) is not dict: return False")
-            elif isinstance(ftype, tuple):
-                lines.append(f" if {skip}v not in {ftype!r}: return False")
-            else:
-                return None
-    lines.append(" return True")
-    scope: dict = {}
-    exec("\n".join(lines), scope)  # noqa: S102 - code built from the SPECS table only
-    return scope["ok"]
+def _field_check(name: str, ftype, optional: bool, pad: str) -> list[str]:
+    """Source lines that ``return False`` unless field ``name`` of ``o`` has
+    type ``ftype`` (a SPECS field type; the field may be absent or null when
+    ``optional``)."""
+    if optional:
+        return [f"{pad}v = g({name!r})", *(f"{pad}if v is not None and {c}: return False"
+                                           for c in _bad(ftype))]
+    return [f"{pad}v = o[{name!r}]", *(f"{pad}if {c}: return False" for c in _bad(ftype))]
 
 
-# Every kind gets a check compiled from schema.events.SPECS (the same table);
-# anything it does not clearly accept goes to schema.validate, which accepts it
-# or names the offending field. Integers need no range check here: orjson
-# decodes only integers that fit 64 bits.
-FAST = {kind: _compile(kind) for kind in SPECS}
+def _bad(ftype) -> list[str]:
+    if ftype == "num":
+        return ["type(v) not in NUM"]
+    if ftype in ("int", "str"):
+        return [f"type(v) is not {ftype}"]
+    if ftype == "ints":
+        return ["(type(v) is not list or any(type(x) is not int for x in v))"]
+    if ftype == "obj":
+        return ["type(v) is not dict"]
+    if isinstance(ftype, tuple):
+        return [f"v not in {ftype!r}"]
+    raise ValueError(f"unknown field type {ftype!r}")
+
+
+def _compile_all():
+    """``all_valid(objs)``: True when every object decoded by orjson certainly
+    passes ``schema.validate``. One generated function with the SPECS table
+    inlined (the way dataclasses builds ``__init__``): no Python call per
+    event. Numbers are checked by type only: orjson never yields a non-finite
+    float nor an integer outside 64 bits (it gives a float for those), which is
+    all ``validate`` checks beyond types. False sends the caller to
+    ``validate``, which names the offending field."""
+    src = ["def all_valid(objs):", " for o in objs:", "  if type(o) is not dict: return False",
+           "  g = o.get", "  v = g('v')", "  if type(v) is not int or v != 1: return False",
+           "  k = g('kind')", "  try:"]
+    for i, (kind, (required, optional)) in enumerate(SPECS.items()):
+        src.append(f"   {'if' if i == 0 else 'elif'} k == {kind!r}:")
+        for name, ftype in required.items():
+            src += _field_check(name, ftype, False, "    ")
+        for name, ftype in optional.items():
+            src += _field_check(name, ftype, True, "    ")
+    src += ["   else: return False", "  except KeyError:", "   return False", " return True"]
+    scope: dict = {"NUM": frozenset((int, float))}
+    exec("\n".join(src), scope)  # noqa: S102 - code built from the SPECS table only
+    return scope["all_valid"]
+
+
+all_valid = _compile_all()
 
 
 def check(obj):
-    """``schema.validate`` with a fast path for events that are plainly valid."""
-    if type(obj) is dict and obj.get("v") == 1:
-        ok = FAST.get(obj.get("kind"))
-        if ok is not None and ok(obj):
-            return obj
-    return validate(obj)
+    """``schema.validate`` for one orjson-decoded object, fast when it is plainly valid."""
+    return obj if all_valid((obj,)) else validate(obj)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,17 +93,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="FILE", help="write incidents here instead of stdout")
 
 
+@contextmanager
+def _fewer_collections():
+    """Run the garbage collector less often while events stream through.
+
+    Decoding makes a container per event and the detector holds thousands of
+    them for a step or two (the buffered step and collective events), so at the
+    default thresholds a young-generation collection runs every few hundred
+    events and keeps re-walking them: up to a fifth of the run. What is alive
+    before the run is frozen (never walked again) and young collections run a
+    hundred times less often; the settings are restored afterwards.
+    """
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(threshold[0], 1) * 100, *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
 def detect_lines(lines, det: Detector, write, warn) -> tuple[int, int, int]:
     """Feed decoded, validated events to ``det`` in batches; ``write(incident)`` each
     incident; ``warn(line_no, reason)`` each invalid line. Returns
     (events, invalid lines, incidents)."""
+    with _fewer_collections():
+        return _detect_lines(lines, det, write, warn)
+
+
+def _detect_lines(lines, det: Detector, write, warn) -> tuple[int, int, int]:
     it = iter(lines)
     n_events = n_bad = n_inc = 0
     first = 1
     while chunk := list(islice(it, BATCH)):
         try:
-            # The common case, a chunk of valid lines, in one comprehension.
-            batch = [check(loads(line)) for line in chunk if line.strip()]
+            # The common case, a chunk of valid lines, in one comprehension (a
+            # blank line fails to decode and sends the chunk the slow way).
+            batch = [loads(line) for line in chunk]
+            if not all_valid(batch):
+                raise SchemaError("a line needs the full validation")
         except (orjson.JSONDecodeError, SchemaError):
             batch, bad = _line_by_line(chunk, first, warn)
             n_bad += bad
