@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.emit import gpu_events, host_events, nic_events
+from simulator.emit import gpu_table, host_table, nic_table, nullable
+from simulator.jsonl import Choices, Table
 
 MAX_SM_MHZ = 1980.0
 IDLE_SM_MHZ = 345.0
@@ -58,10 +59,13 @@ class Telemetry:
         n = n_hosts * gpus_per_host
         self.targets, self.rng, self.start_ts, self.interval = targets, rng, start_ts, interval
         self.hosts = [f"h{h}" for h in range(n_hosts)]
+        self.host_names = Choices(self.hosts)
+        self.nic_names = Choices([f"mlx5_{k}" for k in range(gpus_per_host)])
         self.host_of = np.repeat(np.arange(n_hosts), gpus_per_host)
         self.local = np.tile(np.arange(gpus_per_host), n_hosts)
-        self.uuids = [gpu_uuid(self.hosts[h], g) for h, g in zip(self.host_of.tolist(),
-                                                                self.local.tolist(), strict=True)]
+        self.index = np.arange(n)
+        self.uuids = Choices([gpu_uuid(self.hosts[h], g) for h, g in zip(
+            self.host_of.tolist(), self.local.tolist(), strict=True)])
         self.phase = rng.uniform(0.0, interval, n_hosts)
         self.round = 0
         # Per-GPU activity of the latest step.
@@ -69,8 +73,11 @@ class Telemetry:
         self.f_compute = np.zeros(n)
         self.f_comm = np.zeros(n)
         self.net_bps = np.zeros(n)
-        self.job: list[str | None] = [None] * n
-        self.rank: list[int | None] = [None] * n
+        # The job (index into job_names.values[1:]) and rank on each GPU; -1: idle.
+        self.job = np.full(n, -1)
+        self.rank = np.full(n, -1)
+        self.job_names = Choices([None])
+        self.rank_names = nullable(n)
         self.pauses: list[tuple[np.ndarray, float, float]] = []
         self.ambient = rng.normal(30.0, 2.5, n)
         self.temp = self.ambient + 5.0
@@ -84,7 +91,7 @@ class Telemetry:
 
     # -- inputs ---------------------------------------------------------------
 
-    def update(self, gpus: np.ndarray, ranks: list[int], job_id: str, t0, end, compute, comm,
+    def update(self, gpus: np.ndarray, ranks: np.ndarray, job_id: str, t0, end, compute, comm,
                net_bytes) -> None:
         """Record one step's activity for the GPUs of one job (arrays by rank)."""
         dur = np.maximum(end - t0, 1e-9)
@@ -92,9 +99,10 @@ class Telemetry:
         self.f_compute[gpus] = np.clip(compute / dur, 0.0, 1.0)
         self.f_comm[gpus] = np.clip(comm / dur, 0.0, 1.0)
         self.net_bps[gpus] = net_bytes / dur
-        for g, r in zip(gpus.tolist(), ranks, strict=True):
-            self.job[g] = job_id
-            self.rank[g] = r
+        if job_id not in self.job_names.values:
+            self.job_names = Choices([*self.job_names.values, job_id])
+        self.job[gpus] = self.job_names.values.index(job_id) - 1
+        self.rank[gpus] = ranks
 
     def pause(self, gpus: np.ndarray, begin: float, end: float) -> None:
         """The job on ``gpus`` is stopped (checkpoint write, restart) between begin and end."""
@@ -103,24 +111,23 @@ class Telemetry:
     def release(self, gpus: np.ndarray) -> None:
         """The job on ``gpus`` ended: they go idle."""
         self.active[gpus] = False
-        for g in gpus.tolist():
-            self.job[g] = None
-            self.rank[g] = None
+        self.job[gpus] = -1
+        self.rank[gpus] = -1
 
     # -- sampling -------------------------------------------------------------
 
     def next_round_ts(self) -> float:
         return self.start_ts + self.round * self.interval
 
-    def sample_until(self, ts: float) -> list[dict]:
-        """Every sample round whose base time is <= ts, as event dicts."""
-        out: list[dict] = []
+    def sample_until(self, ts: float) -> list[Table]:
+        """Every sample round whose base time is <= ts: its gpu, nic and host tables."""
+        out: list[Table] = []
         while self.next_round_ts() <= ts:
             out.extend(self._round(self.next_round_ts()))
             self.round += 1
         return out
 
-    def _round(self, base: float) -> list[dict]:
+    def _round(self, base: float) -> list[Table]:
         rng, n, dt = self.rng, self.H * self.G, self.interval
         t_rel = base - self.start_ts
         busy = self.active.copy()
@@ -202,11 +209,9 @@ class Telemetry:
         tx = np.minimum(net + np.where(ckpt, 18e9, 0.0), cap_bps) * rng.uniform(0.97, 1.03, n)
         rx = np.minimum(net * 1.02 + fc * 2e8, cap_bps) * rng.uniform(0.97, 1.03, n)
         self.ecc_sbe += rng.random(n) < 0.0005  # rare correctable errors on healthy GPUs
-        gpu = gpu_events(self, base, sm, util, fc, power, limit, reasons, width, gen, tx, rx, xid)
+        gpu = gpu_table(self, base, sm, util, fc, power, limit, reasons, width, gen, tx, rx, xid)
         down = self._nic_update(net, cong, errs)
-        nic = nic_events(self, base, down)
-        host = host_events(self, base, cpu_busy, iowait, ckpt)
-        return gpu + nic + host
+        return [gpu, nic_table(self, base, down), host_table(self, base, cpu_busy, iowait, ckpt)]
 
     def _nic_update(self, net: np.ndarray, cong: np.ndarray, errs: np.ndarray) -> np.ndarray:
         """Advance the cumulative NIC counters by one interval; returns ports seen down."""

@@ -113,6 +113,55 @@ def test_write_jsonl_matches_events(tmp_path):
     assert truth == orjson.loads(orjson.dumps(trace.truth))
 
 
+EVERY_KIND = """
+gpu_thermal     3   -   rank=5            60%
+gpu_power       3   -   rank=12           1.2
+gpu_clock       4   -   rank=20           0.2
+pcie_degraded   4   -   rank=30           1.5
+gpu_errors      3   -   rank=40           1.5
+slow_link       5   -   rank=3,peer=19    2x
+nic_errors      5   -   host=h6           0.8
+cpu_contention  6   -   host=h7           0.3
+input_stall     6   12  rank=50           50%
+gc_spike        8   -   rank=9            0.8
+checkpoint      10  14  -                 -
+eval            15  18  -                 0.5
+long_seq        18  20  -                 0.3
+restart         20  24  rank=4            -
+"""
+
+
+@pytest.mark.parametrize("vectorized", [False, True])
+@pytest.mark.parametrize("name", ["healthy_hybrid_64", "two_jobs_one_ends"])
+def test_write_jsonl_equals_events_with_every_kind(tmp_path, monkeypatch, name, vectorized):
+    """The file path formats numbers itself (no dicts, no orjson); parsed back, every
+    line equals the event dict, key order and int/float types included."""
+    if vectorized:  # format even the smallest tables and chunks in numpy
+        monkeypatch.setattr("simulator.jsonl.SMALL_TABLE", 0)
+        monkeypatch.setattr("simulator.jsonl.SMALL_CHUNK", 0)
+    faults = parse_schedule(EVERY_KIND) if name == "healthy_hybrid_64" else ()
+    trace = simulate(SCENARIOS[name], seed=5, steps=30, extra_faults=faults)
+    path = tmp_path / "t.jsonl"
+    n = trace.write_jsonl(path)
+    got = [orjson.loads(x) for x in path.read_bytes().splitlines()]
+    expected = list(trace.events())
+    assert n == len(got) == len(expected)
+    assert got == expected
+    assert all(list(a) == list(b) for a, b in zip(got, expected, strict=True))
+    assert all(type(a[k]) is type(b[k]) for a, b in zip(got, expected, strict=True) for k in a)
+    for e in got:
+        schema.validate(e)
+    assert {e["kind"] for e in got} == {"step", "collective", "gpu", "nic", "host"}
+    if faults:
+        kinds = {f["kind"] for f in trace.truth["faults"]} | {
+            b["kind"] for b in trace.truth["benign"]}
+        assert set(FAULT_KINDS) | {"checkpoint", "gc_spike", "restart"} <= kinds
+        assert any(e["kind"] == "gpu" and e["xid"] for e in got)
+        assert any(e["kind"] == "nic" and e["state"] == "down" for e in got)
+    else:
+        assert any(e["kind"] == "gpu" and e["job_id"] is None for e in got)
+
+
 def test_events_roughly_in_ts_order():
     ts = [e["ts"] for e in simulate(SCENARIOS["two_jobs_one_ends"], seed=0, steps=30).events()]
     worst = max(max(ts[: i + 1]) - t for i, t in enumerate(ts))
