@@ -12,7 +12,7 @@ that no NIC counter explains and that costs the job less than that.
 If the same culprit comes back with the same estimated onset after a resolve,
 the new incident's id gets a ``.N`` suffix (still deterministic on replay).
 An incident opens as ``info`` and pages (warning / critical) only once its
-culprit has stayed present ``page_after_steps`` more steps, so a two-step
+culprit has stayed confirmed ``page_after_steps`` more steps, so a two-step
 blip is recorded but wakes nobody. Severity never goes down while an incident
 is open: ``job_slowdown`` is always
 ``info``, and so is a ``slow_link`` that no NIC counter explains (root cause

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import pickle
-from typing import Any
+from typing import Any, cast
 
 from models.incidents import IncidentTracker
 from models.job import JobConfig, JobState
@@ -75,16 +75,17 @@ class Detector:
         out: list[dict[str, Any]] = []
         jobs = self.jobs
         store = self.store
-        job_id, job = None, None        # the last job seen: events come in runs of one job
+        # The last job seen: events come in runs of one job, so most need no lookup.
+        job_id: str | None = None
+        job = cast(JobState, None)     # set before first use: job_id None matches no event
         for ev in events:
             try:
                 kind = ev["kind"]
                 if kind == "collective":
                     if ev["job_id"] != job_id:
                         job_id = ev["job_id"]
-                        job = jobs.get(job_id)
-                        if job is None:
-                            job = jobs[job_id] = JobState(job_id, self.cfg)
+                        job = jobs.get(job_id) or jobs.setdefault(job_id,
+                                                                  JobState(job_id, self.cfg))
                     step = ev.get("step")
                     if step is None:
                         for _, findings, ts in job.add_collective(ev):
@@ -94,9 +95,8 @@ class Detector:
                 elif kind == "step":
                     if ev["job_id"] != job_id:
                         job_id = ev["job_id"]
-                        job = jobs.get(job_id)
-                        if job is None:
-                            job = jobs[job_id] = JobState(job_id, self.cfg)
+                        job = jobs.get(job_id) or jobs.setdefault(job_id,
+                                                                  JobState(job_id, self.cfg))
                     for _, findings, ts in job.add_step(ev):
                         out.extend(self._judge(job, findings, ts))
                 elif kind == "gpu":

@@ -99,12 +99,12 @@ class RollingMedian:
 
     @property
     def median(self) -> float:
-        return self._median.get() if self.n else 0.0
+        return self._median.get() or 0.0
 
     @property
     def sigma(self) -> float:
         """Interquartile range of the window / 1.349 (a robust std); 0 below two samples."""
-        return self._iqr.get() / IQR_PER_SIGMA if self.n >= 2 else 0.0
+        return (self._iqr.get() or 0.0) / IQR_PER_SIGMA if self.n >= 2 else 0.0
 
     def clone(self) -> RollingMedian:
         return RollingMedian(self.window)
