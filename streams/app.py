@@ -3,9 +3,10 @@
     input topics --route--> <prefix>internal.job (partition = job's home partition) --jobs-->
         incidents (same partition number), dead letters, host map announcements
 
-- ``route`` consumes every input topic. Step and collective messages carry the
-  job in their key and go on to the job's home partition as raw bytes (no
-  decode: the cost is per message, not per event). Telemetry, keyed by host,
+- ``route`` consumes every input topic, a batch at a time. Step and collective
+  messages carry the job in their key and go on to the job's home partition as
+  raw bytes (no decode: the cost is per message, not per event), many input
+  messages packed into one internal message (``routing.pack``). Telemetry, keyed by host,
   goes to the home partitions of the jobs on that host (``HostMap``, learned
   from the job stage's announcements); telemetry of a host not yet announced
   goes to every partition, so no partition sees a job's early telemetry late
@@ -39,11 +40,12 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from failslow.commands.detect import all_valid
 from schema import Topics, decode_lenient, encode, encode_deadletter
 from schema.topics import KIND_TOPIC
 from streams.metrics import Metrics
 from streams.partition import INPUT_KINDS, JobPartition
-from streams.routing import HostMap, home_partition, job_of_collective_key
+from streams.routing import HostMap, home_partition, job_of_collective_key, pack, unpack
 from streams.snapshots import SnapshotStore, scan
 
 log = logging.getLogger("failslow.worker")
@@ -135,6 +137,19 @@ class HostMapReader(threading.Thread):
         self._stop.set()
 
 
+def decode_value(value: bytes | None) -> tuple[list[dict], list[str]]:
+    """``schema.decode_lenient``, with one compiled pass (detect's ``all_valid``) for the
+    common case of a message whose every event is valid."""
+    try:
+        obj = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return decode_lenient(value or b"")
+    items = obj if type(obj) is list else [obj]
+    if items and all_valid(items):
+        return items, []
+    return decode_lenient(value or b"")
+
+
 def _fatal(what: str) -> None:
     log.exception("%s crashed; exiting so a supervisor restarts the worker", what)
     logging.shutdown()
@@ -176,20 +191,29 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         metrics.deadletters.labels(topic).inc()
         await dead_topic.send(key=key, value=encode_deadletter(error, topic, raw))
 
-    async def forward(msg: Any, partition: int, report: bool = True) -> None:
-        """Send a message on to a home partition; only one copy of a message that goes to
-        several partitions ``report``s its bad records to the dead-letter topic."""
-        headers = {"src": msg.topic.encode(), "ts0": str(msg.timestamp or 0).encode(),
-                   "report": b"1" if report else b"0"}
-        await job_topic.send(key=msg.key, value=msg.value, partition=partition, headers=headers)
+    PACK_BYTES = 512 * 1024
+
+    async def forward(packs: dict[int, list[tuple]]) -> None:
+        """Send the routed parts on, one packed message per home partition (or a few, at
+        most ``PACK_BYTES`` each): the job stage's cost per Kafka message is paid once."""
+        for p, parts in packs.items():
+            start, size = 0, 0
+            for n, part in enumerate(parts):
+                size += len(part[4])
+                if size >= PACK_BYTES or n == len(parts) - 1:
+                    await job_topic.send(value=pack(parts[start:n + 1]), partition=p)
+                    start, size = n + 1, 0
 
     def job_from_value(value: bytes | None) -> str | None:
         events, _ = decode_lenient(value or b"")
         return next((e["job_id"] for e in events if isinstance(e.get("job_id"), str)), None)
 
-    async def route_one(msg: Any, now: float) -> None:
+    async def route_one(msg: Any, now: float, packs: dict[int, list[tuple]]) -> None:
+        """Add ``msg`` to the packs of its home partition(s); only one copy of a message
+        that goes to several partitions reports its bad records to the dead-letter topic."""
         kind = src_kind[msg.topic]
         key = (msg.key or b"").decode("utf-8", errors="replace")
+        ts0 = float(msg.timestamp or 0.0)
         if kind in ("step", "collective"):
             job = (job_of_collective_key(key) if kind == "collective" else key) or None
             job = job or job_from_value(msg.value)
@@ -197,7 +221,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                 await dead_letter("no job_id in the key or the value", msg.topic, msg.key,
                                   msg.value)
                 return
-            await forward(msg, home_partition(job, nparts))
+            packs.setdefault(home_partition(job, nparts), []).append(
+                (msg.topic, ts0, True, msg.key, msg.value or b""))
             return
         if not key:
             events, errors = decode_lenient(msg.value or b"")
@@ -206,16 +231,19 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                 await dead_letter("; ".join(errors) or "no host", msg.topic, msg.key, msg.value)
                 return
         for n, p in enumerate(hostmap.partitions(key, now) or range(nparts)):
-            await forward(msg, p, report=n == 0)
+            packs.setdefault(p, []).append((msg.topic, ts0, n == 0, msg.key, msg.value or b""))
 
     @app.agent(inputs)
     async def route(stream: Any) -> None:
         try:
-            async for event in stream.events():
+            async for batch in stream.take_events(2000, within=0.01):
                 now = time.time()
-                msg = event.message
-                metrics.seen(msg.topic, msg.timestamp, now)
-                await route_one(msg, now)
+                packs: dict[int, list[tuple]] = {}
+                for event in batch:
+                    msg = event.message
+                    metrics.seen(msg.topic, msg.timestamp, now)
+                    await route_one(msg, now, packs)
+                await forward(packs)
         except Exception:
             _fatal("route agent")
 
@@ -229,6 +257,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         state = JobPartition(p, lateness=cfg.lateness, idle_s=cfg.idle_s,
                              **({"detector_factory": cfg.detector_factory} if cfg.detector_factory else {}),
                              **({"detector_restore": cfg.detector_restore} if cfg.detector_restore else {}))
+        t0 = time.time()
         snap = await asyncio.to_thread(store.read_latest, p)
         if snap is not None:
             state.restore(snap)
@@ -239,6 +268,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                 continue
         log.info("partition %d taken over: snapshot %s, %d incidents already emitted", p,
                  "restored" if snap else "none", len(state.emitted))
+        for other in parts.values():
+            other.pause(time.time() - t0)
         parts[p] = state
         held[p] = []
         announced[p] = {}
@@ -260,26 +291,24 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         p = msg.partition
         state = parts.get(p) or await take_over(p)
         held[p].append(event)
-        headers = dict(msg.headers or [])
-        src = (headers.get("src") or b"").decode() or msg.topic
-        events, errors = decode_lenient(msg.value or b"")
-        want = src_kind.get(src)
-        wrong = [e for e in events if e["kind"] != want]
-        if wrong:
-            errors.append(f"{len(wrong)} event(s) of kind {wrong[0]['kind']!r} on topic {src}")
-            events = [e for e in events if e["kind"] == want]
-        if errors and headers.get("report") != b"0":
-            await dead_letter("; ".join(errors), src, msg.key, msg.value)
-        metrics.events.labels(src).inc(len(events))
-        before = state.counts["duplicates"], state.counts["late"]
-        incidents = state.ingest(events, msg.offset, now)
-        metrics.duplicates.inc(state.counts["duplicates"] - before[0])
-        metrics.late.inc(state.counts["late"] - before[1])
-        await emit(p, incidents)
-        await announce(p, events, now)
-        ts0 = float(headers.get("ts0") or 0)
-        if ts0:
-            metrics.latency.observe(max(0.0, time.time() - ts0))
+        for src, ts0, report, key, value in unpack(msg.value):
+            events, errors = decode_value(value)
+            want = src_kind.get(src)
+            wrong = [e for e in events if e["kind"] != want]
+            if wrong:
+                errors.append(f"{len(wrong)} event(s) of kind {wrong[0]['kind']!r} on {src}")
+                events = [e for e in events if e["kind"] == want]
+            if errors and report:
+                await dead_letter("; ".join(errors), src, key, value)
+            metrics.events.labels(src).inc(len(events))
+            before = state.counts["duplicates"], state.counts["late"]
+            incidents = state.ingest(events, msg.offset, now)
+            metrics.duplicates.inc(state.counts["duplicates"] - before[0])
+            metrics.late.inc(state.counts["late"] - before[1])
+            await emit(p, incidents)
+            await announce(p, events, now)
+            if ts0:
+                metrics.latency.observe(max(0.0, time.time() - ts0))
 
     @app.agent(job_topic)
     async def jobs(stream: Any) -> None:
@@ -296,7 +325,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         try:
             now = time.time()
             for p, state in list(parts.items()):
-                await emit(p, state.tick(now))
+                if rebalancing[0] is None:
+                    await emit(p, state.tick(now))
             metrics.open_incidents.set(sum(len(s.open_ids) for s in parts.values()))
             metrics.buffered.set(sum(s.buffered for s in parts.values()))
             line = metrics.summary()
@@ -327,8 +357,18 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         except Exception:
             _fatal("snapshot timer")
 
+    rebalancing: list[float | None] = [None]  # when the current rebalance began
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        began, rebalancing[0] = rebalancing[0], None
+        if began is not None:
+            for state in parts.values():
+                state.pause(time.time() - began)
+
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        rebalancing[0] = rebalancing[0] or time.time()
         for tp in revoked:
             if tp.topic == job_topic.get_topic_name() and tp.partition in parts:
                 del parts[tp.partition]

@@ -41,7 +41,8 @@ import numpy as np
 import orjson
 
 INPUT_KINDS = ("step", "collective", "gpu", "nic", "host")
-_TS = itemgetter(0)
+RECOMPUTE_S = 0.05
+_EV_TS = itemgetter("ts")
 
 
 def source_mark(ev: dict) -> tuple[tuple, tuple]:
@@ -86,14 +87,15 @@ class JobPartition:
         self._restore_detector = detector_restore
         self.detector = detector_factory()
         self.wm = -math.inf
-        self._buf: list[tuple[float, int, dict]] = []
-        self._dirty = False  # buffer has unsorted appends
+        self._buf: list[tuple[float, float, int, list[dict]]] = []
+        self._wm_wall = -math.inf
         self._hw: dict[tuple, float] = {}  # source -> newest ts that arrived
         self._seen: dict[tuple, float] = {}  # source -> wall time of its latest arrival
         self._ref = -math.inf  # median of the sources' newest ts (event-time "now")
         self._ref_wall = -math.inf
         self._last_wall = 0.0
         self._first_wall: float | None = None
+        self._settling = True
         self._marks: dict[tuple, tuple] = {}
         self.emitted: dict[str, set[bytes]] = {}
         self.open_ids: set[str] = set()
@@ -117,10 +119,10 @@ class JobPartition:
             self.counts["replay_skipped"] += len(events) - len(kept)
             events = kept
         late: list[dict] = []
+        keep: list[dict] = []
         wm = self.wm
         hw = self._hw
         seen = self._seen
-        buf = self._buf
         for ev in events:
             ts = ev["ts"]
             src = source_mark(ev)[0]
@@ -130,14 +132,23 @@ class JobPartition:
             if ts <= wm:
                 late.append(ev)
             else:
-                buf.append((ts, offset, ev))
-        if len(buf) and events:
-            self._dirty = True
+                keep.append(ev)
+        if keep:
+            keep.sort(key=_EV_TS)
+            self._buf.append((keep[0]["ts"], keep[-1]["ts"], offset, keep))
         self.counts["events"] += len(events)
         self.counts["late"] += len(late)
         out = self._feed(late) if late else []
         out.extend(self._advance(now))
         return out
+
+    def pause(self, seconds: float) -> None:
+        """The worker could not process for ``seconds`` (taking over a partition, a
+        rebalance): move the wall-clock marks on, so the pause does not look like idle input."""
+        self._last_wall += seconds
+        if self._first_wall is not None:
+            self._first_wall += seconds
+        self._seen = {s: t + seconds for s, t in self._seen.items()}
 
     def tick(self, now: float) -> list[dict]:
         """Called periodically: let idle kinds / an idle partition release what they hold."""
@@ -150,9 +161,13 @@ class JobPartition:
         hw = self._hw
         if not hw:
             return -math.inf
-        if self.wm == -math.inf and (now - self._first_wall < self.idle_s
-                                     and max(hw.values()) - min(hw.values()) < self.lateness):
-            return -math.inf  # starting: let every source show up before anything is released
+        if self._settling:
+            # Starting (or restored): let every source show up before anything is released,
+            # or the first to arrive would make all the others late.
+            if (now - self._first_wall < self.idle_s
+                    and max(hw.values()) - min(hw.values()) < self.lateness):
+                return self.wm
+            self._settling = False
         if now - self._ref_wall >= 0.5 or self._ref == -math.inf:
             self._ref = float(np.median(np.fromiter(hw.values(), float, len(hw))))
             self._ref_wall = now
@@ -172,21 +187,32 @@ class JobPartition:
             del self._hw[s], seen[s]
 
     def _advance(self, now: float, force: bool = False) -> list[dict]:
-        if not self._buf:
+        # The watermark is recomputed at most every ``RECOMPUTE_S`` of wall time: a lower
+        # watermark only holds events a little longer, it never reorders them.
+        if not self._buf or (not force and now - self._wm_wall < RECOMPUTE_S):
             return []
-        if self._dirty:
-            self._buf.sort(key=_TS)
-            self._dirty = False
-        new = self._buf[-1][0] if force else self._progress(now)
+        self._wm_wall = now
+        new = max(c[1] for c in self._buf) if force else self._progress(now)
         if new <= self.wm:
             return []
         self.wm = new
-        cut = bisect_right(self._buf, new, key=_TS)
-        if not cut:
+        ready: list[dict] = []
+        held = []
+        for chunk in self._buf:  # chunks: (first ts, last ts, offset, events sorted by ts)
+            first, last, offset, evs = chunk
+            if last <= new:
+                ready.extend(evs)
+            elif first <= new:
+                cut = bisect_right(evs, new, key=_EV_TS)
+                ready.extend(evs[:cut])
+                held.append((evs[cut]["ts"], last, offset, evs[cut:]))
+            else:
+                held.append(chunk)
+        self._buf = held
+        if not ready:
             return []
-        released = [ev for _, _, ev in self._buf[:cut]]
-        del self._buf[:cut]
-        return self._feed(released)
+        ready.sort(key=_EV_TS)  # a merge of sorted runs for timsort
+        return self._feed(ready)
 
     # -- detection -----------------------------------------------------------------------
 
@@ -232,11 +258,11 @@ class JobPartition:
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return sum(len(c[3]) for c in self._buf)
 
     def o_min(self) -> int:
         """The oldest offset consumption must resume from to rebuild the buffer."""
-        return min((off for _, off, _ in self._buf), default=self.next_offset)
+        return min((c[2] for c in self._buf), default=self.next_offset)
 
     def prune(self) -> None:
         """Forget de-duplication marks of sources silent for 6 x lateness (ended jobs)."""

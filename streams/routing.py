@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import zlib
 
+import orjson
+
 
 def home_partition(job_id: str, partitions: int) -> int:
     """The partition (0..N-1) on which all of ``job_id``'s events meet."""
@@ -59,3 +61,31 @@ class HostMap:
 
     def __len__(self) -> int:
         return len(self._hosts)
+
+
+def pack(parts: list[tuple[str, float, bool, bytes | None, bytes]]) -> bytes:
+    """Many input messages bound for one home partition as one internal message.
+
+    A part is (source topic, its Kafka timestamp in s, report bad records?, key, value).
+    Layout: 4-byte big-endian header length, a JSON header with one
+    ``[topic, ts, report, key, length]`` per part, then the values back to back (raw:
+    nothing is decoded or re-encoded on the way).
+
+    >>> unpack(pack([("t", 1.5, True, b"k", b"[1]")]))
+    [('t', 1.5, True, b'k', b'[1]')]
+    """
+    head = orjson.dumps([[t, ts, int(rep), k.decode("utf-8", "replace") if k is not None else None,
+                          len(v)] for t, ts, rep, k, v in parts])
+    return b"".join([len(head).to_bytes(4, "big"), head, *(v for *_, v in parts)])
+
+
+def unpack(data: bytes) -> list[tuple[str, float, bool, bytes | None, bytes]]:
+    """The parts of a ``pack``ed message."""
+    n = int.from_bytes(data[:4], "big")
+    pos = 4 + n
+    out = []
+    for t, ts, rep, k, length in orjson.loads(data[4:pos]):
+        out.append((t, ts, bool(rep), k.encode() if k is not None else None,
+                    data[pos:pos + length]))
+        pos += length
+    return out

@@ -1,0 +1,114 @@
+"""Sustained events/s through `failslow worker` on the real Tansu broker, detection on.
+
+Workload: the simulator's ``large_4096`` scenario (one 4,096-rank job, tp8 pp8 dp64,
+512 hosts of GPU/NIC/host telemetry), ``--steps`` steps, published up front in 1 s
+slices as live collectors would. Then 1 (and 2) workers start and the rate is
+taken from the workers' own metrics, from the first event processed to the last
+(worker start-up and group join are not counted).
+
+    .venv/bin/python bench/streams_throughput.py [--steps 6] [--workers 1 2]
+
+Prints numbers and writes bench/results/streams_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from collectors.publisher import Publisher
+from failslow.stack import create_topics, free_port, start_broker
+from schema import Topics
+from simulator import SCENARIOS, simulate
+from streams.runner import WorkerProcess
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def publish_sliced(bootstrap: str, topics: Topics, events: list[dict], slice_s: float = 1.0) -> None:
+    pub = Publisher(bootstrap, topics)
+    start = 0
+    for n in range(1, len(events) + 1):
+        if n == len(events) or events[n]["ts"] - events[start]["ts"] >= slice_s:
+            pub.publish(events[start:n])
+            start = n
+    if pub.flush(120):
+        raise SystemExit("publisher could not deliver everything")
+    pub.close()
+
+
+def processed(ports: list[int]) -> float:
+    total = 0.0
+    for port in ports:
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        except OSError:
+            continue
+        for line in body.decode().splitlines():
+            if line.startswith("failslow_stream_events_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run(bootstrap: str, topics: Topics, n_events: int, n_workers: int, timeout: float) -> dict:
+    ports = [free_port() for _ in range(n_workers)]
+    group = f"bench-{uuid.uuid4().hex[:6]}"
+    workers = [WorkerProcess(bootstrap, topics, group=group, metrics_port=p) for p in ports]
+    try:
+        t_first = None
+        deadline = time.monotonic() + timeout
+        done = 0.0
+        while time.monotonic() < deadline:
+            done = processed(ports)
+            now = time.monotonic()
+            if done > 0 and t_first is None:
+                t_first, first = now, done
+            if done >= n_events:
+                break
+            time.sleep(0.2)
+        t_end = time.monotonic()
+    finally:
+        for w in workers:
+            w.stop()
+    span = t_end - (t_first or t_end)
+    rate = (done - first) / span if t_first and span > 0 else 0.0
+    return {"workers": n_workers, "events": n_events, "processed": done, "seconds": span,
+            "events_per_s": rate}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    events = list(simulate(SCENARIOS["large_4096"], seed=0, steps=args.steps).events())
+    print(f"simulated {len(events):,} events ({args.steps} steps of 4,096 ranks + 512 hosts) "
+          f"in {time.monotonic() - t0:.1f} s")
+    broker = start_broker()
+    results = []
+    try:
+        for n in args.workers:
+            topics = Topics(f"b{uuid.uuid4().hex[:8]}.")
+            create_topics(broker.bootstrap, topics, partitions=4)
+            t0 = time.monotonic()
+            publish_sliced(broker.bootstrap, topics, events)
+            print(f"published in {time.monotonic() - t0:.1f} s")
+            r = run(broker.bootstrap, topics, len(events), n, args.timeout)
+            results.append(r)
+            print(f"{n} worker(s): {r['processed']:,.0f} events in {r['seconds']:.1f} s = "
+                  f"{r['events_per_s']:,.0f} events/s")
+    finally:
+        broker.stop(2)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "streams_throughput.json").write_text(json.dumps(
+        {"scenario": "large_4096", "steps": args.steps, "runs": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
