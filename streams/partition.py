@@ -114,10 +114,9 @@ class JobPartition:
             self._first_wall = now
         if offset >= self.next_offset:
             self.next_offset = offset + 1
-        if offset < self._skip_below:
-            kept = [e for e in events if e["ts"] > self._skip_ts]
-            self.counts["replay_skipped"] += len(events) - len(kept)
-            events = kept
+        # Replaying below the snapshot's o_next: events up to its watermark are already in
+        # the Detector's state; they still tell which sources exist and how far they got.
+        skip_ts = self._skip_ts if offset < self._skip_below else -math.inf
         late: list[dict] = []
         keep: list[dict] = []
         wm = self.wm
@@ -129,7 +128,9 @@ class JobPartition:
             if ts > hw.get(src, -math.inf):
                 hw[src] = ts
             seen[src] = now
-            if ts <= wm:
+            if ts <= skip_ts:
+                self.counts["replay_skipped"] += 1
+            elif ts <= wm:
                 late.append(ev)
             else:
                 keep.append(ev)
@@ -177,12 +178,13 @@ class JobPartition:
 
     def _drop_stalled(self, now: float) -> None:
         """Stop waiting for sources that fell ``lateness`` behind the median and sent nothing
-        for ``idle_s`` (a source that is behind but still delivering is catching up after a
-        backlog and keeps holding the watermark), or fell 6 x ``lateness`` behind."""
+        for ``lateness`` wall seconds (a source that is behind but still delivering, or
+        whose topic the consumer reaches later while catching up on a backlog, keeps
+        holding the watermark), or that fell 6 x ``lateness`` behind."""
         floor, hard = self._ref - self.lateness, self._ref - 6 * self.lateness
         seen = self._seen
         gone = [s for s, t in self._hw.items()
-                if t < hard or (t < floor and now - seen[s] > self.idle_s)]
+                if t < hard or (t < floor and now - seen[s] > self.lateness)]
         for s in gone:
             del self._hw[s], seen[s]
 
