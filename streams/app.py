@@ -300,7 +300,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                 events = [e for e in events if e["kind"] == want]
             if errors and report:
                 await dead_letter("; ".join(errors), src, key, value)
-            metrics.events.labels(src).inc(len(events))
+            if report:  # count a message sent to several partitions once
+                metrics.events.labels(src).inc(len(events))
             before = state.counts["duplicates"], state.counts["late"]
             incidents = state.ingest(events, msg.offset, now)
             metrics.duplicates.inc(state.counts["duplicates"] - before[0])

@@ -1,0 +1,137 @@
+"""Detection latency through `failslow worker` on the real Tansu broker, in wall time:
+from the first faulty event produced to its incident on the incidents topic.
+
+Workload: one job paced in real time (1 step = ``step_s`` = 1 s of wall time) sized
+to about half the sustained rate of bench/streams_throughput.py (``--hosts`` x 8
+GPUs, tp8 pp8, ~55 events per rank per step), with ``--faults`` GPU fail-slows on different
+ranks one after the other. Each fault gives one latency sample. The Detector
+needs its confirmation steps (2) after the onset, so about 2 step times of the
+latency are the decision itself; the pipeline's own share is printed apart
+(the worker's processing-latency histogram: produce -> processed).
+
+    .venv/bin/python bench/streams_latency.py [--hosts 56] [--faults 6]
+
+Prints numbers and writes bench/results/streams_latency.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+import orjson
+from confluent_kafka import Consumer
+
+from collectors.publisher import Publisher
+from failslow.stack import create_topics, free_port, start_broker
+from schema import Topics
+from simulator import FaultSpec, JobSpec, Scenario, simulate
+from streams.runner import WorkerProcess
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def scenario(hosts: int, faults: int) -> Scenario:
+    specs = tuple(FaultSpec(kind="gpu_thermal", start_s=20 + 15 * i, end_s=30 + 15 * i,
+                            intensity=0.3, rank=(37 * i + 5) % (hosts * 8), job="lat")
+                  for i in range(faults))
+    return Scenario(name="latency", description="sequential GPU fail-slows",
+                    jobs=(JobSpec(job_id="lat", hosts=hosts, tp=8, pp=8, micro_batches=8),), faults=specs,
+                    steps=int(35 + 15 * faults))
+
+
+def watch_incidents(bootstrap: str, topic: str, seen: dict, stop: threading.Event) -> None:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4().hex}",
+                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 20,
+                  "session.timeout.ms": 6000})
+    c.subscribe([topic])
+    while not stop.is_set():
+        m = c.poll(0.05)
+        if m is None or m.error():
+            continue
+        inc = orjson.loads(m.value())
+        if inc["status"] == "open" and inc.get("rank") is not None:
+            seen.setdefault(inc["rank"], time.time())
+    c.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=56)
+    ap.add_argument("--faults", type=int, default=6)
+    args = ap.parse_args()
+    trace = simulate(scenario(args.hosts, args.faults), seed=0)
+    events = list(trace.events())
+    truth = trace.truth
+    onsets = {f["rank"]: f["onset_ts"] for f in truth["faults"]}
+    span = events[-1]["ts"] - events[0]["ts"]
+    print(f"{len(events):,} events over {span:.0f} s of event time = "
+          f"{len(events) / span:,.0f} events/s, {args.hosts * 8} ranks")
+    broker = start_broker()
+    topics = Topics(f"l{uuid.uuid4().hex[:8]}.")
+    create_topics(broker.bootstrap, topics)
+    port = free_port()
+    worker = WorkerProcess(broker.bootstrap, topics, group="lat", metrics_port=port)
+    seen: dict[int, float] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_incidents, daemon=True,
+                               args=(broker.bootstrap, topics.for_kind("incident"), seen, stop))
+    watcher.start()
+    pub = Publisher(broker.bootstrap, topics, linger_ms=5)
+    first_faulty: dict[int, float] = {}
+    try:
+        time.sleep(6.0)  # group join
+        t0, ts0 = time.time(), events[0]["ts"]
+        start = 0
+        for n in range(1, len(events) + 1):
+            if n < len(events) and events[n]["ts"] - events[start]["ts"] < 0.25:
+                continue
+            chunk = events[start:n]
+            start = n
+            delay = (chunk[-1]["ts"] - ts0) - (time.time() - t0)
+            if delay > 0:
+                time.sleep(delay)
+            pub.publish(chunk)
+            now = time.time()
+            for e in chunk:
+                r = e.get("rank")
+                if r in onsets and e["ts"] >= onsets[r] and r not in first_faulty:
+                    first_faulty[r] = now
+        pub.flush(10)
+        time.sleep(5.0)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        pub.close()
+        stop.set()
+        worker.stop()
+        broker.stop(2)
+    lat = [seen[r] - first_faulty[r] for r in onsets if r in seen and r in first_faulty]
+    missed = [r for r in onsets if r not in seen]
+    buckets = {}
+    for line in body.decode().splitlines():
+        if line.startswith("failslow_stream_processing_latency_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets[le] = float(line.rsplit(" ", 1)[1])
+    total = buckets.get("+Inf", 0.0)
+    pipe_p50 = next((le for le, c in buckets.items() if total and c / total >= 0.5), None)
+    pipe_p99 = next((le for le, c in buckets.items() if total and c / total >= 0.99), None)
+    res = {"ranks": args.hosts * 8, "events_per_s": len(events) / span, "samples": len(lat),
+           "missed_faults": missed, "latency_s": sorted(lat),
+           "p50_s": float(np.percentile(lat, 50)) if lat else None,
+           "p99_s": float(np.percentile(lat, 99)) if lat else None,
+           "pipeline_latency_p50_le_s": pipe_p50, "pipeline_latency_p99_le_s": pipe_p99}
+    print(f"detection latency over {len(lat)} faults: p50 {res['p50_s']:.2f} s, "
+          f"p99 {res['p99_s']:.2f} s (missed: {missed or 'none'})")
+    print(f"pipeline share (produce -> processed): p50 <= {pipe_p50} s, p99 <= {pipe_p99} s")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "streams_latency.json").write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
