@@ -2,16 +2,18 @@
 and the incidents already emitted. Pure Python, no I/O, no asyncio.
 
 Ordering. Events of one partition come from many producers, interleaved by
-message. They are held in a buffer and handed to the Detector in ``ts`` order
-once the *watermark* passes them. The watermark is the lowest of the active
-kinds' progress (per kind, the 10th percentile over hosts of each host's newest
-``ts``, so a few hosts with skewed clocks neither hold it back nor push it
-ahead), never further behind the median host than ``lateness`` seconds, and
-never moving back. A kind that sent nothing for ``lateness`` seconds of wall
-time stops holding the watermark, and a partition that received nothing for ``idle_s``
-releases everything it holds. An event that arrives behind the watermark
-(late, or from a host whose clock is behind) is handed over at once: nothing
-is dropped for being late.
+message. They are held in a buffer (one ts-sorted chunk per message) and
+handed to the Detector in ``ts`` order once the *watermark* passes them. Each
+source (see ``source_mark``) produces in order, so the watermark is the lowest
+newest-``ts`` over the sources: everything at or below it has arrived. It
+never moves back, it waits at the start (or after a restore) until the sources
+have shown up (``idle_s`` wall seconds or ``lateness`` of event time), and it
+stops waiting for a source that fell ``lateness`` behind the median source and
+sent nothing for ``lateness`` wall seconds (it left, or its host's clock is far
+behind), or fell 6 x ``lateness`` behind. A partition that received nothing
+for ``idle_s`` releases everything it holds. An event that arrives behind the
+watermark (late, or from a host whose clock is behind) is handed over at once:
+nothing is dropped for being late, it is counted.
 
 De-duplication. Each source (a rank's steps, a rank's collectives in one
 group, one GPU / NIC port / host) produces in order and Kafka keeps per-key

@@ -8,7 +8,6 @@ import urllib.request
 from collections import Counter
 
 import orjson
-import pytest
 from confluent_kafka import Producer
 
 from collectors.publisher import Publisher
@@ -18,6 +17,7 @@ from schema import Topics
 from simulator import SCENARIOS, simulate
 from streams.runner import WorkerProcess, read_incidents, wait_for_incidents
 from streams.snapshots import scan
+
 
 def scenario_events(name: str, tag: str) -> list[dict]:
     """A scenario's trace with its job and hosts renamed, so several share one broker."""
