@@ -79,6 +79,7 @@ class WorkerConfig:
     idle_s: float = 2.0
     snapshot_interval: float = 5.0
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
     session_timeout: float = 2.0
     fetch_wait_ms: int = 100
     detector_factory: Callable[[], Any] | None = None
@@ -384,7 +385,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     async def start_reader() -> None:
         reader.start()
         if cfg.metrics_port is not None:
-            metrics.serve(cfg.metrics_port)
-            log.info("metrics on http://127.0.0.1:%d/metrics", cfg.metrics_port)
+            metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+            log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, cfg.metrics_port)
 
     return app

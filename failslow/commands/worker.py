@@ -23,7 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="consumer group / faust app id shared by cooperating workers "
                              "[failslow-worker]")
     parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics [off]")
+                        help="serve Prometheus metrics on ADDR:PORT/metrics [off]")
+    parser.add_argument("--metrics-addr", default="127.0.0.1",
+                        help="address the metrics endpoint binds to [127.0.0.1]; 0.0.0.0 in "
+                             "a container")
     parser.add_argument("--lateness", type=float, default=10.0,
                         help="event-time seconds an event may trail the others and still be "
                              "ordered with them [10]")
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = WorkerConfig(bootstrap=settings.bootstrap, topics=Topics(settings.topic_prefix),
                        group=args.group, lateness=args.lateness,
                        snapshot_interval=args.snapshot_interval, metrics_port=args.metrics_port,
+                       metrics_addr=args.metrics_addr,
                        session_timeout=args.session_timeout)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

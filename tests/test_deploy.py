@@ -1,0 +1,41 @@
+"""The production shape: docker-compose.yml runs real failslow commands against Kafka and a
+ClickHouse server, with settings the commands understand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from failslow.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_compose_services_run_valid_failslow_commands():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"kafka", "clickhouse", "worker", "sink", "notify", "migrate"} <= set(services)
+    for name in ("worker", "sink", "notify", "migrate"):
+        cmd = services[name]["command"]
+        assert cmd[0] == "failslow"
+        args = build_parser(cmd[1:]).parse_args(cmd[1:])
+        assert args.command == cmd[1]
+        env = services[name]["environment"]
+        assert env["FAILSLOW_BOOTSTRAP"] == "kafka:9092"
+        assert env["FAILSLOW_CLICKHOUSE"].startswith("clickhouse://")
+
+
+def test_compose_kafka_is_kraft_without_initial_rebalance_delay():
+    kafka = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["kafka"]
+    env = kafka["environment"]
+    assert "controller" in env["KAFKA_PROCESS_ROLES"]
+    assert str(env["KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS"]) == "0"
+    assert "apache/kafka" in kafka["image"]
+
+
+def test_image_installs_every_package():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for pkg in ("failslow", "schema", "simulator", "collectors", "models", "streams", "storage",
+                "alerting"):
+        assert f"COPY {pkg} {pkg}" in dockerfile
