@@ -4,24 +4,33 @@
 - time spent inside collectives (seconds) — step time minus this is the
   rank's own work when the step event carries neither ``compute_s`` nor
   ``comm_s`` (only then is it counted: ``need_time``, kept by the job);
-- arrival lag: at each collective the last member to arrive is the one the
-  others wait for; it is charged ``last start - second-to-last start``;
-- transfers: for every complete collective its transfer time once all
-  members were in (``min end - max start``, seconds) and its bytes, so the
-  link evaluation can compare effective bandwidth between groups and with a
-  group's own past.
+- arrival lag (``lags``): at each collective the last member to arrive is the
+  one the others wait for; it is charged ``last start - second-to-last start``;
+- transfers (``models.links``): for every complete collective its transfer
+  time once all members were in (``min end - max start``, seconds) and its
+  bytes, so the link evaluation can compare effective bandwidth between groups
+  and with a group's own past.
 
-Per event the work is a dict append; the join runs once per complete
-collective, one pass over its members. Collectives whose members never all
-arrive are dropped after ``max_age`` steps.
+Per event the work is one small tuple appended to the collective's entry (the
+event dict itself is not kept: holding tens of thousands of decoded events
+for a step costs more in memory traffic than reading them). A complete
+collective is only set aside with its step; lags and transfer times are
+derived once the step is judged, and only where needed (lags for the
+evidence of a slow rank, transfers of groups that cross hosts). Collectives
+whose members never all arrive are dropped after ``max_age`` steps.
+
+An open collective is a list ``[step, group, op, bytes, (rank, start_ts,
+duration_s), ...]``: the first member's group, op and bytes, then one tuple
+per member in arrival order. ``Detector.process_batch`` appends to it inline
+(``HEAD``, ``add``'s code) on its hot path.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-P2P = ("send", "recv")
-Transfer = tuple[str, str, tuple[int, ...], float, int]
+HEAD = 4                     # header entries of an open collective before its members
+Collective = list[Any]
 
 
 class CollectiveAligner:
@@ -30,11 +39,10 @@ class CollectiveAligner:
     def __init__(self, max_age: int = 4) -> None:
         self.max_age = max_age
         self.need_time = True        # count time in collectives (steps lack compute/comm)
-        self.open: dict[tuple[str, int], list[Any]] = {}
+        self.open: dict[tuple[str, int], Collective] = {}
         self.coll_time: dict[tuple[int, int], float] = {}
-        self.late: dict[tuple[int, int], float] = {}
-        # step -> list of (group, op, member ranks, transfer seconds, bytes)
-        self.transfers: dict[int, list[Transfer]] = {}
+        # step -> its complete collectives, in completion order
+        self.done: dict[int, list[Collective]] = {}
 
     def add(self, ev: dict[str, Any], step: int) -> None:
         """Take one collective event of a rank; ``step`` is the step it belongs to."""
@@ -45,60 +53,74 @@ class CollectiveAligner:
         gk = (ev["group"], ev["seq"])
         members = self.open.get(gk)
         if members is None:
-            self.open[gk] = [step, ev]
+            self.open[gk] = [step, ev["group"], ev["op"], ev["bytes"],
+                             (ev["rank"], ev["start_ts"], ev["duration_s"])]
             return
-        members.append(ev)
-        if len(members) > ev["group_size"]:
+        members.append((ev["rank"], ev["start_ts"], ev["duration_s"]))
+        if len(members) >= ev["group_size"] + HEAD:
             del self.open[gk]
-            self._join(members)
+            self.complete(members)
 
-    def _join(self, members: list[Any]) -> None:
-        """One pass over a complete collective (``members[0]`` is its step)."""
-        step = members[0]
-        first = members[1]
-        last_start = second = float("-inf")
-        last_rank = first["rank"]
-        end = float("inf")
-        ranks = []
-        for m in members[1:]:
-            st = m["start_ts"]
-            e = st + m["duration_s"]
-            if e < end:
-                end = e
-            r = m["rank"]
-            ranks.append(r)
-            # Ties leave the lag at zero, whoever is charged.
-            if st > last_start:
-                second, last_start, last_rank = last_start, st, r
-            elif st > second:
-                second = st
-        if len(ranks) > 1:
-            key = (last_rank, step)
-            late = self.late
-            late[key] = late.get(key, 0.0) + last_start - second
-        ranks.sort()
-        t = end - last_start
-        row = (first["group"], first["op"], tuple(ranks), t if t > 0.0 else 0.0, first["bytes"])
-        lst = self.transfers.get(step)
+    def complete(self, coll: Collective) -> None:
+        """Set a collective whose members are all in aside with its step."""
+        lst = self.done.get(coll[0])
         if lst is None:
-            self.transfers[step] = [row]
+            self.done[coll[0]] = [coll]
         else:
-            lst.append(row)
+            lst.append(coll)
 
-    def take(self, rank: int, step: int) -> tuple[float | None, float]:
-        """Pop (seconds in collectives or None if none counted, arrival lag) of a rank-step."""
-        return self.coll_time.pop((rank, step), None), self.late.pop((rank, step), 0.0)
+    def take_time(self, rank: int, step: int) -> float | None:
+        """Pop the seconds a rank spent in collectives in a step (None if none counted)."""
+        return self.coll_time.pop((rank, step), None)
 
-    def take_transfers(self, step: int) -> list[Transfer]:
-        return self.transfers.pop(step, [])
+    def take_step(self, step: int) -> list[Collective]:
+        """Pop the complete collectives of a step."""
+        return self.done.pop(step, [])
 
     def expire(self, step: int) -> None:
         """Forget anything of steps older than ``step - max_age`` (members that never came)."""
         horizon = step - self.max_age
         for gk in [k for k, v in self.open.items() if v[0] < horizon]:
             del self.open[gk]
-        for d in (self.coll_time, self.late):
-            for k in [k for k in d if k[1] < horizon]:
-                del d[k]
-        for s in [s for s in self.transfers if s < horizon]:
-            del self.transfers[s]
+        for k in [k for k in self.coll_time if k[1] < horizon]:
+            del self.coll_time[k]
+        for s in [s for s in self.done if s < horizon]:
+            del self.done[s]
+
+
+def lags(colls: list[Collective]) -> dict[int, float]:
+    """Arrival lag (seconds) per rank over complete collectives: at each, the
+    last member to start is charged its lead over the second-to-last."""
+    late: dict[int, float] = {}
+    for c in colls:
+        if len(c) <= HEAD + 1:
+            continue
+        last_start = second = float("-inf")
+        last_rank = c[HEAD][0]
+        for r, st, _ in c[HEAD:]:
+            # Ties leave the lag at zero, whoever is charged.
+            if st > last_start:
+                second, last_start, last_rank = last_start, st, r
+            elif st > second:
+                second = st
+        late[last_rank] = late.get(last_rank, 0.0) + last_start - second
+    return late
+
+
+def transfer(c: Collective) -> float:
+    """Transfer seconds of a complete collective: min end - max start, at least 0."""
+    last_start = float("-inf")
+    end = float("inf")
+    for _, st, d in c[HEAD:]:
+        e = st + d
+        if e < end:
+            end = e
+        if st > last_start:
+            last_start = st
+    t = end - last_start
+    return t if t > 0.0 else 0.0
+
+
+def member_ranks(c: Collective) -> tuple[int, ...]:
+    """The sorted ranks of a collective."""
+    return tuple(sorted(m[0] for m in c[HEAD:]))

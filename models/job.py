@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from models.alignment import CollectiveAligner
+from models.alignment import Collective, CollectiveAligner, lags
 from models.changepoint import BOCPD
 from models.findings import Finding
 from models.links import LinkMonitor
@@ -159,16 +159,16 @@ class JobState:
         work = np.empty(n)
         data = np.zeros(n)
         dur = np.empty(n)
-        late = np.zeros(n)
         groups = np.zeros(n, dtype=np.int64)
         ts_max = 0.0
         need_time = False
+        take_time = self.aligner.take_time
         for i, r in enumerate(ranks):
             ev = row[r]
             d = ev["duration_s"]
             dur[i] = d
             ts_max = max(ts_max, ev["ts"])
-            coll, late[i] = self.aligner.take(r, s)
+            coll = take_time(r, s)
             dt = ev.get("data_s")
             if dt is not None:
                 data[i] = dt
@@ -248,9 +248,9 @@ class JobState:
                        bool(weak[i]))
             if st.streak or weak[i]:
                 present.append(r)        # weakly present keeps an open incident alive
-        findings.extend(self._localize(present, s, job_s, perf, ranks, late))
-        findings.extend(self.links.evaluate(s, self.aligner.take_transfers(s), self.rank_host,
-                                            ts_max, job_s))
+        colls = self.aligner.take_step(s)
+        findings.extend(self._localize(present, s, job_s, perf, ranks, colls))
+        findings.extend(self.links.evaluate(s, colls, self.rank_host, ts_max, job_s))
         self.aligner.expire(s)
         findings.extend(self._job_level(s, job_s, ts_max, bool(findings)))
         return s, findings, ts_max
@@ -278,7 +278,7 @@ class JobState:
         return rel, rel / np.maximum(max(sigma / ref, 0.01, self.noise.mean), own)
 
     def _localize(self, culprits: list[int], s: int, job_s: float, perf: np.ndarray,
-                  ranks: list[int], late: np.ndarray) -> list[Finding]:
+                  ranks: list[int], colls: list[Collective]) -> list[Finding]:
         """Group present culprits: all ranks of a multi-rank host -> slow_host, else slow_rank."""
         if not culprits:
             return []
@@ -324,6 +324,7 @@ class JobState:
                             for m in members) >= len(members)
                 for m in members if m in left and s - self.ranks[m].onset_step < HOLD_STEPS}
         pos = {r: i for i, r in enumerate(ranks)}
+        late = lags(colls) if left else {}
         for r in sorted(left):
             st = self.ranks[r]
             rh = self.rank_host.get(r)
@@ -342,7 +343,7 @@ class JobState:
                           "rel_to_peers": round(st.rel, 3), "z_to_peers": round(st.z, 1),
                           "rel_to_own_past": round(st.self_rel, 3),
                           "perf_vs_best": round(float(perf[i]), 3) if i is not None else None,
-                          "arrival_lag_s": round(float(late[i]), 4) if i is not None else None,
+                          "arrival_lag_s": round(late.get(r, 0.0), 4) if i is not None else None,
                           "evidence_z": round(st.cusum, 1),
                           "own_usual_position": round(st.work.median, 4),
                           "own_usual_s": st.usual()}))

