@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from schema.events import SchemaError, validate
+from schema.fast import all_valid
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,8 @@ def decode(data: bytes | bytearray | memoryview | str) -> list[Any]:
         if not obj:
             raise SchemaError("value: empty array")
         kind = obj[0].get("kind") if type(obj[0]) is dict else None
+        if all_valid(obj) and all(item["kind"] == kind for item in obj):
+            return obj
         for i, item in enumerate(obj):
             try:
                 validate(item)
@@ -65,6 +68,8 @@ def decode_lenient(data: bytes | bytearray | memoryview | str) -> tuple[list[Any
     items = obj if type(obj) is list else [obj]
     if not items:
         return [], ["value: empty array"]
+    if all_valid(items):
+        return items, []
     good: list[Any] = []
     errors: list[str] = []
     for i, item in enumerate(items):

@@ -40,8 +40,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from failslow.commands.detect import all_valid
 from schema import Topics, decode_lenient, encode, encode_deadletter
+from schema.fast import all_valid
 from schema.topics import KIND_TOPIC
 from streams.metrics import Metrics
 from streams.partition import INPUT_KINDS, JobPartition

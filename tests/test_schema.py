@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from schema import SchemaError, decode, decode_lenient, encode, encode_deadletter, validate
 from schema.events import SPECS
+from schema.fast import all_valid
 from schema.topics import key_for
 
 STEP = {"v": 1, "kind": "step", "ts": 1700000000.5, "job_id": "j", "rank": 3, "world_size": 16,
@@ -151,3 +152,21 @@ def test_any_json_value_is_accepted_or_rejected_cleanly(obj):
         assert str(exc)
     good, errors = decode_lenient(raw)
     assert all(isinstance(e, str) for e in errors)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events() | json_values)
+def test_fast_path_never_accepts_what_validate_rejects(obj):
+    try:
+        validate(obj)
+        valid = True
+    except SchemaError:
+        valid = False
+    # Soundness: the fast path may decline, but never vouch for an invalid object.
+    assert valid or not all_valid([obj])
+
+
+@settings(max_examples=200, deadline=None)
+@given(events())
+def test_fast_path_accepts_every_valid_event_of_the_generator(ev):
+    assert all_valid([ev])

@@ -20,7 +20,7 @@ import orjson
 from failslow.errors import FailslowError
 from models.pipeline import Detector
 from schema import SchemaError, validate
-from schema.events import SPECS
+from schema.fast import all_valid
 
 loads = orjson.loads
 
@@ -34,56 +34,6 @@ MAX_WARNINGS = 20      # after this many, invalid lines are only counted
 
 class DetectError(FailslowError):
     """The trace cannot be read."""
-
-
-def _field_check(name: str, ftype, optional: bool, pad: str) -> list[str]:
-    """Source lines that ``return False`` unless field ``name`` of ``o`` has
-    type ``ftype`` (a SPECS field type; the field may be absent or null when
-    ``optional``)."""
-    if optional:
-        return [f"{pad}v = g({name!r})", *(f"{pad}if v is not None and {c}: return False"
-                                           for c in _bad(ftype))]
-    return [f"{pad}v = o[{name!r}]", *(f"{pad}if {c}: return False" for c in _bad(ftype))]
-
-
-def _bad(ftype) -> list[str]:
-    if ftype == "num":
-        return ["type(v) not in NUM"]
-    if ftype in ("int", "str"):
-        return [f"type(v) is not {ftype}"]
-    if ftype == "ints":
-        return ["(type(v) is not list or any(type(x) is not int for x in v))"]
-    if ftype == "obj":
-        return ["type(v) is not dict"]
-    if isinstance(ftype, tuple):
-        return [f"v not in {ftype!r}"]
-    raise ValueError(f"unknown field type {ftype!r}")
-
-
-def _compile_all():
-    """``all_valid(objs)``: True when every object decoded by orjson certainly
-    passes ``schema.validate``. One generated function with the SPECS table
-    inlined (the way dataclasses builds ``__init__``): no Python call per
-    event. Numbers are checked by type only: orjson never yields a non-finite
-    float nor an integer outside 64 bits (it gives a float for those), which is
-    all ``validate`` checks beyond types. False sends the caller to
-    ``validate``, which names the offending field."""
-    src = ["def all_valid(objs):", " for o in objs:", "  if type(o) is not dict: return False",
-           "  g = o.get", "  v = g('v')", "  if type(v) is not int or v != 1: return False",
-           "  k = g('kind')", "  try:"]
-    for i, (kind, (required, optional)) in enumerate(SPECS.items()):
-        src.append(f"   {'if' if i == 0 else 'elif'} k == {kind!r}:")
-        for name, ftype in required.items():
-            src += _field_check(name, ftype, False, "    ")
-        for name, ftype in optional.items():
-            src += _field_check(name, ftype, True, "    ")
-    src += ["   else: return False", "  except KeyError:", "   return False", " return True"]
-    scope: dict = {"NUM": frozenset((int, float))}
-    exec("\n".join(src), scope)  # noqa: S102 - code built from the SPECS table only
-    return scope["all_valid"]
-
-
-all_valid = _compile_all()
 
 
 def check(obj):
