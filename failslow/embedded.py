@@ -22,6 +22,7 @@ def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> di
     home = settings.home
     home.mkdir(parents=True, exist_ok=True)
     broker = stack.start_broker(port, log_path=home / "tansu.log", detach=True)
+    state: dict = {}
     try:
         stack.create_topics(broker.bootstrap, Topics(settings.topic_prefix), partitions)
         state = {"pid": broker.pid, "port": broker.port, "topic_prefix": settings.topic_prefix,
@@ -31,10 +32,34 @@ def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> di
             db_pid = _start_db_owner(settings, broker.bootstrap, home)
             state["db_pid"] = db_pid
             stack.write_state(home, state)
+            _wait_for_db_owner(settings.clickhouse, db_pid, home / "sink.log")
     except BaseException:
+        if state.get("db_pid"):
+            stack.stop_pid(int(state["db_pid"]), 10)
         broker.stop(2)
+        (home / "stack.json").unlink(missing_ok=True)
         raise
     return state
+
+
+def _wait_for_db_owner(url: str, pid: int, log: Path, timeout: float = 90.0) -> None:
+    """Return once the sink has applied the schema and serves the folder to other
+    processes; until then a reader could open the folder itself and lock the sink out."""
+    from storage.serve import find_owner
+    from storage.url import parse
+
+    folder = Path(parse(url).path or "")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        owner = find_owner(folder)
+        if owner is not None and int(owner["pid"]) == pid:
+            return
+        if not stack.pid_alive(pid):
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            raise stack.StackError(f"the database owner (sink) exited: {' '.join(tail)}")
+        time.sleep(0.1)
+    raise stack.StackError(f"the database owner (sink) was not ready within {timeout:.0f} s "
+                           f"(log: {log})")
 
 
 def _start_db_owner(settings: Settings, bootstrap: str, home: Path) -> int:

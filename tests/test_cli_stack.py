@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import orjson
 import pytest
 
 from failslow.cli import COMMANDS
 from failslow.stack import free_port, pid_alive, port_open
+from storage.serve import find_owner
 
 
 def fs(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -51,17 +51,13 @@ def test_up_twice_then_query_then_down(tmp_path):
         assert state["port"] == port and pid_alive(state["pid"]) and port_open(port)
         second = fs("up", "--port", str(port), env=env)
         assert second.returncode == 0 and "already running" in second.stdout
-        # The background sink owns the chdb folder; `query` reads through it.
-        deadline = time.monotonic() + 60
-        out = None
-        while time.monotonic() < deadline:
-            out = fs("query", "--format", "json", "SELECT count() AS n FROM failslow.incidents",
-                     env=env)
-            if out.returncode == 0:
-                break
-            time.sleep(0.5)
-        assert out is not None and out.returncode == 0, out.stderr
+        # `up` returns once the background sink owns the chdb folder with the schema
+        # applied; `query` reads through it at once.
+        out = fs("query", "--format", "json", "SELECT count() AS n FROM failslow.incidents",
+                 env=env)
+        assert out.returncode == 0, out.stderr
         assert orjson.loads(out.stdout.splitlines()[0]) == {"n": 0}
+        assert find_owner(home / "chdb")["pid"] == state["db_pid"]
     finally:
         down = fs("down", env=env)
     assert down.returncode == 0 and "broker" in down.stdout
