@@ -91,6 +91,7 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
     from collectors.publisher import Publisher
     from simulator import simulate
     from storage.client import connect
+    from storage.embedded import ChdbClient
     from storage.migrations import migrate
     from storage.serve import QueryServer
     from storage.sink import Sink
@@ -112,8 +113,8 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
     try:
         stack.create_topics(broker.bootstrap, topics, partitions=4)
         _say(out, f"  broker    Tansu on {broker.bootstrap} (in memory)")
-        url = f"chdb://{folder}"
-        client = connect(url, own=True)
+        client = connect(f"chdb://{folder}", own=True)
+        assert isinstance(client, ChdbClient)
         migrate(client)
         server = QueryServer(client).start()
         _say(out, f"  database  chdb folder {folder}")
