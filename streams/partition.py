@@ -47,18 +47,22 @@ RECOMPUTE_S = 0.05
 _EV_TS = itemgetter("ts")
 
 
-def source_mark(ev: dict) -> tuple[tuple, tuple]:
-    """(source id, position) of an input event; positions of one source only grow."""
-    k = ev["kind"]
-    if k == "step":
-        return ("s", ev["job_id"], ev["rank"]), (ev["ts"], ev["step"])
-    if k == "collective":
-        return ("c", ev["job_id"], ev["group"], ev["rank"]), (ev["ts"], ev["seq"])
-    if k == "gpu":
-        return ("g", ev["host"], ev["gpu"]), (ev["ts"], 0)
-    if k == "nic":
-        return ("n", ev["host"], ev["nic"], ev["port"]), (ev["ts"], 0)
-    return ("h", ev["host"]), (ev["ts"], 0)
+# kind -> (source id getter, position getter), C itemgetters (this runs for every event).
+# A source id starts with the kind, so ids of different kinds never meet.
+_MARK = {
+    "step": (itemgetter("kind", "job_id", "rank"), itemgetter("ts", "step")),
+    "collective": (itemgetter("kind", "job_id", "group", "rank"), itemgetter("ts", "seq")),
+    "gpu": (itemgetter("kind", "host", "gpu"), _EV_TS),
+    "nic": (itemgetter("kind", "host", "nic", "port"), _EV_TS),
+    "host": (itemgetter("kind", "host"), _EV_TS),
+}
+
+
+def source_mark(ev: dict) -> tuple[tuple, Any]:
+    """(source id, position) of an input event; positions of one source only grow
+    (``(ts, step|seq)`` for steps and collectives, ``ts`` for telemetry)."""
+    src, pos = _MARK[ev["kind"]]
+    return src(ev), pos(ev)
 
 
 def _default_detector_factory() -> Any:
@@ -124,9 +128,10 @@ class JobPartition:
         wm = self.wm
         hw = self._hw
         seen = self._seen
+        marks = _MARK
         for ev in events:
             ts = ev["ts"]
-            src = source_mark(ev)[0]
+            src = marks[ev["kind"]][0](ev)
             if ts > hw.get(src, -math.inf):
                 hw[src] = ts
             seen[src] = now
@@ -222,9 +227,11 @@ class JobPartition:
 
     def _feed(self, events: list[dict]) -> list[dict]:
         marks = self._marks
+        getters = _MARK
         fresh = []
         for ev in events:
-            src, pos = source_mark(ev)
+            src, pos = getters[ev["kind"]]
+            src, pos = src(ev), pos(ev)
             last = marks.get(src)
             if last is not None and pos <= last:
                 continue
@@ -271,7 +278,8 @@ class JobPartition:
     def prune(self) -> None:
         """Forget de-duplication marks of sources silent for 6 x lateness (ended jobs)."""
         horizon = self.wm - 6 * self.lateness
-        self._marks = {s: p for s, p in self._marks.items() if p[0] >= horizon}
+        self._marks = {s: p for s, p in self._marks.items()
+                       if (p[0] if type(p) is tuple else p) >= horizon}
 
     def snapshot(self) -> dict:
         wm = self.wm if math.isfinite(self.wm) else None

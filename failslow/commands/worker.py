@@ -9,6 +9,7 @@ with code 70.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 
 from failslow.config import resolve
@@ -57,9 +58,25 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(cfg)
+    tune_gc()
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True, override_logging=False)
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+def tune_gc() -> None:
+    """Make the cyclic GC cost per event instead of per event x heap size.
+
+    The worker keeps millions of long-lived objects (a 4,096-rank Detector's state, events
+    held for ordering) and allocates a few containers per event, nearly all freed by
+    reference counting. With CPython's default thresholds (700, 10, 10) the collector
+    re-walked that heap 25 times in 1.3 M events (``large_4096``, 6 steps): 7.6 s of a
+    38 s run, growing with the state. Start-up objects (modules, classes) are frozen out
+    of every collection, and a young collection waits for 50,000 net allocations, so old
+    generations are examined ~70x less often; cycles are still collected.
+    """
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 10)
