@@ -43,7 +43,7 @@ import numpy as np
 import orjson
 
 INPUT_KINDS = ("step", "collective", "gpu", "nic", "host")
-RECOMPUTE_S = 0.05
+RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
 _EV_TS = itemgetter("ts")
 
 
@@ -94,6 +94,7 @@ class JobPartition:
         self.detector = detector_factory()
         self.wm = -math.inf
         self._buf: list[tuple[float, float, int, list[dict]]] = []
+        self.buffered = 0  # events in _buf
         self._wm_wall = -math.inf
         self._hw: dict[tuple, float] = {}  # source -> newest ts that arrived
         self._seen: dict[tuple, float] = {}  # source -> wall time of its latest arrival
@@ -144,6 +145,7 @@ class JobPartition:
         if keep:
             keep.sort(key=_EV_TS)
             self._buf.append((keep[0]["ts"], keep[-1]["ts"], offset, keep))
+            self.buffered += len(keep)
         self.counts["events"] += len(events)
         self.counts["late"] += len(late)
         out = self._feed(late) if late else []
@@ -218,6 +220,7 @@ class JobPartition:
             else:
                 held.append(chunk)
         self._buf = held
+        self.buffered -= len(ready)
         if not ready:
             return []
         ready.sort(key=_EV_TS)  # a merge of sorted runs for timsort
@@ -266,10 +269,6 @@ class JobPartition:
         return True
 
     # -- recovery ------------------------------------------------------------------------
-
-    @property
-    def buffered(self) -> int:
-        return sum(len(c[3]) for c in self._buf)
 
     def o_min(self) -> int:
         """The oldest offset consumption must resume from to rebuild the buffer."""
