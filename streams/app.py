@@ -70,8 +70,8 @@ def _patch_fetch_wait() -> None:
         consumer._fetch_max_wait_ms = _FETCH_WAIT_MS[0]
         return consumer
 
-    cls._create_worker_consumer = create
-    cls._failslow_patched = True
+    cls._create_worker_consumer = create  # type: ignore[method-assign]
+    cls._failslow_patched = True  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -132,8 +132,9 @@ class HostMapReader(threading.Thread):
         try:
             while not self._stop.is_set():
                 for m in self._consumer.consume(num_messages=500, timeout=0.1):
-                    if m.error() is None:
-                        entry = orjson.loads(m.value())
+                    value = m.value()
+                    if m.error() is None and value:
+                        entry = orjson.loads(value)
                         self.hostmap.add(entry["host"], entry["partition"], time.time())
         finally:
             self._consumer.close()
@@ -190,7 +191,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     announced: dict[int, dict[str, float]] = {}
     job_stream: list[Any] = []
     reader = HostMapReader(cfg.bootstrap, cfg.internal("hostmap"), nparts, hostmap)
-    app.failslow_metrics = metrics  # for tests and the CLI
+    app.failslow_metrics = metrics  # type: ignore[attr-defined]  # for tests and the CLI
 
     async def dead_letter(error: str, topic: str, key: bytes | None, raw: bytes | None) -> None:
         metrics.deadletters.labels(topic).inc()
@@ -259,9 +260,12 @@ def build_app(cfg: WorkerConfig) -> faust.App:
 
     async def take_over(p: int) -> JobPartition:
         """State of partition ``p`` when this worker gets it: newest snapshot + emitted incidents."""
-        state = JobPartition(p, lateness=cfg.lateness, idle_s=cfg.idle_s,
-                             **({"detector_factory": cfg.detector_factory} if cfg.detector_factory else {}),
-                             **({"detector_restore": cfg.detector_restore} if cfg.detector_restore else {}))
+        hooks: dict[str, Any] = {}
+        if cfg.detector_factory:
+            hooks["detector_factory"] = cfg.detector_factory
+        if cfg.detector_restore:
+            hooks["detector_restore"] = cfg.detector_restore
+        state = JobPartition(p, lateness=cfg.lateness, idle_s=cfg.idle_s, **hooks)
         t0 = time.time()
         snap = await asyncio.to_thread(store.read_latest, p)
         if snap is not None:
@@ -375,14 +379,14 @@ def build_app(cfg: WorkerConfig) -> faust.App:
 
     rebalancing: list[float | None] = [None]  # when the current rebalance began
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # async receivers are fine
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         began, rebalancing[0] = rebalancing[0], None
         if began is not None:
             for state in parts.values():
                 state.pause(time.time() - began)
 
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
         rebalancing[0] = rebalancing[0] or time.time()
         for tp in revoked:
@@ -391,7 +395,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                 held.pop(tp.partition, None)
                 due.pop(tp.partition, None)
 
-    @app.on_before_shutdown.connect
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(sender: Any, **kwargs: Any) -> None:
         await snapshot_all(ack=False, force=True)
         reader.stop()

@@ -174,7 +174,8 @@ class JobPartition:
         if self._settling:
             # Starting (or restored): let every source show up before anything is released,
             # or the first to arrive would make all the others late.
-            if (now - self._first_wall < self.idle_s
+            first = now if self._first_wall is None else self._first_wall
+            if (now - first < self.idle_s
                     and max(hw.values()) - min(hw.values()) < self.lateness):
                 return self.wm
             self._settling = False
@@ -278,7 +279,7 @@ class JobPartition:
         """Forget de-duplication marks of sources silent for 6 x lateness (ended jobs)."""
         horizon = self.wm - 6 * self.lateness
         self._marks = {s: p for s, p in self._marks.items()
-                       if (p[0] if type(p) is tuple else p) >= horizon}
+                       if (p[0] if isinstance(p, tuple) else p) >= horizon}
 
     def snapshot(self) -> dict:
         wm = self.wm if math.isfinite(self.wm) else None

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -30,7 +31,7 @@ class WorkerProcess:
                "--topic-prefix", topics.prefix, "--group", group, "--log-level", "warning"]
         if metrics_port is not None:
             cmd += ["--metrics-port", str(metrics_port)]
-        out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        out: Any = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(cmd + (extra or []), stdin=subprocess.DEVNULL,
                                          stdout=out, stderr=subprocess.STDOUT,

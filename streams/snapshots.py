@@ -79,7 +79,8 @@ class SnapshotStore:
                 errors.append(str(err))
 
         for i, chunk in enumerate(chunks):
-            headers = [("sid", sid), ("chunk", str(i).encode()), ("of", str(len(chunks)).encode())]
+            headers: list[tuple[str, str | bytes | None]] = [
+                ("sid", sid), ("chunk", str(i).encode()), ("of", str(len(chunks)).encode())]
             self._producer.produce(self.topic, chunk, key=str(partition).encode(),
                                    partition=partition, headers=headers, on_delivery=delivered)
             left = self._producer.flush(10.0)
