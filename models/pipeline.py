@@ -84,13 +84,12 @@ class Detector:
         for ev in events:
             try:
                 kind = ev["kind"]
+                if (kind == "collective" or kind == "step") and ev["job_id"] != job_id:
+                    job_id = ev["job_id"]
+                    job = jobs.get(job_id) or jobs.setdefault(job_id, JobState(job_id, self.cfg))
+                    aligner = job.aligner
+                    open_get = aligner.open.get
                 if kind == "collective":
-                    if ev["job_id"] != job_id:
-                        job_id = ev["job_id"]
-                        job = jobs.get(job_id) or jobs.setdefault(job_id,
-                                                                  JobState(job_id, self.cfg))
-                        aligner = job.aligner
-                        open_get = aligner.open.get
                     step = ev.get("step")
                     if step is None:
                         for _, findings, ts in job.add_collective(ev):
@@ -111,12 +110,6 @@ class Detector:
                                 del aligner.open[gk]
                                 aligner.complete(members)
                 elif kind == "step":
-                    if ev["job_id"] != job_id:
-                        job_id = ev["job_id"]
-                        job = jobs.get(job_id) or jobs.setdefault(job_id,
-                                                                  JobState(job_id, self.cfg))
-                        aligner = job.aligner
-                        open_get = aligner.open.get
                     for _, findings, ts in job.add_step(ev):
                         out.extend(self._judge(job, findings, ts))
                 elif kind == "gpu":
