@@ -158,9 +158,23 @@ def test_two_workers_share_partitions_and_match_one(broker, topics, tmp_path):
     assert codes == [0, 0], [log.read_text()[-3000:] for log in logs]
     assert all(s > 0 for s in shares), f"both workers must process events: {shares}"
     assert sum(shares) >= len(events)
-    # When the second worker joins, a partition can move mid-stream while the first still
-    # finishes a message: the new owner's replay may then re-emit an update of an open
-    # incident whose evidence numbers differ in the last digits, so compare each incident
-    # event's identity, status, time, cause and slowdown, not every evidence float.
-    assert set(brief(got)) == set(brief(ref))
+    # Two workers find the same incidents, with the same culprits, times and slowdowns, and
+    # end in the same state. Known difference (issue 6 note): telemetry routed by the other
+    # worker can reach the job's partition after the steps it explains, so an early update
+    # may carry a less refined root cause ("unknown") until the samples arrive, which also
+    # moves when updates are emitted; and when a partition moves mid-stream the new owner may
+    # re-emit one update of an open incident.
+    def identity(incidents: list[dict]) -> set[tuple]:
+        return {(i["incident_id"], i["fault"], i.get("rank"), i.get("host"), i["onset_ts"],
+                 i["detected_ts"], i.get("resolved_ts")) for i in incidents}
+
+    def final(incidents: list[dict]) -> dict[str, tuple]:
+        last: dict[str, dict] = {}
+        for i in sorted(incidents, key=lambda i: (i["ts"], i["status"] == "resolved")):
+            last[i["incident_id"]] = i
+        return {k: (v["status"], v["fault"], v.get("rank"), v.get("root_cause"),
+                    v.get("mitigation"), v["slowdown_pct"]) for k, v in last.items()}
+
+    assert identity(got) == identity(ref)
+    assert final(got) == final(ref)
     assert len(read_incidents(broker.bootstrap, topics)) == len(got)
