@@ -43,13 +43,6 @@ class Incident:
         self.causes: dict[str, int] = {}
         self.emitted: dict[str, Any] = {}
 
-    def __getstate__(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-    def __setstate__(self, d: dict) -> None:
-        for k, v in d.items():
-            setattr(self, k, v)
-
 
 class IncidentTracker:
     """Open / update / resolve incidents of every job from their findings."""

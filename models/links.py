@@ -51,13 +51,6 @@ class GroupState:
         self.extra_s = 0.0
         self.rel = 0.0
 
-    def __getstate__(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-    def __setstate__(self, d: dict) -> None:
-        for k, v in d.items():
-            setattr(self, k, v)
-
 
 class LinkMonitor:
     """Per-group transfer baselines of one job, and link localization."""

@@ -30,7 +30,7 @@ from models.mitigation import Planner
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
 
-STATE_VERSION = 2     # 2: collectives kept as member tuples (models.alignment)
+STATE_VERSION = 3     # 3: slotted objects pickled natively; 2: collectives as member tuples
 LINK_PATIENCE_STEPS = 4
 CAUSE_EVERY_STEPS = 3
 

@@ -72,10 +72,3 @@ class RankState:
         """The learned parts of a normal step (seconds), for incident evidence."""
         return {name: round(getattr(self, name).mean, 4) for name in ("step", "own", "comm", "data")
                 if getattr(self, name).n}
-
-    def __getstate__(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-    def __setstate__(self, d: dict) -> None:
-        for k, v in d.items():
-            setattr(self, k, v)

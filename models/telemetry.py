@@ -74,13 +74,6 @@ class Device:
         self.last_ts = ts
         self.n += 1
 
-    def __getstate__(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-    def __setstate__(self, d: dict) -> None:
-        for k, v in d.items():
-            setattr(self, k, v)
-
 
 class TelemetryStore:
     """Latest state of every GPU ``(host, gpu)``, NIC ``(host, nic, port)`` and host."""
