@@ -6,11 +6,21 @@
 
 ``Detector`` routes each event: step and collective events to their job's
 state (``models.job``), device samples to the telemetry store
-(``models.telemetry``). Whenever a job completes a step, the step is judged
+(``models.telemetry``), ``telemetry_delay_s`` behind the steps (see below). Whenever a job completes a step, the step is judged
 (peer comparison, own-past comparison, change point, link evaluation,
 localization); every located finding gets a root cause from the culprit's
 telemetry (``models.rootcause``) and a mitigation (``models.mitigation``),
 and the incident tracker (``models.incidents``) decides what to emit.
+
+Telemetry joins the steps by event time, not by arrival. A step judged at
+``ts`` T sees exactly the device samples of the job's hosts with
+``ts <= T - telemetry_delay_s`` (samples are queued per host and applied in
+``ts`` order when a step of a job on that host is judged), so
+the root cause does not depend on whether a sample reached this process just
+before or just after the step events: a file read in ``ts`` order and a stream
+whose telemetry runs up to ``telemetry_delay_s`` behind its steps (another
+worker routes it, the collectors sample once a second) decide the same. A
+sample older than what was already applied is applied at once (it is late).
 
 Events are expected to be valid (``schema.validate``); one that still lacks a
 needed field is counted in ``rejected`` and skipped, never raised.
@@ -19,7 +29,10 @@ needed field is counted in ``rejected`` and skipped, never raised.
 from __future__ import annotations
 
 import base64
+import math
 import pickle
+from bisect import bisect_right
+from operator import itemgetter
 from typing import Any, cast
 
 from models.alignment import HEAD, CollectiveAligner
@@ -30,9 +43,15 @@ from models.mitigation import Planner
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
 
-STATE_VERSION = 3     # 3: slotted objects pickled natively; 2: collectives as member tuples
+STATE_VERSION = 4     # 4: queued telemetry; 3: slotted objects pickled natively
 LINK_PATIENCE_STEPS = 4
 CAUSE_EVERY_STEPS = 3
+TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
+# Queued samples beyond which the oldest half of each host's queue is applied regardless
+# of the steps (hosts that run no job here, or jobs that judge no step for a long while,
+# must not grow the queue without bound).
+TELEMETRY_QUEUE_CAP = 1 << 17
+_TS = itemgetter("ts")
 
 
 class Detector:
@@ -40,17 +59,20 @@ class Detector:
 
     Defaults are scale-free (see ``JobConfig``, ``IncidentTracker``,
     ``Planner``): ``min_rel`` 5% excess over peers or own past, ``z_min`` 4
-    noise sigmas, ``confirm_steps`` 2, ``resolve_steps`` 5.
+    noise sigmas, ``confirm_steps`` 2, ``resolve_steps`` 5. ``telemetry_delay_s``
+    (seconds, the collectors' sampling interval): how far device samples may trail
+    the step events; a step judged at T uses the samples up to T minus this.
     """
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  resolve_steps: int = 5, critical_pct: float = 20.0,
-                 planner: Planner | None = None) -> None:
+                 planner: Planner | None = None, telemetry_delay_s: float = 1.0) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
         self.resolve_steps = resolve_steps
         self.critical_pct = critical_pct
+        self.telemetry_delay_s = telemetry_delay_s
         self.planner = planner or Planner()
         self.cfg = JobConfig(min_rel, z_min, confirm_steps)
         self.jobs: dict[str, JobState] = {}
@@ -60,10 +82,14 @@ class Detector:
         # (job, finding key) -> (step, root cause, evidence): telemetry arrives about
         # once a step, so the attribution is refreshed every few steps, not every step.
         self._causes: dict[tuple[str, str], tuple[int, str, dict]] = {}
+        self._tq: dict[str, list[dict[str, Any]]] = {}  # host -> samples not applied yet
+        self._cut: dict[str, float] = {}        # host -> its samples up to this ts are applied
+        self._queued = 0
+        self.late_samples = 0      # device samples older than what was already applied
 
     def clone(self) -> Detector:
         return Detector(self.min_rel, self.z_min, self.confirm_steps, self.resolve_steps,
-                        self.critical_pct, self.planner.clone())
+                        self.critical_pct, self.planner.clone(), self.telemetry_delay_s)
 
     # -- feeding ----------------------------------------------------------------
 
@@ -75,12 +101,14 @@ class Detector:
         """Take events in order; return the incident events they caused."""
         out: list[dict[str, Any]] = []
         jobs = self.jobs
-        store = self.store
         # The last job seen: events come in runs of one job, so most need no lookup.
         job_id: str | None = None
         job = cast(JobState, None)     # set before first use: job_id None matches no event
         aligner = cast(CollectiveAligner, None)
         open_get = cast(Any, None)
+        tq = self._tq
+        cuts = self._cut
+        queued = 0
         for ev in events:
             try:
                 kind = ev["kind"]
@@ -112,15 +140,60 @@ class Detector:
                 elif kind == "step":
                     for _, findings, ts in job.add_step(ev):
                         out.extend(self._judge(job, findings, ts))
-                elif kind == "gpu":
-                    store.observe_gpu(ev)
-                elif kind == "nic":
-                    store.observe_nic(ev)
-                elif kind == "host":
-                    store.observe_host(ev)
+                elif kind in TELEMETRY_KINDS:
+                    h = ev["host"]
+                    if ev["ts"] > cuts.get(h, -math.inf):
+                        q = tq.get(h)
+                        if q is None:
+                            q = tq[h] = []
+                        q.append(ev)
+                        queued += 1
+                    else:
+                        self.late_samples += 1
+                        self._observe(ev)
             except (KeyError, TypeError, ValueError):
                 self.rejected += 1
+        self._queued += queued
+        if self._queued > TELEMETRY_QUEUE_CAP:
+            for q in tq.values():
+                q.sort(key=_TS)
+                self._apply(q[:len(q) // 2])
+                del q[:len(q) // 2]
+            self._queued = sum(map(len, tq.values()))
         return out
+
+    def _observe(self, ev: dict[str, Any]) -> None:
+        kind = ev["kind"]
+        if kind == "gpu":
+            self.store.observe_gpu(ev)
+        elif kind == "nic":
+            self.store.observe_nic(ev)
+        else:
+            self.store.observe_host(ev)
+
+    def _apply(self, samples: list[dict[str, Any]]) -> None:
+        for ev in samples:
+            try:
+                self._observe(ev)
+            except (KeyError, TypeError, ValueError):
+                self.rejected += 1
+
+    def _release(self, hosts: set[str], cut: float) -> None:
+        """Apply the queued device samples of ``hosts`` up to ``cut`` (event-time s), in
+        ts order."""
+        cuts, tq = self._cut, self._tq
+        for h in hosts:
+            if cut > cuts.get(h, -math.inf):
+                cuts[h] = cut
+            q = tq.get(h)
+            if not q:
+                continue
+            q.sort(key=_TS)        # nearly sorted already: linear
+            n = bisect_right(q, cuts[h], key=_TS)
+            if n:
+                self._apply(q[:n])
+                del q[:n]
+                self._queued -= n
 
     def flush(self, now_ts: float | None = None) -> list[dict[str, Any]]:
         """End of input: judge the steps still buffered. Open incidents stay open
@@ -134,6 +207,7 @@ class Detector:
     def _judge(self, job: JobState, findings: list, ts: float) -> list[dict[str, Any]]:
         found = []
         job_hosts = set(job.rank_host.values())
+        self._release(job_hosts, ts - self.telemetry_delay_s)
         step_s = job.job_step_s or 1.0
         for f in findings:
             if f.fault == "slow_link":

@@ -40,6 +40,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from models.pipeline import Detector
 from schema import Topics, decode_lenient, encode, encode_deadletter
 from schema.fast import all_valid
 from schema.topics import KIND_TOPIC
@@ -86,6 +87,7 @@ class WorkerConfig:
     metrics_addr: str = "127.0.0.1"
     session_timeout: float = 2.0
     fetch_wait_ms: int = 100
+    telemetry_delay: float = 1.0
     detector_factory: Callable[[], Any] | None = None
     detector_restore: Callable[[Any], Any] | None = None
 
@@ -260,7 +262,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
 
     async def take_over(p: int) -> JobPartition:
         """State of partition ``p`` when this worker gets it: newest snapshot + emitted incidents."""
-        hooks: dict[str, Any] = {}
+        hooks: dict[str, Any] = {
+            "detector_factory": lambda: Detector(telemetry_delay_s=cfg.telemetry_delay)}
         if cfg.detector_factory:
             hooks["detector_factory"] = cfg.detector_factory
         if cfg.detector_restore:
@@ -270,6 +273,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         snap = await asyncio.to_thread(store.read_latest, p)
         if snap is not None:
             state.restore(snap)
+            if hasattr(state.detector, "telemetry_delay_s"):  # the flag wins over the snapshot
+                state.detector.telemetry_delay_s = cfg.telemetry_delay
         for m in await asyncio.to_thread(scan, cfg.bootstrap, t.for_kind("incident"), p):
             try:
                 state.remember(orjson.loads(m.value()))

@@ -2,14 +2,24 @@
 and the incidents already emitted. Pure Python, no I/O, no asyncio.
 
 Ordering. Events of one partition come from many producers, interleaved by
-message. They are held in a buffer (one ts-sorted chunk per message) and
-handed to the Detector in ``ts`` order once the *watermark* passes them. Each
-source (see ``source_mark``) produces in order, so the watermark is the lowest
-newest-``ts`` over the sources: everything at or below it has arrived. It
-never moves back, it waits at the start (or after a restore) until the sources
-have shown up (``idle_s`` wall seconds or ``lateness`` of event time), and it
-stops waiting for a source that fell ``lateness`` behind the median source and
-sent nothing for ``lateness`` wall seconds (it left, or its host's clock is far
+message. Step and collective events are held in a buffer (one ts-sorted chunk
+per message) and handed to the Detector in ``ts`` order once the *watermark*
+passes them. Each source (see ``source_mark``) produces in order, so the
+watermark is the lowest newest-``ts`` over the sources: everything at or below
+it has arrived. Device samples are never held: the Detector queues them and
+applies them by event time, ``telemetry_delay_s`` behind the steps it judges
+(``models.pipeline``), so a telemetry source counts ``telemetry_delay_s`` ahead
+in the watermark: a step at T waits only for the samples up to T minus the
+delay, which a collector sampling once a second has sent by then. Only the
+telemetry of the partition's own job hosts (learned from step events) counts,
+and a job host whose samples of a kind (gpu, nic, host) have not shown up yet
+holds the watermark for up to ``expect_s`` wall seconds: another worker may be
+routing them a little later (a rebalance, a backlog), and the root cause must
+not depend on which worker forwarded what first. The watermark never moves
+back, it waits at the start (or after a restore) until the sources have shown
+up (``idle_s`` wall seconds or ``lateness`` of event time), and it stops
+waiting for a source that fell ``lateness`` behind the median source and sent
+nothing for ``lateness`` wall seconds (it left, or its host's clock is far
 behind), or fell 6 x ``lateness`` behind. A partition that received nothing
 for ``idle_s`` releases everything it holds. An event that arrives behind the
 watermark (late, or from a host whose clock is behind) is handed over at once:
@@ -26,9 +36,10 @@ emitted twice.
 Recovery. ``snapshot()`` is small: the Detector's state, the watermark, the
 per-host progress and two offsets: ``o_min`` (the oldest message still holding
 an unreleased event: consumption must resume at or before it) and ``o_next``.
-After ``restore``, a message below ``o_next`` contributes only its events
-newer than the snapshot's watermark (the others are already inside the
-Detector's state); from ``o_next`` on, processing is normal.
+After ``restore``, a message below ``o_next`` contributes only its step and
+collective events newer than the snapshot's watermark and none of its device
+samples (those are already inside the Detector's state); from ``o_next`` on,
+processing is normal.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import numpy as np
 import orjson
 
 INPUT_KINDS = ("step", "collective", "gpu", "nic", "host")
+TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
 RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
 _EV_TS = itemgetter("ts")
 
@@ -81,22 +93,30 @@ class JobPartition:
     """Everything one home partition needs between two messages.
 
     ``lateness`` (event-time s): the most the watermark trails the median host.
-    ``idle_s`` (wall s): silence after which a kind / the partition stops holding events.
+    ``idle_s`` (wall s): silence after which the partition stops holding events.
+    ``expect_s`` (wall s): how long a job host's missing telemetry kind holds the watermark.
     """
 
     def __init__(self, partition: int, lateness: float = 10.0, idle_s: float = 2.0,
                  detector_factory: Callable[[], Any] = _default_detector_factory,
-                 detector_restore: Callable[[Any], Any] = _default_detector_restore) -> None:
+                 detector_restore: Callable[[Any], Any] = _default_detector_restore,
+                 expect_s: float = 5.0) -> None:
         self.partition = partition
         self.lateness = lateness
         self.idle_s = idle_s
+        self.expect_s = expect_s
         self._restore_detector = detector_restore
         self.detector = detector_factory()
+        self._tel_hw: dict[tuple, float] = {}   # telemetry source -> newest ts that arrived
+        self._job_hosts: dict[str, float] = {}  # host of a job here -> newest step ts from it
+        self._tel_kinds: set[tuple[str, str]] = set()   # (kind, host) with samples seen
+        self._expect: dict[tuple[str, str], float] = {}  # (kind, host) awaited since (wall s)
+        self._unsent: set[tuple[str, str]] = set()       # (kind, host) that never came
         self.wm = -math.inf
         self._buf: list[tuple[float, float, int, list[dict]]] = []
         self.buffered = 0  # events in _buf
         self._wm_wall = -math.inf
-        self._hw: dict[tuple, float] = {}  # source -> newest ts that arrived
+        self._hw: dict[tuple, float] = {}  # step / collective source -> newest ts that arrived
         self._seen: dict[tuple, float] = {}  # source -> wall time of its latest arrival
         self._ref = -math.inf  # median of the sources' newest ts (event-time "now")
         self._ref_wall = -math.inf
@@ -123,19 +143,35 @@ class JobPartition:
             self.next_offset = offset + 1
         # Replaying below the snapshot's o_next: events up to its watermark are already in
         # the Detector's state; they still tell which sources exist and how far they got.
-        skip_ts = self._skip_ts if offset < self._skip_below else -math.inf
+        replaying = offset < self._skip_below
+        skip_ts = self._skip_ts if replaying else -math.inf
         late: list[dict] = []
         keep: list[dict] = []
+        samples: list[dict] = []
         wm = self.wm
         hw = self._hw
+        tel_hw = self._tel_hw
+        job_hosts = self._job_hosts
         seen = self._seen
         marks = _MARK
         for ev in events:
             ts = ev["ts"]
-            src = marks[ev["kind"]][0](ev)
+            kind = ev["kind"]
+            src = marks[kind][0](ev)
+            seen[src] = now
+            if kind in TELEMETRY_KINDS:
+                if ts > tel_hw.get(src, -math.inf):
+                    tel_hw[src] = ts
+                    self._tel_kinds.add((kind, ev["host"]))
+                if replaying:
+                    self.counts["replay_skipped"] += 1
+                else:
+                    samples.append(ev)     # never held: the Detector orders samples itself
+                continue
             if ts > hw.get(src, -math.inf):
                 hw[src] = ts
-            seen[src] = now
+            if kind == "step" and ts > job_hosts.get(ev["host"], -math.inf):
+                job_hosts[ev["host"]] = ts
             if ts <= skip_ts:
                 self.counts["replay_skipped"] += 1
             elif ts <= wm:
@@ -148,6 +184,7 @@ class JobPartition:
             self.buffered += len(keep)
         self.counts["events"] += len(events)
         self.counts["late"] += len(late)
+        late += samples
         out = self._feed(late) if late else []
         out.extend(self._advance(now))
         return out
@@ -180,23 +217,59 @@ class JobPartition:
                 return self.wm
             self._settling = False
         if now - self._ref_wall >= 0.5 or self._ref == -math.inf:
-            self._ref = float(np.median(np.fromiter(hw.values(), float, len(hw))))
+            # The median over every source, samples counted ``telemetry_delay_s`` ahead:
+            # while a backlog is consumed one topic can run far ahead of another, and a
+            # source that is behind and still delivering must keep holding the watermark.
+            delay = getattr(self.detector, "telemetry_delay_s", 0.0)
+            tel = self._tel_hw
+            pos = np.fromiter(hw.values(), float, len(hw))
+            if tel:
+                pos = np.concatenate((pos, np.fromiter(tel.values(), float, len(tel)) + delay))
+            self._ref = float(np.median(pos))
             self._ref_wall = now
             self._drop_stalled(now)
             hw = self._hw
-        return min(hw.values()) if hw else self._ref
+        if self._awaited(now):
+            return self.wm
+        wm = min(hw.values()) if hw else self._ref
+        hosts = self._job_hosts
+        tel = [t for s, t in self._tel_hw.items() if s[1] in hosts]
+        if tel:
+            wm = min(wm, min(tel) + getattr(self.detector, "telemetry_delay_s", 0.0))
+        return wm
+
+    def _awaited(self, now: float) -> bool:
+        """True while a job host has not sent a telemetry kind yet (for at most ``expect_s``
+        wall seconds per (kind, host): a host without that collector is then not awaited)."""
+        expect, have, unsent = self._expect, self._tel_kinds, self._unsent
+        for h in self._job_hosts:
+            for k in TELEMETRY_KINDS:
+                kh = (k, h)
+                if kh not in have and kh not in unsent and kh not in expect:
+                    expect[kh] = now
+        for kh, since in list(expect.items()):
+            if kh in have:
+                del expect[kh]
+            elif now - since > self.expect_s:
+                del expect[kh]
+                unsent.add(kh)
+        return bool(expect)
 
     def _drop_stalled(self, now: float) -> None:
         """Stop waiting for sources that fell ``lateness`` behind the median and sent nothing
         for ``lateness`` wall seconds (a source that is behind but still delivering, or
         whose topic the consumer reaches later while catching up on a backlog, keeps
-        holding the watermark), or that fell 6 x ``lateness`` behind."""
+        holding the watermark), or that fell 6 x ``lateness`` behind; forget job hosts
+        whose steps stopped that long ago (the job ended or moved)."""
         floor, hard = self._ref - self.lateness, self._ref - 6 * self.lateness
         seen = self._seen
-        gone = [s for s, t in self._hw.items()
-                if t < hard or (t < floor and now - seen[s] > self.lateness)]
-        for s in gone:
-            del self._hw[s], seen[s]
+        delay = getattr(self.detector, "telemetry_delay_s", 0.0)
+        for hw, shift in ((self._hw, 0.0), (self._tel_hw, delay)):
+            gone = [s for s, t in hw.items()
+                    if t + shift < hard or (t + shift < floor and now - seen[s] > self.lateness)]
+            for s in gone:
+                del hw[s], seen[s]
+        self._job_hosts = {h: t for h, t in self._job_hosts.items() if t >= hard}
 
     def _advance(self, now: float, force: bool = False) -> list[dict]:
         # The watermark is recomputed at most every ``RECOMPUTE_S`` of wall time: a lower

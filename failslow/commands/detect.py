@@ -44,6 +44,9 @@ def check(obj):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="JSON Lines trace ('-' for stdin)")
     parser.add_argument("--out", metavar="FILE", help="write incidents here instead of stdout")
+    parser.add_argument("--telemetry-delay", type=float, default=1.0, metavar="S",
+                        help="seconds device samples may trail the step events (the "
+                             "collectors' sampling interval), as `failslow worker` [1]")
 
 
 @contextmanager
@@ -118,6 +121,8 @@ def _line_by_line(chunk: list, first: int, warn) -> tuple[list, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.telemetry_delay < 0:
+        raise DetectError("--telemetry-delay must be >= 0")
     if args.file == "-":
         src = sys.stdin.buffer
     else:
@@ -141,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         out.write(orjson.dumps(inc) + b"\n")
 
     try:
-        n_events, n_bad, n_inc = detect_lines(src, Detector(), write, warn)
+        n_events, n_bad, n_inc = detect_lines(
+            src, Detector(telemetry_delay_s=args.telemetry_delay), write, warn)
     finally:
         if src is not sys.stdin.buffer:
             src.close()

@@ -31,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lateness", type=float, default=10.0,
                         help="event-time seconds an event may trail the others and still be "
                              "ordered with them [10]")
+    parser.add_argument("--telemetry-delay", type=float, default=1.0,
+                        help="seconds device samples may trail the step events: the "
+                             "collectors' sampling interval; a step is judged with the samples "
+                             "up to its ts minus this. Use the same value with `failslow "
+                             "detect` to compare [1]")
     parser.add_argument("--snapshot-interval", type=float, default=5.0,
                         help="seconds between state snapshots (bounds the replay after a "
                              "crash); longer for a large state, so snapshots take at most 5%% "
@@ -44,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.lateness <= 0 or args.snapshot_interval <= 0 or args.session_timeout <= 0:
         raise ConfigError("--lateness, --snapshot-interval and --session-timeout must be > 0")
+    if not 0 <= args.telemetry_delay < args.lateness:
+        raise ConfigError("--telemetry-delay must be >= 0 and below --lateness")
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         raise ConfigError(f"--metrics-port {args.metrics_port}: not a TCP port")
     settings = resolve(args)
@@ -55,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
                        group=args.group, lateness=args.lateness,
                        snapshot_interval=args.snapshot_interval, metrics_port=args.metrics_port,
                        metrics_addr=args.metrics_addr,
-                       session_timeout=args.session_timeout)
+                       session_timeout=args.session_timeout,
+                       telemetry_delay=args.telemetry_delay)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(cfg)
