@@ -88,6 +88,7 @@ class WorkerConfig:
     session_timeout: float = 2.0
     fetch_wait_ms: int = 100
     telemetry_delay: float = 1.0
+    jitter: float = 0.3
     detector_factory: Callable[[], Any] | None = None
     detector_restore: Callable[[Any], Any] | None = None
 
@@ -268,7 +269,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
             hooks["detector_factory"] = cfg.detector_factory
         if cfg.detector_restore:
             hooks["detector_restore"] = cfg.detector_restore
-        state = JobPartition(p, lateness=cfg.lateness, idle_s=cfg.idle_s, **hooks)
+        state = JobPartition(p, lateness=cfg.lateness, idle_s=cfg.idle_s, jitter_s=cfg.jitter,
+                             **hooks)
         t0 = time.time()
         snap = await asyncio.to_thread(store.read_latest, p)
         if snap is not None:

@@ -95,16 +95,19 @@ class JobPartition:
     ``lateness`` (event-time s): the most the watermark trails the median host.
     ``idle_s`` (wall s): silence after which the partition stops holding events.
     ``expect_s`` (wall s): how long a job host's missing telemetry kind holds the watermark.
+    ``jitter_s`` (wall s): in a live stream, how long an event waits for the stragglers of
+    other sources; 0 turns this off (the watermark then waits for every source).
     """
 
     def __init__(self, partition: int, lateness: float = 10.0, idle_s: float = 2.0,
                  detector_factory: Callable[[], Any] = _default_detector_factory,
                  detector_restore: Callable[[Any], Any] = _default_detector_restore,
-                 expect_s: float = 5.0) -> None:
+                 expect_s: float = 5.0, jitter_s: float = 0.3) -> None:
         self.partition = partition
         self.lateness = lateness
         self.idle_s = idle_s
         self.expect_s = expect_s
+        self.jitter_s = jitter_s
         self._restore_detector = detector_restore
         self.detector = detector_factory()
         self._tel_hw: dict[tuple, float] = {}   # telemetry source -> newest ts that arrived
@@ -113,7 +116,8 @@ class JobPartition:
         self._expect: dict[tuple[str, str], float] = {}  # (kind, host) awaited since (wall s)
         self._unsent: set[tuple[str, str]] = set()       # (kind, host) that never came
         self.wm = -math.inf
-        self._buf: list[tuple[float, float, int, list[dict]]] = []
+        # chunks: (first ts, last ts, offset, events sorted by ts, arrival wall time)
+        self._buf: list[tuple[float, float, int, list[dict], float]] = []
         self.buffered = 0  # events in _buf
         self._wm_wall = -math.inf
         self._hw: dict[tuple, float] = {}  # step / collective source -> newest ts that arrived
@@ -180,7 +184,7 @@ class JobPartition:
                 keep.append(ev)
         if keep:
             keep.sort(key=_EV_TS)
-            self._buf.append((keep[0]["ts"], keep[-1]["ts"], offset, keep))
+            self._buf.append((keep[0]["ts"], keep[-1]["ts"], offset, keep, now))
             self.buffered += len(keep)
         self.counts["events"] += len(events)
         self.counts["late"] += len(late)
@@ -233,10 +237,19 @@ class JobPartition:
             return self.wm
         wm = min(hw.values()) if hw else self._ref
         hosts = self._job_hosts
-        tel = [t for s, t in self._tel_hw.items() if s[1] in hosts]
-        if tel:
-            wm = min(wm, min(tel) + getattr(self.detector, "telemetry_delay_s", 0.0))
-        return wm
+        tel_ts = [t for s, t in self._tel_hw.items() if s[1] in hosts]
+        delay = getattr(self.detector, "telemetry_delay_s", 0.0)
+        bound = min(tel_ts) + delay if tel_ts else math.inf
+        if self.jitter_s > 0 and hw and now - max(hw.values()) < self.lateness:
+            # Live (the newest events are seconds old, not a backlog): a source that is
+            # quiet (a pipeline bubble, a data-parallel group between two all-reduces, a
+            # rank that ended its step early) is idle, not behind; waiting for its next event
+            # would hold everything for up to a step. Events that arrived ``jitter_s`` ago
+            # have waited long enough for the other sources' stragglers.
+            ready = [c[1] for c in self._buf if now - c[4] >= self.jitter_s]
+            if ready:
+                wm = max(wm, min(max(ready), bound))
+        return min(wm, bound)
 
     def _awaited(self, now: float) -> bool:
         """True while a job host has not sent a telemetry kind yet (for at most ``expect_s``
@@ -283,14 +296,14 @@ class JobPartition:
         self.wm = new
         ready: list[dict] = []
         held = []
-        for chunk in self._buf:  # chunks: (first ts, last ts, offset, events sorted by ts)
-            first, last, offset, evs = chunk
+        for chunk in self._buf:
+            first, last, offset, evs, arrived = chunk
             if last <= new:
                 ready.extend(evs)
             elif first <= new:
                 cut = bisect_right(evs, new, key=_EV_TS)
                 ready.extend(evs[:cut])
-                held.append((evs[cut]["ts"], last, offset, evs[cut:]))
+                held.append((evs[cut]["ts"], last, offset, evs[cut:], arrived))
             else:
                 held.append(chunk)
         self._buf = held

@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "collectors' sampling interval; a step is judged with the samples "
                              "up to its ts minus this. Use the same value with `failslow "
                              "detect` to compare [1]")
+    parser.add_argument("--jitter", type=float, default=0.3,
+                        help="wall seconds an event of a live stream waits for late events of "
+                             "other sources before it is ordered without them; 0: wait for "
+                             "every source's next event (exact, up to a step slower) [0.3]")
     parser.add_argument("--snapshot-interval", type=float, default=5.0,
                         help="seconds between state snapshots (bounds the replay after a "
                              "crash); longer for a large state, so snapshots take at most 5%% "
@@ -49,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.lateness <= 0 or args.snapshot_interval <= 0 or args.session_timeout <= 0:
         raise ConfigError("--lateness, --snapshot-interval and --session-timeout must be > 0")
+    if args.jitter < 0:
+        raise ConfigError("--jitter must be >= 0")
     if not 0 <= args.telemetry_delay < args.lateness:
         raise ConfigError("--telemetry-delay must be >= 0 and below --lateness")
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
@@ -63,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                        snapshot_interval=args.snapshot_interval, metrics_port=args.metrics_port,
                        metrics_addr=args.metrics_addr,
                        session_timeout=args.session_timeout,
-                       telemetry_delay=args.telemetry_delay)
+                       telemetry_delay=args.telemetry_delay, jitter=args.jitter)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(cfg)
