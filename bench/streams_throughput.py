@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import urllib.request
 import uuid
@@ -71,13 +72,20 @@ def run(bootstrap: str, topics: Topics, n_events: int, n_workers: int, timeout: 
                 break
             time.sleep(0.5)  # each scrape costs the worker ~10 ms of its one core
         t_end = time.monotonic()
+        cpu = sum(cpu_seconds(w.proc.pid) for w in workers)
     finally:
         for w in workers:
             w.stop()
     span = t_end - (t_first or t_end)
     rate = (done - first) / span if t_first and span > 0 else 0.0
     return {"workers": n_workers, "events": n_events, "processed": done, "seconds": span,
-            "events_per_s": rate}
+            "events_per_s": rate, "worker_cpu_s": cpu}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -102,7 +110,8 @@ def main() -> None:
             r = run(broker.bootstrap, topics, len(events), n, args.timeout)
             results.append(r)
             print(f"{n} worker(s): {r['processed']:,.0f} events in {r['seconds']:.1f} s = "
-                  f"{r['events_per_s']:,.0f} events/s")
+                  f"{r['events_per_s']:,.0f} events/s (worker CPU {r['worker_cpu_s']:.1f} s "
+                  f"incl. start-up)")
     finally:
         broker.stop(2)
     RESULTS.mkdir(exist_ok=True)

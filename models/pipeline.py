@@ -35,8 +35,6 @@ from bisect import bisect_right
 from operator import itemgetter
 from typing import Any, cast
 
-import orjson
-
 from models.alignment import HEAD, CollectiveAligner
 from models.incidents import IncidentTracker
 from models.job import JobConfig, JobState
@@ -243,13 +241,13 @@ class Detector:
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-able snapshot (the pickled state, base64) for recovery. The queued device
-        samples (plain JSON events, up to a few seconds of a large job's telemetry) go as
-        JSON: orjson writes them ~10x faster than pickle."""
+        samples (plain JSON events, up to a few seconds of a large job's telemetry) stay
+        JSON: the snapshot's writer encodes them ~10x faster than pickle would."""
         state = dict(self.__dict__)
         queued = state.pop("_tq")
         blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         return {"version": STATE_VERSION, "state": base64.b64encode(blob).decode("ascii"),
-                "queued": orjson.dumps(queued).decode()}
+                "queued": queued}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> Detector:
@@ -257,5 +255,5 @@ class Detector:
             raise ValueError(f"unknown detector state version {d.get('version')!r}")
         det = cls.__new__(cls)
         det.__dict__.update(pickle.loads(base64.b64decode(d["state"])))
-        det._tq = orjson.loads(d["queued"])
+        det._tq = d["queued"]
         return det

@@ -365,8 +365,11 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                 continue
             snap = state.snapshot()
             state.prune()
+            blob = store.encode(snap)
+            # The share counts all the CPU a snapshot takes (pickle, JSON, compression);
+            # only the delivery to the broker runs beside the agents.
             due[p] = t0 + (time.monotonic() - t0) / SNAPSHOT_SHARE
-            size = await asyncio.to_thread(store.write, p, snap)
+            size = await asyncio.to_thread(store.write_blob, p, blob)
             metrics.snapshot_bytes.labels(str(p)).set(size)
             if ack and job_stream and parts.get(p) is state:
                 keep = []

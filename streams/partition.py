@@ -6,11 +6,12 @@ message. Step and collective events are held in a buffer (one ts-sorted chunk
 per message) and handed to the Detector in ``ts`` order once the *watermark*
 passes them. Each source (see ``source_mark``) produces in order, so the
 watermark is the lowest newest-``ts`` over the sources: everything at or below
-it has arrived. Device samples are never held: the Detector queues them and
-applies them by event time, ``telemetry_delay_s`` behind the steps it judges
-(``models.pipeline``), so a telemetry source counts ``telemetry_delay_s`` ahead
-in the watermark: a step at T waits only for the samples up to T minus the
-delay, which a collector sampling once a second has sent by then. Only the
+it has arrived. Device samples are released ``telemetry_delay_s`` ahead of the
+watermark: the Detector queues them and applies them by event time,
+``telemetry_delay_s`` behind the steps it judges (``models.pipeline``), so a
+telemetry source counts ``telemetry_delay_s`` ahead in the watermark: a step at
+T waits only for the samples up to T minus the delay, which a collector
+sampling once a second has sent by then. Only the
 telemetry of the partition's own job hosts (learned from step events) counts,
 and a job host whose samples of a kind (gpu, nic, host) have not shown up yet
 holds the watermark for up to ``expect_s`` wall seconds: another worker may be
@@ -37,9 +38,9 @@ Recovery. ``snapshot()`` is small: the Detector's state, the watermark, the
 per-host progress and two offsets: ``o_min`` (the oldest message still holding
 an unreleased event: consumption must resume at or before it) and ``o_next``.
 After ``restore``, a message below ``o_next`` contributes only its step and
-collective events newer than the snapshot's watermark and none of its device
-samples (those are already inside the Detector's state); from ``o_next`` on,
-processing is normal.
+collective events newer than the snapshot's watermark and its device samples
+newer than the watermark plus ``telemetry_delay_s`` (the others are already
+inside the Detector's state); from ``o_next`` on, processing is normal.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
+from heapq import heappop, heappush
 from operator import itemgetter
 from typing import Any
 
@@ -115,9 +117,16 @@ class JobPartition:
         self._tel_kinds: set[tuple[str, str]] = set()   # (kind, host) with samples seen
         self._expect: dict[tuple[str, str], float] = {}  # (kind, host) awaited since (wall s)
         self._unsent: set[tuple[str, str]] = set()       # (kind, host) that never came
+        self._awaiting = False      # some (kind, host) is awaited
+        self._tel_bound = math.inf  # steps up to here have the samples they need
         self.wm = -math.inf
-        # chunks: (first ts, last ts, offset, events sorted by ts, arrival wall time)
-        self._buf: list[tuple[float, float, int, list[dict], float]] = []
+        # A heap of chunks: (first ts - shift, sequence no., last ts - shift, offset, events
+        # sorted by ts, arrival wall time, shift); shift is telemetry_delay_s for device
+        # samples (released that much ahead of the steps), else 0. Releasing takes only the
+        # chunks it releases from, so a large buffer (a backlog waiting for a slower topic)
+        # costs nothing per watermark move.
+        self._buf: list[tuple[float, int, float, int, list[dict], float, float]] = []
+        self._seq = 0
         self.buffered = 0  # events in _buf
         self._wm_wall = -math.inf
         self._hw: dict[tuple, float] = {}  # step / collective source -> newest ts that arrived
@@ -153,6 +162,7 @@ class JobPartition:
         keep: list[dict] = []
         samples: list[dict] = []
         wm = self.wm
+        delay = getattr(self.detector, "telemetry_delay_s", 0.0)
         hw = self._hw
         tel_hw = self._tel_hw
         job_hosts = self._job_hosts
@@ -167,10 +177,14 @@ class JobPartition:
                 if ts > tel_hw.get(src, -math.inf):
                     tel_hw[src] = ts
                     self._tel_kinds.add((kind, ev["host"]))
-                if replaying:
+                # Samples go to the Detector ``delay`` ahead of the steps (it queues them
+                # until the steps they explain are judged); until then they wait here.
+                if ts - delay <= skip_ts:
                     self.counts["replay_skipped"] += 1
+                elif ts - delay <= wm:
+                    late.append(ev)
                 else:
-                    samples.append(ev)     # never held: the Detector orders samples itself
+                    samples.append(ev)
                 continue
             if ts > hw.get(src, -math.inf):
                 hw[src] = ts
@@ -180,15 +194,17 @@ class JobPartition:
                 self.counts["replay_skipped"] += 1
             elif ts <= wm:
                 late.append(ev)
+                self.counts["late"] += 1
             else:
                 keep.append(ev)
-        if keep:
-            keep.sort(key=_EV_TS)
-            self._buf.append((keep[0]["ts"], keep[-1]["ts"], offset, keep, now))
-            self.buffered += len(keep)
+        for chunk, shift in ((keep, 0.0), (samples, delay)):
+            if chunk:
+                chunk.sort(key=_EV_TS)
+                self._seq += 1
+                heappush(self._buf, (chunk[0]["ts"] - shift, self._seq, chunk[-1]["ts"] - shift,
+                                     offset, chunk, now, shift))
+                self.buffered += len(chunk)
         self.counts["events"] += len(events)
-        self.counts["late"] += len(late)
-        late += samples
         out = self._feed(late) if late else []
         out.extend(self._advance(now))
         return out
@@ -221,9 +237,11 @@ class JobPartition:
                 return self.wm
             self._settling = False
         if now - self._ref_wall >= 0.5 or self._ref == -math.inf:
-            # The median over every source, samples counted ``telemetry_delay_s`` ahead:
-            # while a backlog is consumed one topic can run far ahead of another, and a
-            # source that is behind and still delivering must keep holding the watermark.
+            # Every half second: the median over every source, samples counted
+            # ``telemetry_delay_s`` ahead (while a backlog is consumed one topic can run far
+            # ahead of another, and a source that is behind and still delivering must keep
+            # holding the watermark), stalled sources, awaited telemetry, and the bound the
+            # job hosts' telemetry puts on the steps (samples arrive once a second or so).
             delay = getattr(self.detector, "telemetry_delay_s", 0.0)
             tel = self._tel_hw
             pos = np.fromiter(hw.values(), float, len(hw))
@@ -233,20 +251,21 @@ class JobPartition:
             self._ref_wall = now
             self._drop_stalled(now)
             hw = self._hw
-        if self._awaited(now):
+            self._awaiting = self._awaited(now)
+            hosts = self._job_hosts
+            tel_ts = [t for s, t in self._tel_hw.items() if s[1] in hosts]
+            self._tel_bound = min(tel_ts) + delay if tel_ts else math.inf
+        if self._awaiting:
             return self.wm
         wm = min(hw.values()) if hw else self._ref
-        hosts = self._job_hosts
-        tel_ts = [t for s, t in self._tel_hw.items() if s[1] in hosts]
-        delay = getattr(self.detector, "telemetry_delay_s", 0.0)
-        bound = min(tel_ts) + delay if tel_ts else math.inf
+        bound = self._tel_bound
         if self.jitter_s > 0 and hw and now - max(hw.values()) < self.lateness:
             # Live (the newest events are seconds old, not a backlog): a source that is
             # quiet (a pipeline bubble, a data-parallel group between two all-reduces, a
             # rank that ended its step early) is idle, not behind; waiting for its next event
             # would hold everything for up to a step. Events that arrived ``jitter_s`` ago
             # have waited long enough for the other sources' stragglers.
-            ready = [c[1] for c in self._buf if now - c[4] >= self.jitter_s]
+            ready = [c[2] for c in self._buf if now - c[5] >= self.jitter_s]
             if ready:
                 wm = max(wm, min(max(ready), bound))
         return min(wm, bound)
@@ -290,23 +309,21 @@ class JobPartition:
         if not self._buf or (not force and now - self._wm_wall < RECOMPUTE_S):
             return []
         self._wm_wall = now
-        new = max(c[1] for c in self._buf) if force else self._progress(now)
+        buf = self._buf
+        new = max(c[2] for c in buf) if force else self._progress(now)
         if new <= self.wm:
             return []
         self.wm = new
         ready: list[dict] = []
-        held = []
-        for chunk in self._buf:
-            first, last, offset, evs, arrived = chunk
+        while buf and buf[0][0] <= new:
+            _, seq, last, offset, evs, arrived, shift = heappop(buf)
             if last <= new:
                 ready.extend(evs)
-            elif first <= new:
-                cut = bisect_right(evs, new, key=_EV_TS)
-                ready.extend(evs[:cut])
-                held.append((evs[cut]["ts"], last, offset, evs[cut:], arrived))
             else:
-                held.append(chunk)
-        self._buf = held
+                cut = bisect_right(evs, new + shift, key=_EV_TS)
+                ready.extend(evs[:cut])
+                heappush(buf, (evs[cut]["ts"] - shift, seq, last, offset, evs[cut:], arrived,
+                               shift))
         self.buffered -= len(ready)
         if not ready:
             return []
@@ -359,7 +376,7 @@ class JobPartition:
 
     def o_min(self) -> int:
         """The oldest offset consumption must resume from to rebuild the buffer."""
-        return min((c[2] for c in self._buf), default=self.next_offset)
+        return min((c[3] for c in self._buf), default=self.next_offset)
 
     def prune(self) -> None:
         """Forget de-duplication marks of sources silent for 6 x lateness (ended jobs)."""
