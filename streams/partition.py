@@ -6,12 +6,12 @@ message. Step and collective events are held in a buffer (one ts-sorted chunk
 per message) and handed to the Detector in ``ts`` order once the *watermark*
 passes them. Each source (see ``source_mark``) produces in order, so the
 watermark is the lowest newest-``ts`` over the sources: everything at or below
-it has arrived. Device samples are released ``telemetry_delay_s`` ahead of the
-watermark: the Detector queues them and applies them by event time,
-``telemetry_delay_s`` behind the steps it judges (``models.pipeline``), so a
-telemetry source counts ``telemetry_delay_s`` ahead in the watermark: a step at
-T waits only for the samples up to T minus the delay, which a collector
-sampling once a second has sent by then. Only the
+it has arrived. The Detector applies device samples by event time,
+``telemetry_delay_s`` behind the steps it judges (``models.pipeline``), so
+samples are released that much behind the watermark, and a telemetry source
+counts ``telemetry_delay_s`` ahead in the watermark: a step at T waits only for
+the samples up to T minus the delay, which a collector sampling once a second
+has sent by then. Only the
 telemetry of the partition's own job hosts (learned from step events) counts,
 and a job host whose samples of a kind (gpu, nic, host) have not shown up yet
 holds the watermark for up to ``expect_s`` wall seconds: another worker may be
@@ -39,7 +39,7 @@ per-host progress and two offsets: ``o_min`` (the oldest message still holding
 an unreleased event: consumption must resume at or before it) and ``o_next``.
 After ``restore``, a message below ``o_next`` contributes only its step and
 collective events newer than the snapshot's watermark and its device samples
-newer than the watermark plus ``telemetry_delay_s`` (the others are already
+newer than the watermark minus ``telemetry_delay_s`` (the others are already
 inside the Detector's state); from ``o_next`` on, processing is normal.
 """
 
@@ -121,8 +121,8 @@ class JobPartition:
         self._tel_bound = math.inf  # steps up to here have the samples they need
         self.wm = -math.inf
         # A heap of chunks: (first ts - shift, sequence no., last ts - shift, offset, events
-        # sorted by ts, arrival wall time, shift); shift is telemetry_delay_s for device
-        # samples (released that much ahead of the steps), else 0. Releasing takes only the
+        # sorted by ts, arrival wall time, shift); shift is -telemetry_delay_s for device
+        # samples (released that much behind the steps), else 0. Releasing takes only the
         # chunks it releases from, so a large buffer (a backlog waiting for a slower topic)
         # costs nothing per watermark move.
         self._buf: list[tuple[float, int, float, int, list[dict], float, float]] = []
@@ -177,11 +177,12 @@ class JobPartition:
                 if ts > tel_hw.get(src, -math.inf):
                     tel_hw[src] = ts
                     self._tel_kinds.add((kind, ev["host"]))
-                # Samples go to the Detector ``delay`` ahead of the steps (it queues them
-                # until the steps they explain are judged); until then they wait here.
-                if ts - delay <= skip_ts:
+                # A step judged at T needs the samples up to T - delay: they go to the
+                # Detector ``delay`` behind the steps and wait here until then (here they
+                # are rebuilt by a replay; in the Detector they would be in every snapshot).
+                if ts + delay <= skip_ts:
                     self.counts["replay_skipped"] += 1
-                elif ts - delay <= wm:
+                elif ts + delay <= wm:
                     late.append(ev)
                 else:
                     samples.append(ev)
@@ -197,7 +198,7 @@ class JobPartition:
                 self.counts["late"] += 1
             else:
                 keep.append(ev)
-        for chunk, shift in ((keep, 0.0), (samples, delay)):
+        for chunk, shift in ((keep, 0.0), (samples, -delay)):
             if chunk:
                 chunk.sort(key=_EV_TS)
                 self._seq += 1
@@ -265,7 +266,7 @@ class JobPartition:
             # rank that ended its step early) is idle, not behind; waiting for its next event
             # would hold everything for up to a step. Events that arrived ``jitter_s`` ago
             # have waited long enough for the other sources' stragglers.
-            ready = [c[2] for c in self._buf if now - c[5] >= self.jitter_s]
+            ready = [c[2] for c in self._buf if not c[6] and now - c[5] >= self.jitter_s]
             if ready:
                 wm = max(wm, min(max(ready), bound))
         return min(wm, bound)
