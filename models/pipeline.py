@@ -12,10 +12,11 @@ localization); every located finding gets a root cause from the culprit's
 telemetry (``models.rootcause``) and a mitigation (``models.mitigation``),
 and the incident tracker (``models.incidents``) decides what to emit.
 
-Telemetry joins the steps by event time, not by arrival. A step judged at
-``ts`` T sees exactly the device samples of the job's hosts with
-``ts <= T - telemetry_delay_s`` (samples are queued per host and applied in
-``ts`` order when a step of a job on that host is judged), so
+Telemetry joins the steps by event time, not by arrival. From a job's first
+judged step on, a step judged at ``ts`` T sees exactly the device samples of
+the job's hosts with ``ts <= T - telemetry_delay_s`` (samples are queued per
+host and applied in ``ts`` order when a step of a job on that host is judged;
+before that, a host's samples are applied as they come), so
 the root cause does not depend on whether a sample reached this process just
 before or just after the step events: a file read in ``ts`` order and a stream
 whose telemetry runs up to ``telemetry_delay_s`` behind its steps (another
@@ -141,15 +142,20 @@ class Detector:
                     for _, findings, ts in job.add_step(ev):
                         out.extend(self._judge(job, findings, ts))
                 elif kind in TELEMETRY_KINDS:
+                    # Queued only for hosts a judged step has already used: samples of
+                    # other hosts (no job here yet, or telemetry sent to every partition
+                    # until its host is known) are applied at once and cost no memory.
                     h = ev["host"]
-                    if ev["ts"] > cuts.get(h, -math.inf):
+                    cut = cuts.get(h)
+                    if cut is not None and ev["ts"] > cut:
                         q = tq.get(h)
                         if q is None:
                             q = tq[h] = []
                         q.append(ev)
                         queued += 1
                     else:
-                        self.late_samples += 1
+                        if cut is not None:
+                            self.late_samples += 1
                         self._observe(ev)
             except (KeyError, TypeError, ValueError):
                 self.rejected += 1

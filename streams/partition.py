@@ -228,7 +228,11 @@ class JobPartition:
         """The watermark the sources' progress allows now (event-time s)."""
         hw = self._hw
         if not hw:
-            return -math.inf
+            # Only device samples here (hosts whose jobs live elsewhere, or none yet): let
+            # them through, so they do not pile up; a job that starts here later finds the
+            # watermark at its hosts' sampling time, not ahead of its first steps.
+            tel = self._tel_hw
+            return min(tel.values()) if tel else -math.inf
         if self._settling:
             # Starting (or restored): let every source show up before anything is released,
             # or the first to arrive would make all the others late.
