@@ -393,9 +393,6 @@ class JobPartition:
         wm = self.wm if math.isfinite(self.wm) else None
         return {"v": 1, "partition": self.partition, "wm": wm, "o_min": self.o_min(),
                 "o_next": self.next_offset,
-                # which hosts send which telemetry: a restored partition does not hold its
-                # replay waiting for them again
-                "telemetry": sorted(self._tel_kinds | self._unsent),
                 "detector": self.detector.state_dict()}
 
     def restore(self, snap: dict) -> None:
@@ -404,4 +401,3 @@ class JobPartition:
         self.next_offset = snap["o_next"]
         self._skip_below = snap["o_next"]
         self._skip_ts = self.wm
-        self._unsent = {(k, h) for k, h in snap.get("telemetry", ())}
