@@ -14,8 +14,8 @@ the samples up to T minus the delay, which a collector sampling once a second
 has sent by then. Only the
 telemetry of the partition's own job hosts (learned from step events) counts,
 and a job host whose samples of a kind (gpu, nic, host) have not shown up yet
-holds the watermark for up to ``expect_s`` wall seconds: another worker may be
-routing them a little later (a rebalance, a backlog), and the root cause must
+holds the watermark for up to ``expect_s`` (= ``lateness``) wall seconds:
+another worker may be routing them a little later (a rebalance, a backlog), and the root cause must
 not depend on which worker forwarded what first. The watermark never moves
 back, it waits at the start (or after a restore) until the sources have shown
 up (``idle_s`` wall seconds or ``lateness`` of event time), and it stops
@@ -96,7 +96,8 @@ class JobPartition:
 
     ``lateness`` (event-time s): the most the watermark trails the median host.
     ``idle_s`` (wall s): silence after which the partition stops holding events.
-    ``expect_s`` (wall s): how long a job host's missing telemetry kind holds the watermark.
+    ``expect_s`` (wall s): how long a job host's missing telemetry kind holds the watermark
+    (default: ``lateness``; another worker may start forwarding it only after joining).
     ``jitter_s`` (wall s): in a live stream, how long an event waits for the stragglers of
     other sources; 0 turns this off (the watermark then waits for every source).
     """
@@ -104,11 +105,11 @@ class JobPartition:
     def __init__(self, partition: int, lateness: float = 10.0, idle_s: float = 2.0,
                  detector_factory: Callable[[], Any] = _default_detector_factory,
                  detector_restore: Callable[[Any], Any] = _default_detector_restore,
-                 expect_s: float = 5.0, jitter_s: float = 0.3) -> None:
+                 expect_s: float | None = None, jitter_s: float = 0.3) -> None:
         self.partition = partition
         self.lateness = lateness
         self.idle_s = idle_s
-        self.expect_s = expect_s
+        self.expect_s = lateness if expect_s is None else expect_s
         self.jitter_s = jitter_s
         self._restore_detector = detector_restore
         self.detector = detector_factory()
@@ -228,11 +229,16 @@ class JobPartition:
         """The watermark the sources' progress allows now (event-time s)."""
         hw = self._hw
         if not hw:
-            # Only device samples here (hosts whose jobs live elsewhere, or none yet): let
-            # them through, so they do not pile up; a job that starts here later finds the
-            # watermark at its hosts' sampling time, not ahead of its first steps.
+            # Only device samples so far, and no job in the Detector (hosts whose jobs live
+            # elsewhere, or none yet): once settled, let them through so they do not pile
+            # up; a job that starts here later finds the watermark at its hosts' sampling
+            # time, not ahead of its first steps. A restored partition (its jobs are in the
+            # Detector) waits for their steps instead.
             tel = self._tel_hw
-            return min(tel.values()) if tel else -math.inf
+            first = now if self._first_wall is None else self._first_wall
+            if tel and now - first >= self.idle_s and not getattr(self.detector, "jobs", True):
+                return min(tel.values())
+            return -math.inf
         if self._settling:
             # Starting (or restored): let every source show up before anything is released,
             # or the first to arrive would make all the others late.
