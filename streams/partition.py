@@ -120,6 +120,7 @@ class JobPartition:
         self._unsent: set[tuple[str, str]] = set()       # (kind, host) that never came
         self._awaiting = False      # some (kind, host) is awaited
         self._tel_bound = math.inf  # steps up to here have the samples they need
+        self._dirty = True          # a new job host or telemetry source: recompute the two
         self.wm = -math.inf
         # A heap of chunks: (first ts - shift, sequence no., last ts - shift, offset, events
         # sorted by ts, arrival wall time, shift); shift is -telemetry_delay_s for device
@@ -175,9 +176,12 @@ class JobPartition:
             src = marks[kind][0](ev)
             seen[src] = now
             if kind in TELEMETRY_KINDS:
-                if ts > tel_hw.get(src, -math.inf):
+                last = tel_hw.get(src)
+                if last is None or ts > last:
                     tel_hw[src] = ts
-                    self._tel_kinds.add((kind, ev["host"]))
+                    if last is None:           # a new source: the bound must include it now
+                        self._tel_kinds.add((kind, ev["host"]))
+                        self._dirty = True
                 # A step judged at T needs the samples up to T - delay: they go to the
                 # Detector ``delay`` behind the steps and wait here until then (here they
                 # are rebuilt by a replay; in the Detector they would be in every snapshot).
@@ -190,8 +194,12 @@ class JobPartition:
                 continue
             if ts > hw.get(src, -math.inf):
                 hw[src] = ts
-            if kind == "step" and ts > job_hosts.get(ev["host"], -math.inf):
-                job_hosts[ev["host"]] = ts
+            if kind == "step":
+                last = job_hosts.get(ev["host"])
+                if last is None or ts > last:
+                    job_hosts[ev["host"]] = ts
+                    if last is None:           # a new job host: await its telemetry now
+                        self._dirty = True
             if ts <= skip_ts:
                 self.counts["replay_skipped"] += 1
             elif ts <= wm:
@@ -229,16 +237,14 @@ class JobPartition:
         """The watermark the sources' progress allows now (event-time s)."""
         hw = self._hw
         if not hw:
-            # Only device samples so far, and no job in the Detector (hosts whose jobs live
-            # elsewhere, or none yet): once settled, let them through so they do not pile
-            # up; a job that starts here later finds the watermark at its hosts' sampling
-            # time, not ahead of its first steps. A restored partition (its jobs are in the
-            # Detector) waits for their steps instead.
-            tel = self._tel_hw
-            first = now if self._first_wall is None else self._first_wall
-            if tel and now - first >= self.idle_s and not getattr(self.detector, "jobs", True):
-                return min(tel.values())
-            return -math.inf
+            # Only device samples so far (hosts whose jobs live elsewhere, or whose steps
+            # have not reached this partition yet): release those that waited ``lateness``
+            # wall seconds for a job's steps, so samples of hosts without a job here do not
+            # pile up. Sooner would be wrong while a backlog is read: the steps they explain
+            # may still be on their way, and the Detector must not see samples far ahead
+            # of them.
+            waited = [c[2] for c in self._buf if now - c[5] >= self.lateness]
+            return max(waited) if waited else -math.inf
         if self._settling:
             # Starting (or restored): let every source show up before anything is released,
             # or the first to arrive would make all the others late.
@@ -262,6 +268,10 @@ class JobPartition:
             self._ref_wall = now
             self._drop_stalled(now)
             hw = self._hw
+            self._dirty = True
+        if self._dirty:
+            self._dirty = False
+            delay = getattr(self.detector, "telemetry_delay_s", 0.0)
             self._awaiting = self._awaited(now)
             hosts = self._job_hosts
             tel_ts = [t for s, t in self._tel_hw.items() if s[1] in hosts]
