@@ -269,10 +269,14 @@ class JobPartition:
             self._drop_stalled(now)
             hw = self._hw
             self._dirty = True
-        if self._dirty:
+        live = self.jitter_s > 0 and hw and now - max(hw.values()) < self.lateness
+        if self._dirty or live:
+            # A live stream refreshes the bound at every recompute (it holds the steps
+            # that long); a backlog only when a source or job host is new, or every 0.5 s.
+            if self._dirty:
+                self._awaiting = self._awaited(now)
             self._dirty = False
             delay = getattr(self.detector, "telemetry_delay_s", 0.0)
-            self._awaiting = self._awaited(now)
             hosts = self._job_hosts
             tel_ts = [t for s, t in self._tel_hw.items() if s[1] in hosts]
             self._tel_bound = min(tel_ts) + delay if tel_ts else math.inf
@@ -280,7 +284,7 @@ class JobPartition:
             return self.wm
         wm = min(hw.values()) if hw else self._ref
         bound = self._tel_bound
-        if self.jitter_s > 0 and hw and now - max(hw.values()) < self.lateness:
+        if live:
             # Live (the newest events are seconds old, not a backlog): a source that is
             # quiet (a pipeline bubble, a data-parallel group between two all-reduces, a
             # rank that ended its step early) is idle, not behind; waiting for its next event
