@@ -6,7 +6,8 @@
 
 ``Detector`` routes each event: step and collective events to their job's
 state (``models.job``), device samples to the telemetry store
-(``models.telemetry``), ``telemetry_delay_s`` behind the steps (see below). Whenever a job completes a step, the step is judged
+(``models.telemetry``), ``telemetry_delay_s`` behind the steps (see below).
+Whenever a job completes a step, the step is judged
 (peer comparison, own-past comparison, change point, link evaluation,
 localization); every located finding gets a root cause from the culprit's
 telemetry (``models.rootcause``) and a mitigation (``models.mitigation``),
@@ -16,12 +17,12 @@ Telemetry joins the steps by event time, not by arrival. From a job's first
 judged step on, a step judged at ``ts`` T sees exactly the device samples of
 the job's hosts with ``ts <= T - telemetry_delay_s`` (samples are queued per
 host and applied in ``ts`` order when a step of a job on that host is judged;
-before that, a host's samples are applied as they come), so
-the root cause does not depend on whether a sample reached this process just
-before or just after the step events: a file read in ``ts`` order and a stream
-whose telemetry runs up to ``telemetry_delay_s`` behind its steps (another
-worker routes it, the collectors sample once a second) decide the same. A
-sample older than what was already applied is applied at once (it is late).
+before that, a host's samples are applied as they come), so the root cause
+does not depend on whether a sample reached this process just before or just
+after the step events: a file read in ``ts`` order and a stream whose telemetry
+runs up to ``telemetry_delay_s`` behind its steps (another worker routes it,
+the collectors sample once a second) decide the same. A sample older than what
+was already applied is applied at once (it is late, counted in ``late_samples``).
 
 Events are expected to be valid (``schema.validate``); one that still lacks a
 needed field is counted in ``rejected`` and skipped, never raised.

@@ -11,20 +11,21 @@ it has arrived. The Detector applies device samples by event time,
 samples are released that much behind the watermark, and a telemetry source
 counts ``telemetry_delay_s`` ahead in the watermark: a step at T waits only for
 the samples up to T minus the delay, which a collector sampling once a second
-has sent by then. Only the
-telemetry of the partition's own job hosts (learned from step events) counts,
-and a job host whose samples of a kind (gpu, nic, host) have not shown up yet
-holds the watermark for up to ``expect_s`` (= ``lateness``) wall seconds:
-another worker may be routing them a little later (a rebalance, a backlog), and the root cause must
-not depend on which worker forwarded what first. The watermark never moves
-back, it waits at the start (or after a restore) until the sources have shown
-up (``idle_s`` wall seconds or ``lateness`` of event time), and it stops
-waiting for a source that fell ``lateness`` behind the median source and sent
-nothing for ``lateness`` wall seconds (it left, or its host's clock is far
-behind), or fell 6 x ``lateness`` behind. A partition that received nothing
-for ``idle_s`` releases everything it holds. An event that arrives behind the
-watermark (late, or from a host whose clock is behind) is handed over at once:
-nothing is dropped for being late, it is counted.
+has sent by then. Only the telemetry of the partition's own job hosts (learned
+from step events) counts, and a job host whose samples of a kind (gpu, nic,
+host) have not shown up yet holds the watermark for up to ``expect_s``
+(= ``lateness``) wall seconds: another worker may be routing them a little later
+(a rebalance, a backlog), and the root cause must not depend on which worker
+forwarded what first. In a live stream (the newest events are seconds old), an
+event that arrived ``jitter_s`` ago no longer waits for quiet sources. The
+watermark never moves back, it waits at the start (or after a restore) until
+the sources have shown up (``idle_s`` wall seconds or ``lateness`` of event
+time), and it stops waiting for a source that fell ``lateness`` behind the
+median source and sent nothing for ``lateness`` wall seconds (it left, or its
+host's clock is far behind), or fell 6 x ``lateness`` behind. A partition that
+received nothing for ``idle_s`` releases everything it holds. An event that
+arrives behind the watermark (late, or from a host whose clock is behind) is
+handed over at once: nothing is dropped for being late, it is counted.
 
 De-duplication. Each source (a rank's steps, a rank's collectives in one
 group, one GPU / NIC port / host) produces in order and Kafka keeps per-key
@@ -55,8 +56,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from models.pipeline import TELEMETRY_KINDS
+
 INPUT_KINDS = ("step", "collective", "gpu", "nic", "host")
-TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
 RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
 _EV_TS = itemgetter("ts")
 
@@ -147,6 +149,11 @@ class JobPartition:
         self.counts = {"events": 0, "late": 0, "duplicates": 0, "replay_skipped": 0,
                        "incidents": 0, "incidents_suppressed": 0}
 
+    @property
+    def _delay(self) -> float:
+        """How far (event-time s) the Detector's device samples trail its steps."""
+        return getattr(self.detector, "telemetry_delay_s", 0.0)
+
     # -- input ---------------------------------------------------------------------------
 
     def ingest(self, events: list[dict], offset: int, now: float) -> list[dict]:
@@ -164,7 +171,7 @@ class JobPartition:
         keep: list[dict] = []
         samples: list[dict] = []
         wm = self.wm
-        delay = getattr(self.detector, "telemetry_delay_s", 0.0)
+        delay = self._delay
         hw = self._hw
         tel_hw = self._tel_hw
         job_hosts = self._job_hosts
@@ -259,27 +266,26 @@ class JobPartition:
             # ahead of another, and a source that is behind and still delivering must keep
             # holding the watermark), stalled sources, awaited telemetry, and the bound the
             # job hosts' telemetry puts on the steps (samples arrive once a second or so).
-            delay = getattr(self.detector, "telemetry_delay_s", 0.0)
             tel = self._tel_hw
             pos = np.fromiter(hw.values(), float, len(hw))
             if tel:
-                pos = np.concatenate((pos, np.fromiter(tel.values(), float, len(tel)) + delay))
+                pos = np.concatenate((pos, np.fromiter(tel.values(), float, len(tel))
+                                      + self._delay))
             self._ref = float(np.median(pos))
             self._ref_wall = now
             self._drop_stalled(now)
             hw = self._hw
             self._dirty = True
-        live = self.jitter_s > 0 and hw and now - max(hw.values()) < self.lateness
+        live = self.jitter_s > 0 and bool(hw) and now - max(hw.values()) < self.lateness
         if self._dirty or live:
             # A live stream refreshes the bound at every recompute (it holds the steps
             # that long); a backlog only when a source or job host is new, or every 0.5 s.
             if self._dirty:
                 self._awaiting = self._awaited(now)
             self._dirty = False
-            delay = getattr(self.detector, "telemetry_delay_s", 0.0)
             hosts = self._job_hosts
             tel_ts = [t for s, t in self._tel_hw.items() if s[1] in hosts]
-            self._tel_bound = min(tel_ts) + delay if tel_ts else math.inf
+            self._tel_bound = min(tel_ts) + self._delay if tel_ts else math.inf
         if self._awaiting:
             return self.wm
         wm = min(hw.values()) if hw else self._ref
@@ -320,8 +326,7 @@ class JobPartition:
         whose steps stopped that long ago (the job ended or moved)."""
         floor, hard = self._ref - self.lateness, self._ref - 6 * self.lateness
         seen = self._seen
-        delay = getattr(self.detector, "telemetry_delay_s", 0.0)
-        for hw, shift in ((self._hw, 0.0), (self._tel_hw, delay)):
+        for hw, shift in ((self._hw, 0.0), (self._tel_hw, self._delay)):
             gone = [s for s, t in hw.items()
                     if t + shift < hard or (t + shift < floor and now - seen[s] > self.lateness)]
             for s in gone:
