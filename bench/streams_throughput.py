@@ -42,7 +42,8 @@ def publish_sliced(bootstrap: str, topics: Topics, events: list[dict], slice_s: 
     pub.close()
 
 
-def processed(ports: list[int]) -> float:
+def processed(ports: list[int], name: str = "failslow_stream_events_total") -> float:
+    """The sum of metric ``name`` over the workers' metrics endpoints."""
     total = 0.0
     for port in ports:
         try:
@@ -50,7 +51,7 @@ def processed(ports: list[int]) -> float:
         except OSError:
             continue
         for line in body.decode().splitlines():
-            if line.startswith("failslow_stream_events_total{"):
+            if line.startswith(name) and line[len(name)] in "{ ":
                 total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -73,13 +74,15 @@ def run(bootstrap: str, topics: Topics, n_events: int, n_workers: int, timeout: 
             time.sleep(0.5)  # each scrape costs the worker ~10 ms of its one core
         t_end = time.monotonic()
         cpu = sum(cpu_seconds(w.proc.pid) for w in workers)
+        unmapped = processed(ports, "failslow_stream_unmapped_telemetry_total")
     finally:
         for w in workers:
             w.stop()
     span = t_end - (t_first or t_end)
     rate = (done - first) / span if t_first and span > 0 else 0.0
     return {"workers": n_workers, "events": n_events, "processed": done, "seconds": span,
-            "events_per_s": rate, "worker_cpu_s": cpu}
+            "events_per_s": rate, "worker_cpu_s": cpu,
+            "telemetry_messages_to_every_partition": unmapped}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -111,7 +114,8 @@ def main() -> None:
             results.append(r)
             print(f"{n} worker(s): {r['processed']:,.0f} events in {r['seconds']:.1f} s = "
                   f"{r['events_per_s']:,.0f} events/s (worker CPU {r['worker_cpu_s']:.1f} s "
-                  f"incl. start-up)")
+                  f"incl. start-up; {r['telemetry_messages_to_every_partition']:.0f} telemetry "
+                  f"messages went to every partition)")
     finally:
         broker.stop(2)
     RESULTS.mkdir(exist_ok=True)

@@ -217,6 +217,24 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         events, _ = decode_lenient(value or b"")
         return next((e["job_id"] for e in events if isinstance(e.get("job_id"), str)), None)
 
+    steps_topic = t.for_kind("step")
+
+    def learn_hosts(value: bytes | None, home: int, now: float) -> None:
+        """The hosts of the step events this worker routes run a job homed at ``home``: map
+        them at once, without waiting for the job stage's announcement to come back
+        through the broker. While a backlog is read, the announcement trails the
+        telemetry by many seconds, and until then every partition decodes and holds a
+        copy of every sample. (Invalid records are the job stage's to report; a step
+        message without a key is left to the announcement.)"""
+        try:
+            items = orjson.loads(value or b"")
+        except orjson.JSONDecodeError:
+            return
+        for ev in items if type(items) is list else (items,):
+            host = ev.get("host") if type(ev) is dict else None
+            if type(host) is str:
+                hostmap.add(host, home, now)
+
     async def route_one(msg: Any, now: float, packs: dict[int, list[tuple]]) -> None:
         """Add ``msg`` to the packs of its home partition(s); only one copy of a message
         that goes to several partitions reports its bad records to the dead-letter topic."""
@@ -239,7 +257,10 @@ def build_app(cfg: WorkerConfig) -> faust.App:
             if not key:
                 await dead_letter("; ".join(errors) or "no host", msg.topic, msg.key, msg.value)
                 return
-        for n, p in enumerate(hostmap.partitions(key, now) or range(nparts)):
+        homes = hostmap.partitions(key, now)
+        if not homes:
+            metrics.unmapped.inc()
+        for n, p in enumerate(homes or range(nparts)):
             packs.setdefault(p, []).append((msg.topic, ts0, n == 0, msg.key, msg.value or b""))
 
     @app.agent(inputs)
@@ -248,6 +269,11 @@ def build_app(cfg: WorkerConfig) -> faust.App:
             async for batch in stream.take_events(2000, within=0.01):
                 now = time.time()
                 packs: dict[int, list[tuple]] = {}
+                for event in batch:  # first the steps: they tell where the telemetry goes
+                    msg = event.message
+                    if steps_topic == msg.topic and msg.key:
+                        learn_hosts(msg.value, home_partition(msg.key.decode("utf-8", "replace"),
+                                                              nparts), now)
                 for event in batch:
                     msg = event.message
                     metrics.seen(msg.topic, msg.timestamp, now)
@@ -302,12 +328,32 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                         key=host.encode(), partition=home_partition(host, nparts),
                         value=orjson.dumps({"host": host, "partition": p}))
 
+    counted = (("duplicates", metrics.duplicates), ("late", metrics.late),
+               ("late_samples", metrics.late_samples))
+
+    def count(state: JobPartition, before: dict[str, int]) -> None:
+        for name, metric in counted:
+            if state.counts[name] != before[name]:
+                metric.inc(state.counts[name] - before[name])
+
+    def foreign(state: JobPartition, key: bytes, p: int, now: float) -> bool:
+        """A copy of a host's telemetry sent to every partition (its host was not mapped
+        yet when it was routed) whose host, by now, is known to run a job homed
+        elsewhere and no job here: not decoded, not kept. The copy that reports bad
+        records is always processed. A job here that starts on that host later gets its
+        samples from its first announcement on."""
+        host = key.decode("utf-8", "replace")
+        homes = hostmap.partitions(host, now)
+        return bool(homes) and p not in homes and not state.runs_on(host)
+
     async def handle(event: Any, now: float) -> None:
         msg = event.message
         p = msg.partition
         state = parts.get(p) or await take_over(p)
         held[p].append(event)
         for src, ts0, report, key, value in unpack(msg.value):
+            if not report and key and src != steps_topic and foreign(state, key, p, now):
+                continue
             events, errors = decode_value(value)
             want = src_kind.get(src)
             wrong = [e for e in events if e["kind"] != want]
@@ -318,12 +364,9 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                 await dead_letter("; ".join(errors), src, key, value)
             if report:  # count a message sent to several partitions once
                 metrics.events.labels(src).inc(len(events))
-            before = state.counts["duplicates"], state.counts["late"]
+            before = dict(state.counts)
             incidents = state.ingest(events, msg.offset, now)
-            if state.counts["duplicates"] != before[0]:
-                metrics.duplicates.inc(state.counts["duplicates"] - before[0])
-            if state.counts["late"] != before[1]:
-                metrics.late.inc(state.counts["late"] - before[1])
+            count(state, before)
             if incidents:
                 await emit(p, incidents)
             if want == "step":
@@ -347,7 +390,9 @@ def build_app(cfg: WorkerConfig) -> faust.App:
             now = time.time()
             for p, state in list(parts.items()):
                 if rebalancing[0] is None:
+                    before = dict(state.counts)
                     await emit(p, state.tick(now))
+                    count(state, before)
             metrics.open_incidents.set(sum(len(s.open_ids) for s in parts.values()))
             metrics.buffered.set(sum(s.buffered for s in parts.values()))
             line = metrics.summary()

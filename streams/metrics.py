@@ -26,6 +26,12 @@ class Metrics:
                                   "Duplicate events dropped", registry=r)
         self.late = Counter("failslow_stream_late_events_total",
                             "Events that arrived behind the watermark (processed)", registry=r)
+        self.late_samples = Counter("failslow_stream_late_samples_total",
+                                    "Device samples that reached the Detector after the steps "
+                                    "they should have explained (applied late)", registry=r)
+        self.unmapped = Counter("failslow_stream_unmapped_telemetry_total",
+                                "Telemetry messages sent to every partition: their host's "
+                                "job was not known yet", registry=r)
         self.incidents = Counter("failslow_stream_incidents_total", "Incident events emitted",
                                  ["status"], registry=r)
         self.open_incidents = Gauge("failslow_stream_open_incidents",

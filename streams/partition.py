@@ -146,8 +146,8 @@ class JobPartition:
         self.next_offset = 0
         self._skip_below = -1  # offsets below this replay only events newer than _skip_ts
         self._skip_ts = math.inf
-        self.counts = {"events": 0, "late": 0, "duplicates": 0, "replay_skipped": 0,
-                       "incidents": 0, "incidents_suppressed": 0}
+        self.counts = {"events": 0, "late": 0, "duplicates": 0, "late_samples": 0,
+                       "replay_skipped": 0, "incidents": 0, "incidents_suppressed": 0}
 
     @property
     def _delay(self) -> float:
@@ -225,6 +225,10 @@ class JobPartition:
         out = self._feed(late) if late else []
         out.extend(self._advance(now))
         return out
+
+    def runs_on(self, host: str) -> bool:
+        """True when a job of this partition has sent step events from ``host``."""
+        return host in self._job_hosts
 
     def pause(self, seconds: float) -> None:
         """The worker could not process for ``seconds`` (taking over a partition, a
@@ -377,7 +381,10 @@ class JobPartition:
         self.counts["duplicates"] += len(events) - len(fresh)
         if not fresh:
             return []
-        return self._dedupe(self.detector.process_batch(fresh))
+        late = getattr(self.detector, "late_samples", 0)
+        incidents = self.detector.process_batch(fresh)
+        self.counts["late_samples"] += getattr(self.detector, "late_samples", 0) - late
+        return self._dedupe(incidents)
 
     def _dedupe(self, incidents: list[dict]) -> list[dict]:
         out = []

@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-timeout", type=float, default=2.0,
                         help="consumer-group session timeout in seconds; a crashed worker's "
                              "partitions move after about this long [2]")
+    parser.add_argument("--fetch-wait-ms", type=int, default=100,
+                        help="longest a fetch waits for data, ms; Tansu holds every fetch "
+                             "this long, so it adds to the latency of each of the two hops "
+                             "(Apache Kafka answers as soon as data arrives) [100]")
     parser.add_argument("--log-level", default="info", help="faust/worker log level [info]")
 
 
@@ -55,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--lateness, --snapshot-interval and --session-timeout must be > 0")
     if args.jitter < 0:
         raise ConfigError("--jitter must be >= 0")
+    if not 1 <= args.fetch_wait_ms <= 10_000:
+        raise ConfigError("--fetch-wait-ms must be between 1 and 10000")
     if not 0 <= args.telemetry_delay < args.lateness:
         raise ConfigError("--telemetry-delay must be >= 0 and below --lateness")
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
@@ -69,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                        snapshot_interval=args.snapshot_interval, metrics_port=args.metrics_port,
                        metrics_addr=args.metrics_addr,
                        session_timeout=args.session_timeout,
-                       telemetry_delay=args.telemetry_delay, jitter=args.jitter)
+                       telemetry_delay=args.telemetry_delay, jitter=args.jitter,
+                       fetch_wait_ms=args.fetch_wait_ms)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(cfg)
