@@ -109,3 +109,17 @@ def test_routing_helpers():
     hm.add("h0", 2, now=0.0)
     assert hm.partitions("h0", now=5.0) == [2]
     assert hm.partitions("h0", now=11.0) == []
+
+
+def test_samples_join_their_steps_and_a_late_one_is_counted():
+    events = trace()
+    part = JobPartition(0)
+    run(interleave(messages(events), seed=3), part)
+    assert part.counts["late_samples"] == 0
+    hosts = {e["host"] for e in events if e["kind"] == "step"}
+    assert all(part.runs_on(h) for h in hosts) and not part.runs_on("elsewhere")
+    # A GPU never heard of before, whose first sample is long behind the judged steps.
+    old = dict(next(e for e in events if e["kind"] == "gpu"), gpu=99, uuid="GPU-new")
+    old["ts"] = part.wm - 30.0
+    part.ingest([old], 10**6, now=1e9 + 1)
+    assert part.counts["late_samples"] == 1

@@ -97,6 +97,8 @@ def test_scenarios_match_offline_detection_and_garbage_goes_to_deadletter(broker
         assert metric(port, "failslow_stream_events_total") >= len(events)
         last = {i["incident_id"]: i["status"] for i in ref}
         assert metric(port, "failslow_stream_open_incidents") == list(last.values()).count("open")
+        # Every device sample joined the steps it explains (none applied after them).
+        assert metric(port, "failslow_stream_late_samples_total") == 0
     finally:
         assert worker.stop() == 0
     assert brief(got) == brief(ref)
