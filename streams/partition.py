@@ -22,7 +22,8 @@ watermark never moves back, it waits at the start (or after a restore) until
 the sources have shown up (``idle_s`` wall seconds or ``lateness`` of event
 time), and it stops waiting for a source that fell ``lateness`` behind the
 median source and sent nothing for ``lateness`` wall seconds (it left, or its
-host's clock is far behind), or fell 6 x ``lateness`` behind. A partition that
+host's clock is far behind), or, in a live stream, fell 6 x ``lateness`` behind
+(while a backlog is read, a source still delivering is never dropped). A partition that
 received nothing for ``idle_s`` releases everything it holds. An event that
 arrives behind the watermark (late, or from a host whose clock is behind) is
 handed over at once: nothing is dropped for being late, it is counted.
@@ -326,11 +327,18 @@ class JobPartition:
         """Stop waiting for sources that fell ``lateness`` behind the median and sent nothing
         for ``lateness`` wall seconds (a source that is behind but still delivering, or
         whose topic the consumer reaches later while catching up on a backlog, keeps
-        holding the watermark), or that fell 6 x ``lateness`` behind; forget job hosts
-        whose steps stopped that long ago (the job ended or moved)."""
+        holding the watermark). In a live stream, also for sources that fell 6 x
+        ``lateness`` behind (a host whose clock is that far behind), and forget job hosts
+        whose steps stopped that long ago (the job ended or moved). Not while a backlog
+        is read: there a source can be minutes of event time behind the others only
+        because its partition is fetched later, and dropping it would judge steps
+        without its samples."""
         floor, hard = self._ref - self.lateness, self._ref - 6 * self.lateness
+        hw_all = self._hw
+        if not hw_all or now - max(hw_all.values()) >= self.lateness:
+            hard = -math.inf   # a backlog
         seen = self._seen
-        for hw, shift in ((self._hw, 0.0), (self._tel_hw, self._delay)):
+        for hw, shift in ((hw_all, 0.0), (self._tel_hw, self._delay)):
             gone = [s for s, t in hw.items()
                     if t + shift < hard or (t + shift < floor and now - seen[s] > self.lateness)]
             for s in gone:
