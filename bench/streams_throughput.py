@@ -24,10 +24,20 @@ from pathlib import Path
 from collectors.publisher import Publisher
 from failslow.stack import create_topics, free_port, start_broker
 from schema import Topics
-from simulator import SCENARIOS, simulate
+from simulator import SCENARIOS, JobSpec, Scenario, simulate
 from streams.runner import WorkerProcess
 
 RESULTS = Path(__file__).parent / "results"
+
+
+def scenario(jobs: int) -> Scenario:
+    if jobs == 1:
+        return SCENARIOS["large_4096"]
+    # job5 and job1 are homed on partitions 0 and 1 of 4 (crc32 % 4), which faust gives to
+    # different workers.
+    specs = tuple(JobSpec(job_id=j, hosts=256, tp=8, pp=8, micro_batches=8)
+                  for j in ("job5", "job1"))
+    return Scenario("large_4096_2jobs", "two 2,048-rank jobs", specs, steps=40, large=True)
 
 
 def publish_sliced(bootstrap: str, topics: Topics, events: list[dict], slice_s: float = 1.0) -> None:
@@ -96,11 +106,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--jobs", type=int, choices=(1, 2), default=1,
+                    help="1: large_4096 as is; 2: the same 4,096 ranks as two 2,048-rank "
+                         "jobs homed on different partitions, so two workers can share "
+                         "the detection (one job's detection runs in one place)")
     args = ap.parse_args()
     t0 = time.monotonic()
-    events = list(simulate(SCENARIOS["large_4096"], seed=0, steps=args.steps).events())
-    print(f"simulated {len(events):,} events ({args.steps} steps of 4,096 ranks + 512 hosts) "
-          f"in {time.monotonic() - t0:.1f} s")
+    events = list(simulate(scenario(args.jobs), seed=0, steps=args.steps).events())
+    print(f"simulated {len(events):,} events ({args.steps} steps of 4,096 ranks in "
+          f"{args.jobs} job(s) + 512 hosts) in {time.monotonic() - t0:.1f} s")
     broker = start_broker()
     results = []
     try:
@@ -119,8 +133,9 @@ def main() -> None:
     finally:
         broker.stop(2)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "streams_throughput.json").write_text(json.dumps(
-        {"scenario": "large_4096", "steps": args.steps, "runs": results}, indent=2))
+    name = "streams_throughput" + ("" if args.jobs == 1 else "_2jobs")
+    (RESULTS / f"{name}.json").write_text(json.dumps(
+        {"scenario": scenario(args.jobs).name, "steps": args.steps, "runs": results}, indent=2))
 
 
 if __name__ == "__main__":

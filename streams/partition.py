@@ -16,8 +16,11 @@ from step events) counts, and a job host whose samples of a kind (gpu, nic,
 host) have not shown up yet holds the watermark for up to ``expect_s``
 (= ``lateness``) wall seconds: another worker may be routing them a little later
 (a rebalance, a backlog), and the root cause must not depend on which worker
-forwarded what first. In a live stream (the newest events are seconds old), an
-event that arrived ``jitter_s`` ago no longer waits for quiet sources. The
+forwarded what first. A job whose collectives arrived before any of its step
+events is held the same way, so its steps are never rebuilt from collectives
+alone because the steps topic was fetched later. In a live stream (the newest
+events are seconds old), an event that arrived ``jitter_s`` ago no longer waits
+for quiet sources. The
 watermark never moves back, it waits at the start (or after a restore) until
 the sources have shown up (``idle_s`` wall seconds or ``lateness`` of event
 time), and it stops waiting for a source that fell ``lateness`` behind the
@@ -118,7 +121,10 @@ class JobPartition:
         self.detector = detector_factory()
         self._tel_hw: dict[tuple, float] = {}   # telemetry source -> newest ts that arrived
         self._job_hosts: dict[str, float] = {}  # host of a job here -> newest step ts from it
-        self._tel_kinds: set[tuple[str, str]] = set()   # (kind, host) with samples seen
+        self._tel_kinds: set[tuple[str, str]] = set()   # (kind, host) with samples seen,
+        # and ("step", job) for jobs whose step events arrived
+        self._coll_jobs: set[str] = set()  # jobs whose collective events arrived
+        self._step_jobs: set[str] = set()  # jobs whose step events arrived
         self._expect: dict[tuple[str, str], float] = {}  # (kind, host) awaited since (wall s)
         self._unsent: set[tuple[str, str]] = set()       # (kind, host) that never came
         self._awaiting = False      # some (kind, host) is awaited
@@ -176,6 +182,7 @@ class JobPartition:
         hw = self._hw
         tel_hw = self._tel_hw
         job_hosts = self._job_hosts
+        coll_jobs, step_jobs = self._coll_jobs, self._step_jobs
         seen = self._seen
         marks = _MARK
         for ev in events:
@@ -208,6 +215,16 @@ class JobPartition:
                     job_hosts[ev["host"]] = ts
                     if last is None:           # a new job host: await its telemetry now
                         self._dirty = True
+                if ev["job_id"] not in step_jobs:
+                    step_jobs.add(ev["job_id"])
+                    self._tel_kinds.add(("step", ev["job_id"]))
+                    self._dirty = True
+            elif ev["job_id"] not in coll_jobs:
+                # A job's collectives came first: await its step events (another worker
+                # may route them a little later), or the Detector would build the
+                # job's steps from its collectives alone.
+                coll_jobs.add(ev["job_id"])
+                self._dirty = True
             if ts <= skip_ts:
                 self.counts["replay_skipped"] += 1
             elif ts <= wm:
@@ -307,14 +324,16 @@ class JobPartition:
         return min(wm, bound)
 
     def _awaited(self, now: float) -> bool:
-        """True while a job host has not sent a telemetry kind yet (for at most ``expect_s``
-        wall seconds per (kind, host): a host without that collector is then not awaited)."""
+        """True while a job host has not sent a telemetry kind yet, or a job whose
+        collectives arrived has sent no step event yet (for at most ``expect_s`` wall
+        seconds each: a host without that collector, a job whose hook sends no steps, is
+        then not awaited)."""
         expect, have, unsent = self._expect, self._tel_kinds, self._unsent
-        for h in self._job_hosts:
-            for k in TELEMETRY_KINDS:
-                kh = (k, h)
-                if kh not in have and kh not in unsent and kh not in expect:
-                    expect[kh] = now
+        wanted = [(k, h) for h in self._job_hosts for k in TELEMETRY_KINDS]
+        wanted += [("step", j) for j in self._coll_jobs]
+        for kh in wanted:
+            if kh not in have and kh not in unsent and kh not in expect:
+                expect[kh] = now
         for kh, since in list(expect.items()):
             if kh in have:
                 del expect[kh]

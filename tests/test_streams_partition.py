@@ -143,3 +143,17 @@ def test_a_backlog_topic_minutes_behind_still_holds_the_steps():
     wall0 = events[-1]["ts"] + 3600.0  # read an hour later: a backlog
     assert canon(run(behind, part, wall0=wall0)) == canon(ref)
     assert part.counts["late_samples"] == 0
+
+
+def test_a_job_whose_steps_come_after_its_collectives_waits_for_them():
+    # The steps topic fetched 40 s of event time after the collectives topic (another
+    # worker routes it, and joins later; more than the start-up settling covers): the job
+    # is judged on its real steps, not on steps the Detector would build from its
+    # collectives alone, and no step arrives behind the watermark.
+    events = trace("gpu_clock_15")
+    ref = Detector().process_batch(events)
+    msgs = messages(events)
+    later = sorted(msgs, key=lambda m: m[0]["ts"] + (40.0 if m[0]["kind"] == "step" else 0.0))
+    part = JobPartition(0)
+    assert canon(run(later, part, wall0=events[-1]["ts"] + 3600.0)) == canon(ref)
+    assert part.counts["late"] == 0
