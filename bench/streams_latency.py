@@ -6,15 +6,17 @@ slows (the simulator applies a fault from the first step that starts after its o
 time; events between the onset time and that step carry nothing of it). The latency from
 the onset time itself is printed too.
 
-Workload: one job paced in real time (1 step = ``step_s`` = 1 s of wall time) sized
-to about half the sustained rate of bench/streams_throughput.py (``--hosts`` x 8
-GPUs, tp8 pp8, ~55 events per rank per step), with ``--faults`` GPU fail-slows on different
-ranks one after the other. Each fault gives one latency sample. The Detector
-needs its confirmation steps (2) after the onset, so about 2 step times of the
-latency are the decision itself; the pipeline's own share is printed apart
-(the worker's processing-latency histogram: produce -> processed).
+Workload: one job paced in real time (1 step = ``step_s`` = 1 s of wall time, ~1.15 s
+with its collectives) sized to about half the sustained rate of
+bench/streams_throughput.py (``--hosts`` x 8 GPUs, tp8 pp8, ~55 events per rank per step;
+the default 104 hosts give ~32k events/s against ~65k sustained; at ``--step-s 0.5`` use
+``--hosts 48``), with ``--faults`` GPU fail-slows on different ranks one after the other.
+Each fault gives one latency sample. The Detector needs two steps of evidence (one-step
+spikes never confirm), so about 2 step times of the latency are the decision itself;
+the pipeline's own share is printed apart (the worker's processing-latency histogram:
+produce -> processed).
 
-    .venv/bin/python bench/streams_latency.py [--hosts 56] [--faults 6]
+    .venv/bin/python bench/streams_latency.py [--hosts 104] [--faults 6] [--step-s 1]
 
 Prints numbers and writes bench/results/streams_latency.json.
 """
@@ -70,7 +72,7 @@ def watch_incidents(bootstrap: str, topic: str, seen: dict, stop: threading.Even
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hosts", type=int, default=56)
+    ap.add_argument("--hosts", type=int, default=104)
     ap.add_argument("--faults", type=int, default=6)
     ap.add_argument("--step-s", type=float, default=1.0, help="healthy step time, s")
     ap.add_argument("--batch-s", type=float, default=0.1,
