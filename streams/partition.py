@@ -40,7 +40,7 @@ so a replay after a restart re-creates the same incident events and none is
 emitted twice.
 
 Recovery. ``snapshot()`` is small: the Detector's state, the watermark, the
-per-host progress and two offsets: ``o_min`` (the oldest message still holding
+de-duplication marks and two offsets: ``o_min`` (the oldest message still holding
 an unreleased event: consumption must resume at or before it) and ``o_next``.
 After ``restore``, a message below ``o_next`` contributes only its step and
 collective events newer than the snapshot's watermark and its device samples
@@ -452,11 +452,16 @@ class JobPartition:
         wm = self.wm if math.isfinite(self.wm) else None
         return {"v": 1, "partition": self.partition, "wm": wm, "o_min": self.o_min(),
                 "o_next": self.next_offset,
+                "marks": [[src, pos] for src, pos in self._marks.items()],
                 "detector": self.detector.state_dict()}
 
     def restore(self, snap: dict) -> None:
         self.detector = self._restore_detector(snap["detector"])
         self.wm = -math.inf if snap["wm"] is None else snap["wm"]
         self.next_offset = snap["o_next"]
+        # De-duplication survives the restart: a producer's retry of an event the
+        # Detector already has is dropped, even before the replay re-marks its source.
+        self._marks = {tuple(src): tuple(pos) if type(pos) is list else pos
+                       for src, pos in snap.get("marks", ())}
         self._skip_below = snap["o_next"]
         self._skip_ts = self.wm
