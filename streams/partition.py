@@ -19,15 +19,15 @@ host) have not shown up yet holds the watermark for up to ``expect_s``
 forwarded what first. A job whose collectives arrived before any of its step
 events is held the same way, so its steps are never rebuilt from collectives
 alone because the steps topic was fetched later. In a live stream (the newest
-events are seconds old), an event that arrived ``jitter_s`` ago no longer waits
-for quiet sources. The
-watermark never moves back, it waits at the start (or after a restore) until
-the sources have shown up (``idle_s`` wall seconds or ``lateness`` of event
-time), and it stops waiting for a source that fell ``lateness`` behind the
-median source and sent nothing for ``lateness`` wall seconds (it left, or its
-host's clock is far behind), or, in a live stream, fell 6 x ``lateness`` behind
-(while a backlog is read, a source still delivering is never dropped). A partition that
-received nothing for ``idle_s`` releases everything it holds. An event that
+events are less than ``lateness`` old), an event that arrived ``jitter_s`` ago no
+longer waits for quiet sources. The watermark never moves back, it waits at the
+start (or after a restore) until the sources have shown up (``idle_s`` wall
+seconds or ``lateness`` of event time), and it stops waiting for a source that
+fell ``lateness`` behind the median source and sent nothing for ``lateness`` wall
+seconds (it left, or its host's clock is far behind), or, in a live stream, fell
+6 x ``lateness`` behind (while a backlog is read, a source still delivering is
+never dropped). A partition that received nothing for ``idle_s`` releases
+everything it holds. An event that
 arrives behind the watermark (late, or from a host whose clock is behind) is
 handed over at once: nothing is dropped for being late, it is counted.
 
@@ -298,7 +298,7 @@ class JobPartition:
             self._drop_stalled(now)
             hw = self._hw
             self._dirty = True
-        live = self.jitter_s > 0 and bool(hw) and now - max(hw.values()) < self.lateness
+        live = self.jitter_s > 0 and self._live(now)
         if self._dirty or live:
             # A live stream refreshes the bound at every recompute (it holds the steps
             # that long); a backlog only when a source or job host is new, or every 0.5 s.
@@ -322,6 +322,12 @@ class JobPartition:
             if ready:
                 wm = max(wm, min(max(ready), bound))
         return min(wm, bound)
+
+    def _live(self, now: float) -> bool:
+        """True when the newest step or collective is less than ``lateness`` old (wall
+        clock): a live stream, not a backlog being read."""
+        hw = self._hw
+        return bool(hw) and now - max(hw.values()) < self.lateness
 
     def _awaited(self, now: float) -> bool:
         """True while a job host has not sent a telemetry kind yet, or a job whose
@@ -353,11 +359,10 @@ class JobPartition:
         because its partition is fetched later, and dropping it would judge steps
         without its samples."""
         floor, hard = self._ref - self.lateness, self._ref - 6 * self.lateness
-        hw_all = self._hw
-        if not hw_all or now - max(hw_all.values()) >= self.lateness:
-            hard = -math.inf   # a backlog
+        if not self._live(now):
+            hard = -math.inf
         seen = self._seen
-        for hw, shift in ((hw_all, 0.0), (self._tel_hw, self._delay)):
+        for hw, shift in ((self._hw, 0.0), (self._tel_hw, self._delay)):
             gone = [s for s, t in hw.items()
                     if t + shift < hard or (t + shift < floor and now - seen[s] > self.lateness)]
             for s in gone:
