@@ -121,10 +121,9 @@ class JobPartition:
         self.detector = detector_factory()
         self._tel_hw: dict[tuple, float] = {}   # telemetry source -> newest ts that arrived
         self._job_hosts: dict[str, float] = {}  # host of a job here -> newest step ts from it
-        self._tel_kinds: set[tuple[str, str]] = set()   # (kind, host) with samples seen,
-        # and ("step", job) for jobs whose step events arrived
+        # (kind, host) whose samples arrived, and ("step", job) whose step events arrived
+        self._arrived: set[tuple[str, str]] = set()
         self._coll_jobs: set[str] = set()  # jobs whose collective events arrived
-        self._step_jobs: set[str] = set()  # jobs whose step events arrived
         self._expect: dict[tuple[str, str], float] = {}  # (kind, host) awaited since (wall s)
         self._unsent: set[tuple[str, str]] = set()       # (kind, host) that never came
         self._awaiting = False      # some (kind, host) is awaited
@@ -182,7 +181,7 @@ class JobPartition:
         hw = self._hw
         tel_hw = self._tel_hw
         job_hosts = self._job_hosts
-        coll_jobs, step_jobs = self._coll_jobs, self._step_jobs
+        coll_jobs, arrived = self._coll_jobs, self._arrived
         seen = self._seen
         marks = _MARK
         for ev in events:
@@ -195,7 +194,7 @@ class JobPartition:
                 if last is None or ts > last:
                     tel_hw[src] = ts
                     if last is None:           # a new source: the bound must include it now
-                        self._tel_kinds.add((kind, ev["host"]))
+                        arrived.add((kind, ev["host"]))
                         self._dirty = True
                 # A step judged at T needs the samples up to T - delay: they go to the
                 # Detector ``delay`` behind the steps and wait here until then (here they
@@ -215,9 +214,9 @@ class JobPartition:
                     job_hosts[ev["host"]] = ts
                     if last is None:           # a new job host: await its telemetry now
                         self._dirty = True
-                if ev["job_id"] not in step_jobs:
-                    step_jobs.add(ev["job_id"])
-                    self._tel_kinds.add(("step", ev["job_id"]))
+                got = ("step", ev["job_id"])
+                if got not in arrived:
+                    arrived.add(got)
                     self._dirty = True
             elif ev["job_id"] not in coll_jobs:
                 # A job's collectives came first: await its step events (another worker
@@ -334,7 +333,7 @@ class JobPartition:
         collectives arrived has sent no step event yet (for at most ``expect_s`` wall
         seconds each: a host without that collector, a job whose hook sends no steps, is
         then not awaited)."""
-        expect, have, unsent = self._expect, self._tel_kinds, self._unsent
+        expect, have, unsent = self._expect, self._arrived, self._unsent
         wanted = [(k, h) for h in self._job_hosts for k in TELEMETRY_KINDS]
         wanted += [("step", j) for j in self._coll_jobs]
         for kh in wanted:
