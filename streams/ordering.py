@@ -1,0 +1,335 @@
+"""Event-time ordering of one home partition.
+
+Events of one partition come from many producers, interleaved by message. Step and
+collective events are held in a buffer (one ts-sorted chunk per message) and handed
+to the Detector in ``ts`` order once the *watermark* passes them. Each source (see
+``SOURCE``) produces in order, so the watermark is the lowest newest-``ts`` over the
+sources: everything at or below it has arrived. The Detector applies device samples
+by event time, ``telemetry_delay_s`` behind the steps it judges
+(``models.pipeline``), so samples are released that much behind the watermark, and a
+telemetry source counts ``telemetry_delay_s`` ahead in the watermark: a step at T
+waits only for the samples up to T minus the delay, which a collector sampling once
+a second has sent by then. Only the telemetry of the partition's own job hosts
+(learned from step events) counts, and a job host whose samples of a kind (gpu, nic,
+host) have not shown up yet holds the watermark for up to ``expect_s`` (=
+``lateness``) wall seconds: another worker may be routing them a little later (a
+rebalance, a backlog), and the root cause must not depend on which worker forwarded
+what first. A job whose collectives arrived before any of its step events is held
+the same way, so its steps are never rebuilt from collectives alone because the
+steps topic was fetched later. In a live stream (the newest events are less than
+``lateness`` old), an event that arrived ``jitter_s`` ago no longer waits for quiet
+sources. The watermark never moves back, it waits at the start (or after a restore)
+until the sources have shown up (``idle_s`` wall seconds or ``lateness`` of event
+time), and it stops waiting for a source that fell ``lateness`` behind the median
+source and sent nothing for ``lateness`` wall seconds (it left, or its host's clock
+is far behind), or, in a live stream, fell 6 x ``lateness`` behind (while a backlog
+is read, a source still delivering is never dropped). A partition that received
+nothing for ``idle_s`` releases everything it holds. An event that arrives behind
+the watermark (late, or from a host whose clock is behind) is handed over at once:
+nothing is dropped for being late, it is counted.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from heapq import heappop, heappush
+from operator import itemgetter
+
+import numpy as np
+
+from models.pipeline import TELEMETRY_KINDS
+
+RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
+_EV_TS = itemgetter("ts")
+
+# kind -> source id getter (C itemgetters: this runs for every event). A source id starts
+# with the kind, so ids of different kinds never meet.
+SOURCE = {
+    "step": itemgetter("kind", "job_id", "rank"),
+    "collective": itemgetter("kind", "job_id", "group", "rank"),
+    "gpu": itemgetter("kind", "host", "gpu"),
+    "nic": itemgetter("kind", "host", "nic", "port"),
+    "host": itemgetter("kind", "host"),
+}
+
+
+class EventOrder:
+    """The buffer and watermark of one home partition.
+
+    ``lateness`` (event-time s): the most the watermark trails the median host.
+    ``idle_s`` (wall s): silence after which the partition stops holding events.
+    ``expect_s`` (wall s): how long a job host's missing telemetry kind holds the watermark
+    (default: ``lateness``; another worker may start forwarding it only after joining).
+    ``jitter_s`` (wall s): in a live stream, how long an event waits for the stragglers of
+    other sources; 0 turns this off (the watermark then waits for every source).
+    ``delay`` (event-time s): how far the Detector's device samples trail its steps.
+    ``counts``: the partition's counters; ``late`` and ``replay_skipped`` are kept here.
+    """
+
+    def __init__(self, lateness: float, idle_s: float, expect_s: float | None,
+                 jitter_s: float, delay: float, counts: dict[str, int]) -> None:
+        self.lateness = lateness
+        self.idle_s = idle_s
+        self.expect_s = lateness if expect_s is None else expect_s
+        self.jitter_s = jitter_s
+        self.delay = delay
+        self.counts = counts
+        self._tel_hw: dict[tuple, float] = {}   # telemetry source -> newest ts that arrived
+        self._job_hosts: dict[str, float] = {}  # host of a job here -> newest step ts from it
+        # (kind, host) whose samples arrived, and ("step", job) whose step events arrived
+        self._arrived: set[tuple[str, str]] = set()
+        self._coll_jobs: set[str] = set()  # jobs whose collective events arrived
+        self._expect: dict[tuple[str, str], float] = {}  # (kind, host) awaited since (wall s)
+        self._unsent: set[tuple[str, str]] = set()       # (kind, host) that never came
+        self._awaiting = False      # some (kind, host) is awaited
+        self._tel_bound = math.inf  # steps up to here have the samples they need
+        self._dirty = True          # a new job host or telemetry source: recompute the two
+        self.wm = -math.inf
+        # A heap of chunks: (first ts - shift, sequence no., last ts - shift, offset, events
+        # sorted by ts, arrival wall time, shift); shift is -telemetry_delay_s for device
+        # samples (released that much behind the steps), else 0. Releasing takes only the
+        # chunks it releases from, so a large buffer (a backlog waiting for a slower topic)
+        # costs nothing per watermark move.
+        self._buf: list[tuple[float, int, float, int, list[dict], float, float]] = []
+        self._seq = 0
+        self.buffered = 0  # events in _buf
+        self._wm_wall = -math.inf
+        self._hw: dict[tuple, float] = {}  # step / collective source -> newest ts that arrived
+        self._seen: dict[tuple, float] = {}  # source -> wall time of its latest arrival
+        self._ref = -math.inf  # median of the sources' newest ts (event-time "now")
+        self._ref_wall = -math.inf
+        self._last_wall = 0.0
+        self._first_wall: float | None = None
+        self._settling = True
+
+    def add(self, events: list[dict], offset: int, now: float, skip_ts: float) -> list[dict]:
+        """Take the valid events of the message at ``offset``; return those that are late
+        (behind the watermark: the caller hands them over at once). Events up to ``skip_ts``
+        (a replay below the snapshot's offsets) are already in the Detector's state: they
+        only tell which sources exist and how far they got."""
+        self._last_wall = now
+        if self._first_wall is None:
+            self._first_wall = now
+        late: list[dict] = []
+        keep: list[dict] = []
+        samples: list[dict] = []
+        wm = self.wm
+        delay = self.delay
+        hw = self._hw
+        tel_hw = self._tel_hw
+        job_hosts = self._job_hosts
+        coll_jobs, arrived = self._coll_jobs, self._arrived
+        seen = self._seen
+        source = SOURCE
+        for ev in events:
+            ts = ev["ts"]
+            kind = ev["kind"]
+            src = source[kind](ev)
+            seen[src] = now
+            if kind in TELEMETRY_KINDS:
+                last = tel_hw.get(src)
+                if last is None or ts > last:
+                    tel_hw[src] = ts
+                    if last is None:           # a new source: the bound must include it now
+                        arrived.add((kind, ev["host"]))
+                        self._dirty = True
+                # A step judged at T needs the samples up to T - delay: they go to the
+                # Detector ``delay`` behind the steps and wait here until then (here they
+                # are rebuilt by a replay; in the Detector they would be in every snapshot).
+                if ts + delay <= skip_ts:
+                    self.counts["replay_skipped"] += 1
+                elif ts + delay <= wm:
+                    late.append(ev)
+                else:
+                    samples.append(ev)
+                continue
+            if ts > hw.get(src, -math.inf):
+                hw[src] = ts
+            if kind == "step":
+                last = job_hosts.get(ev["host"])
+                if last is None or ts > last:
+                    job_hosts[ev["host"]] = ts
+                    if last is None:           # a new job host: await its telemetry now
+                        self._dirty = True
+                got = ("step", ev["job_id"])
+                if got not in arrived:
+                    arrived.add(got)
+                    self._dirty = True
+            elif ev["job_id"] not in coll_jobs:
+                # A job's collectives came first: await its step events (another worker
+                # may route them a little later), or the Detector would build the
+                # job's steps from its collectives alone.
+                coll_jobs.add(ev["job_id"])
+                self._dirty = True
+            if ts <= skip_ts:
+                self.counts["replay_skipped"] += 1
+            elif ts <= wm:
+                late.append(ev)
+                self.counts["late"] += 1
+            else:
+                keep.append(ev)
+        for chunk, shift in ((keep, 0.0), (samples, -delay)):
+            if chunk:
+                chunk.sort(key=_EV_TS)
+                self._seq += 1
+                heappush(self._buf, (chunk[0]["ts"] - shift, self._seq, chunk[-1]["ts"] - shift,
+                                     offset, chunk, now, shift))
+                self.buffered += len(chunk)
+        self.counts["events"] += len(events)
+        return late
+
+    def runs_on(self, host: str) -> bool:
+        """True when a job of this partition has sent step events from ``host``."""
+        return host in self._job_hosts
+
+    def pause(self, seconds: float) -> None:
+        """The worker could not process for ``seconds`` (taking over a partition, a
+        rebalance): move the wall-clock marks on, so the pause does not look like idle input."""
+        self._last_wall += seconds
+        if self._first_wall is not None:
+            self._first_wall += seconds
+        self._seen = {s: t + seconds for s, t in self._seen.items()}
+
+    def tick(self, now: float) -> list[dict]:
+        """Called periodically: what idle sources / an idle partition no longer hold."""
+        return self.advance(now, force=now - self._last_wall >= self.idle_s)
+
+    # -- ordering ------------------------------------------------------------------------
+
+    def _progress(self, now: float) -> float:
+        """The watermark the sources' progress allows now (event-time s)."""
+        hw = self._hw
+        if not hw:
+            # Only device samples so far (hosts whose jobs live elsewhere, or whose steps
+            # have not reached this partition yet): release those that waited ``lateness``
+            # wall seconds for a job's steps, so samples of hosts without a job here do not
+            # pile up. Sooner would be wrong while a backlog is read: the steps they explain
+            # may still be on their way, and the Detector must not see samples far ahead
+            # of them.
+            waited = [c[2] for c in self._buf if now - c[5] >= self.lateness]
+            return max(waited) if waited else -math.inf
+        if self._settling:
+            # Starting (or restored): let every source show up before anything is released,
+            # or the first to arrive would make all the others late.
+            first = now if self._first_wall is None else self._first_wall
+            if (now - first < self.idle_s
+                    and max(hw.values()) - min(hw.values()) < self.lateness):
+                return self.wm
+            self._settling = False
+        if now - self._ref_wall >= 0.5 or self._ref == -math.inf:
+            # Every half second: the median over every source, samples counted
+            # ``telemetry_delay_s`` ahead (while a backlog is consumed one topic can run far
+            # ahead of another, and a source that is behind and still delivering must keep
+            # holding the watermark), stalled sources, awaited telemetry, and the bound the
+            # job hosts' telemetry puts on the steps (samples arrive once a second or so).
+            tel = self._tel_hw
+            pos = np.fromiter(hw.values(), float, len(hw))
+            if tel:
+                pos = np.concatenate((pos, np.fromiter(tel.values(), float, len(tel))
+                                      + self.delay))
+            self._ref = float(np.median(pos))
+            self._ref_wall = now
+            self._drop_stalled(now)
+            hw = self._hw
+            self._dirty = True
+        live = self.jitter_s > 0 and self._live(now)
+        if self._dirty or live:
+            # A live stream refreshes the bound at every recompute (it holds the steps
+            # that long); a backlog only when a source or job host is new, or every 0.5 s.
+            if self._dirty:
+                self._awaiting = self._awaited(now)
+            self._dirty = False
+            hosts = self._job_hosts
+            tel_ts = [t for s, t in self._tel_hw.items() if s[1] in hosts]
+            self._tel_bound = min(tel_ts) + self.delay if tel_ts else math.inf
+        if self._awaiting:
+            return self.wm
+        wm = min(hw.values()) if hw else self._ref
+        bound = self._tel_bound
+        if live:
+            # Live (the newest events are seconds old, not a backlog): a source that is
+            # quiet (a pipeline bubble, a data-parallel group between two all-reduces, a
+            # rank that ended its step early) is idle, not behind; waiting for its next event
+            # would hold everything for up to a step. Events that arrived ``jitter_s`` ago
+            # have waited long enough for the other sources' stragglers.
+            ready = [c[2] for c in self._buf if not c[6] and now - c[5] >= self.jitter_s]
+            if ready:
+                wm = max(wm, min(max(ready), bound))
+        return min(wm, bound)
+
+    def _live(self, now: float) -> bool:
+        """True when the newest step or collective is less than ``lateness`` old (wall
+        clock): a live stream, not a backlog being read."""
+        hw = self._hw
+        return bool(hw) and now - max(hw.values()) < self.lateness
+
+    def _awaited(self, now: float) -> bool:
+        """True while a job host has not sent a telemetry kind yet, or a job whose
+        collectives arrived has sent no step event yet (for at most ``expect_s`` wall
+        seconds each: a host without that collector, a job whose hook sends no steps, is
+        then not awaited)."""
+        expect, have, unsent = self._expect, self._arrived, self._unsent
+        wanted = [(k, h) for h in self._job_hosts for k in TELEMETRY_KINDS]
+        wanted += [("step", j) for j in self._coll_jobs]
+        for kh in wanted:
+            if kh not in have and kh not in unsent and kh not in expect:
+                expect[kh] = now
+        for kh, since in list(expect.items()):
+            if kh in have:
+                del expect[kh]
+            elif now - since > self.expect_s:
+                del expect[kh]
+                unsent.add(kh)
+        return bool(expect)
+
+    def _drop_stalled(self, now: float) -> None:
+        """Stop waiting for sources that fell ``lateness`` behind the median and sent nothing
+        for ``lateness`` wall seconds (a source that is behind but still delivering, or
+        whose topic the consumer reaches later while catching up on a backlog, keeps
+        holding the watermark). In a live stream, also for sources that fell 6 x
+        ``lateness`` behind (a host whose clock is that far behind), and forget job hosts
+        whose steps stopped that long ago (the job ended or moved). Not while a backlog
+        is read: there a source can be minutes of event time behind the others only
+        because its partition is fetched later, and dropping it would judge steps
+        without its samples."""
+        floor, hard = self._ref - self.lateness, self._ref - 6 * self.lateness
+        if not self._live(now):
+            hard = -math.inf
+        seen = self._seen
+        for hw, shift in ((self._hw, 0.0), (self._tel_hw, self.delay)):
+            gone = [s for s, t in hw.items()
+                    if t + shift < hard or (t + shift < floor and now - seen[s] > self.lateness)]
+            for s in gone:
+                del hw[s], seen[s]
+        self._job_hosts = {h: t for h, t in self._job_hosts.items() if t >= hard}
+
+    def advance(self, now: float, force: bool = False) -> list[dict]:
+        """The events the watermark releases now, in ts order (``force``: all of them)."""
+        # The watermark is recomputed at most every ``RECOMPUTE_S`` of wall time: a lower
+        # watermark only holds events a little longer, it never reorders them.
+        if not self._buf or (not force and now - self._wm_wall < RECOMPUTE_S):
+            return []
+        self._wm_wall = now
+        buf = self._buf
+        new = max(c[2] for c in buf) if force else self._progress(now)
+        if new <= self.wm:
+            return []
+        self.wm = new
+        ready: list[dict] = []
+        while buf and buf[0][0] <= new:
+            _, seq, last, offset, evs, arrived, shift = heappop(buf)
+            if last <= new:
+                ready.extend(evs)
+            else:
+                cut = bisect_right(evs, new + shift, key=_EV_TS)
+                ready.extend(evs[:cut])
+                heappush(buf, (evs[cut]["ts"] - shift, seq, last, offset, evs[cut:], arrived,
+                               shift))
+        self.buffered -= len(ready)
+        ready.sort(key=_EV_TS)  # a merge of sorted runs for timsort
+        return ready
+
+    def o_min(self, default: int) -> int:
+        """The oldest offset still holding an unreleased event (``default`` if none)."""
+        return min((c[3] for c in self._buf), default=default)
