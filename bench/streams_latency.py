@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import threading
 import time
 import urllib.request
@@ -91,8 +92,10 @@ def main() -> None:
     topics = Topics(f"l{uuid.uuid4().hex[:8]}.")
     create_topics(broker.bootstrap, topics)
     port = free_port()
+    log = Path(tempfile.gettempdir()) / f"failslow-latency-worker-{port}.log"
+    print(f"worker log: {log}")
     worker = WorkerProcess(broker.bootstrap, topics, group="lat", metrics_port=port,
-                           extra=args.worker_args.split())
+                           extra=args.worker_args.split(), log_path=log)
     seen: dict[int, float] = {}
     stop = threading.Event()
     watcher = threading.Thread(target=watch_incidents, daemon=True,

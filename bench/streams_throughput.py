@@ -6,7 +6,7 @@ slices as live collectors would. Then 1 (and 2) workers start and the rate is
 taken from the workers' own metrics, from the first event processed to the last
 (worker start-up and group join are not counted).
 
-    .venv/bin/python bench/streams_throughput.py [--steps 6] [--workers 1 2]
+    .venv/bin/python bench/streams_throughput.py [--steps 6] [--workers 1 2] [--worker-args ...]
 
 Prints numbers and writes bench/results/streams_throughput.json.
 """
@@ -66,10 +66,12 @@ def processed(ports: list[int], name: str = "failslow_stream_events_total") -> f
     return total
 
 
-def run(bootstrap: str, topics: Topics, n_events: int, n_workers: int, timeout: float) -> dict:
+def run(bootstrap: str, topics: Topics, n_events: int, n_workers: int, timeout: float,
+        extra: list[str]) -> dict:
     ports = [free_port() for _ in range(n_workers)]
     group = f"bench-{uuid.uuid4().hex[:6]}"
-    workers = [WorkerProcess(bootstrap, topics, group=group, metrics_port=p) for p in ports]
+    workers = [WorkerProcess(bootstrap, topics, group=group, metrics_port=p, extra=extra)
+               for p in ports]
     try:
         t_first = None
         deadline = time.monotonic() + timeout
@@ -110,6 +112,8 @@ def main() -> None:
                     help="1: large_4096 as is; 2: the same 4,096 ranks as two 2,048-rank "
                          "jobs homed on different partitions, so two workers can share "
                          "the detection (one job's detection runs in one place)")
+    ap.add_argument("--worker-args", default="",
+                    help="extra `failslow worker` flags, e.g. '--fetch-wait-ms 30'")
     args = ap.parse_args()
     t0 = time.monotonic()
     events = list(simulate(scenario(args.jobs), seed=0, steps=args.steps).events())
@@ -124,7 +128,8 @@ def main() -> None:
             t0 = time.monotonic()
             publish_sliced(broker.bootstrap, topics, events)
             print(f"published in {time.monotonic() - t0:.1f} s")
-            r = run(broker.bootstrap, topics, len(events), n, args.timeout)
+            r = run(broker.bootstrap, topics, len(events), n, args.timeout,
+                    args.worker_args.split())
             results.append(r)
             print(f"{n} worker(s): {r['processed']:,.0f} events in {r['seconds']:.1f} s = "
                   f"{r['events_per_s']:,.0f} events/s (worker CPU {r['worker_cpu_s']:.1f} s "
@@ -134,8 +139,11 @@ def main() -> None:
         broker.stop(2)
     RESULTS.mkdir(exist_ok=True)
     name = "streams_throughput" + ("" if args.jobs == 1 else "_2jobs")
+    if args.worker_args:
+        name += "_tuned"
     (RESULTS / f"{name}.json").write_text(json.dumps(
-        {"scenario": scenario(args.jobs).name, "steps": args.steps, "runs": results}, indent=2))
+        {"scenario": scenario(args.jobs).name, "steps": args.steps, "runs": results,
+         "worker_args": args.worker_args}, indent=2))
 
 
 if __name__ == "__main__":

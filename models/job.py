@@ -274,6 +274,8 @@ class JobState:
         if ok.sum() < 4:
             return np.zeros(n), np.zeros(n)
         ref, sigma = lower_half_ref(ratio[ok])
+        if ref <= 0:           # most ranks did no own work this step (odd clocks): no score
+            return np.zeros(n), np.zeros(n)
         rel = np.where(ok, ratio / ref - 1.0, 0.0)
         return rel, rel / np.maximum(max(sigma / ref, 0.01, self.noise.mean), own)
 

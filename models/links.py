@@ -106,14 +106,16 @@ class LinkMonitor:
             if st is None:
                 st = self.groups[g] = GroupState()
             b = st.cost
-            if b.n >= cfg.warm_steps and b.median > 0:
+            # A zero cost (the data moved in no measurable time: an eager send that
+            # completed before its receive was posted) tells nothing about bandwidth.
+            if b.n >= cfg.warm_steps and b.median > 0 and cost[i] > 0:
                 ratio[i] = cost[i] / b.median
                 own[i] = b.sigma / b.median
                 warm[i] = True
         peer_rel = np.zeros(len(names))
         peer_z = np.zeros(len(names))
-        if warm.sum() >= 4:
-            ref, sigma = lower_half_ref(ratio[warm])
+        ref, sigma = lower_half_ref(ratio[warm]) if warm.sum() >= 4 else (0.0, 0.0)
+        if ref > 0:
             peer_rel = np.where(warm, ratio / ref - 1.0, 0.0)
             peer_z = peer_rel / np.maximum(max(sigma / ref, 0.02), own)
         elif warm.any():
@@ -136,7 +138,8 @@ class LinkMonitor:
             st.cusum = min(max(0.0, st.cusum + inc), cfg.confirm_z + cfg.z_min)
             st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
             if not weak:
-                b.update(cost[i])
+                if cost[i] > 0:
+                    b.update(cost[i])
                 healthy.append(g)
             elif st.cusum > 0:
                 st.rel = rel

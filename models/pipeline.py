@@ -25,12 +25,16 @@ the collectors sample once a second) decide the same. A sample older than what
 was already applied is applied at once (it is late, counted in ``late_samples``).
 
 Events are expected to be valid (``schema.validate``); one that still lacks a
-needed field is counted in ``rejected`` and skipped, never raised.
+needed field is counted in ``rejected`` and skipped, never raised. Any other error
+while an event is taken (a defect that some input brings out) is counted in
+``errors`` (the newest in ``last_error``), logged, and the batch goes on: a stream
+worker would otherwise stop at that event after every restart.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import math
 import pickle
 from bisect import bisect_right
@@ -54,6 +58,7 @@ TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
 # must not grow the queue without bound).
 TELEMETRY_QUEUE_CAP = 1 << 17
 _TS = itemgetter("ts")
+log = logging.getLogger("failslow.detector")
 
 
 class Detector:
@@ -65,6 +70,9 @@ class Detector:
     (seconds, the collectors' sampling interval): how far device samples may trail
     the step events; a step judged at T uses the samples up to T minus this.
     """
+
+    errors = 0           # class defaults: snapshots taken before these existed restore
+    last_error = ""
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  resolve_steps: int = 5, critical_pct: float = 20.0,
@@ -160,6 +168,8 @@ class Detector:
                         self._observe(ev)
             except (KeyError, TypeError, ValueError):
                 self.rejected += 1
+            except Exception as exc:  # noqa: BLE001 - a defect must not stop the stream
+                self._failed(exc)
         self._queued += queued
         if self._queued > TELEMETRY_QUEUE_CAP:
             for q in tq.values():
@@ -168,6 +178,13 @@ class Detector:
                 del q[:len(q) // 2]
             self._queued = sum(map(len, tq.values()))
         return out
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self.errors & (self.errors - 1) == 0:     # the 1st, 2nd, 4th, 8th, ...
+            log.error("detector error #%d (the event is skipped): %s", self.errors,
+                      self.last_error, exc_info=exc)
 
     def _observe(self, ev: dict[str, Any]) -> None:
         kind = ev["kind"]

@@ -329,7 +329,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                         value=orjson.dumps({"host": host, "partition": p}))
 
     counted = (("duplicates", metrics.duplicates), ("late", metrics.late),
-               ("late_samples", metrics.late_samples))
+               ("late_samples", metrics.late_samples),
+               ("detector_errors", metrics.detector_errors))
 
     def count(state: JobPartition, before: dict[str, int]) -> None:
         for name, metric in counted:

@@ -29,6 +29,9 @@ class Metrics:
         self.late_samples = Counter("failslow_stream_late_samples_total",
                                     "Device samples that reached the Detector after the steps "
                                     "they should have explained (applied late)", registry=r)
+        self.detector_errors = Counter("failslow_stream_detector_errors_total",
+                                       "Events the Detector failed on (skipped, logged): a "
+                                       "defect to report", registry=r)
         self.unmapped = Counter("failslow_stream_unmapped_telemetry_total",
                                 "Telemetry messages sent to every partition: their host's "
                                 "job was not known yet", registry=r)

@@ -75,7 +75,8 @@ class JobPartition:
         self._restore_detector = detector_restore
         self.detector = detector_factory()
         self.counts = {"events": 0, "late": 0, "duplicates": 0, "late_samples": 0,
-                       "replay_skipped": 0, "incidents": 0, "incidents_suppressed": 0}
+                       "detector_errors": 0, "replay_skipped": 0, "incidents": 0,
+                       "incidents_suppressed": 0}
         self.order = EventOrder(lateness, idle_s, expect_s, jitter_s, self._delay, self.counts)
         self._marks: dict[tuple, tuple] = {}
         self.emitted: dict[str, set[bytes]] = {}
@@ -147,9 +148,11 @@ class JobPartition:
         self.counts["duplicates"] += len(events) - len(fresh)
         if not fresh:
             return []
-        late = getattr(self.detector, "late_samples", 0)
-        incidents = self.detector.process_batch(fresh)
-        self.counts["late_samples"] += getattr(self.detector, "late_samples", 0) - late
+        det = self.detector
+        late, errors = getattr(det, "late_samples", 0), getattr(det, "errors", 0)
+        incidents = det.process_batch(fresh)
+        self.counts["late_samples"] += getattr(det, "late_samples", 0) - late
+        self.counts["detector_errors"] += getattr(det, "errors", 0) - errors
         return self._dedupe(incidents)
 
     def _dedupe(self, incidents: list[dict]) -> list[dict]:

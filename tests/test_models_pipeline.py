@@ -203,3 +203,64 @@ def test_malformed_event_is_counted_not_raised():
     det = Detector()
     assert det.process({"v": 1, "kind": "step", "ts": 1.0}) == []
     assert det.rejected == 1
+
+
+def test_transfers_that_take_no_measurable_time_are_no_evidence():
+    """Eager sends complete before their receive is posted: min end - max start <= 0.
+    When most cross-host groups of a step moved their data that way, the link
+    evaluation must neither divide by a zero reference (it raised
+    ZeroDivisionError and stopped a stream worker) nor flag the others."""
+    from models.job import JobConfig
+    from models.links import LinkMonitor
+
+    mon = LinkMonitor(JobConfig())
+    rank_host = {r: f"h{r // 2}" for r in range(16)}
+
+    def coll(g: int, start: float, transfer_s: float) -> list:
+        a, b = 2 * g, (2 * g + 3) % 16      # ranks on different hosts
+        end = start + transfer_s
+        return [0, f"pp{g}", "send", 1 << 20, (a, start, end - start), (b, start, end - start)]
+
+    def step(s: int, zero: set[int]) -> list:
+        t = 100.0 + s
+        out = []
+        for g in range(8):
+            c = coll(g, t, 0.01)
+            if g in zero:          # the receive started after the send had ended
+                c[4], c[5] = (c[4][0], t, 0.001), (c[5][0], t + 0.005, 0.001)
+            c[0] = s
+            out.append(c)
+        return out
+
+    for s in range(15):
+        assert mon.evaluate(s, step(s, set()), rank_host, 100.0 + s, 1.0) == []
+    # Five of eight groups at zero cost: the faster-half reference was 0.
+    assert mon.evaluate(15, step(15, {0, 1, 2, 3, 4}), rank_host, 115.0, 1.0) == []
+    assert mon.evaluate(16, step(16, {0, 1, 2}), rank_host, 116.0, 1.0) == []
+
+
+def test_a_detector_defect_skips_the_event_and_the_stream_goes_on(monkeypatch):
+    """An unexpected error inside the Detector (a defect some input brings out) is
+    counted and logged, and the batch goes on: a stream worker that raised would
+    stop at the same event after every restart."""
+    from models.job import JobState
+
+    evs = synth(slow=3, onset=20)
+    real = JobState.evaluate
+    calls = {"n": 0}
+
+    def flaky(self, s):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise ZeroDivisionError("float division by zero")
+        return real(self, s)
+
+    monkeypatch.setattr(JobState, "evaluate", flaky)
+    det = Detector()
+    incs = det.process_batch(evs) + det.flush()
+    assert det.errors == 1
+    assert det.last_error == "ZeroDivisionError: float division by zero"
+    assert det.rejected == 0
+    assert {(i["fault"], i["rank"]) for i in incs if i["severity"] != "info"} == {("slow_rank", 3)}
+    again = Detector.from_state(det.state_dict())
+    assert again.errors == 1

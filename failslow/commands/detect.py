@@ -145,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
     def write(inc: dict) -> None:
         out.write(orjson.dumps(inc) + b"\n")
 
+    det = Detector(telemetry_delay_s=args.telemetry_delay)
     try:
-        n_events, n_bad, n_inc = detect_lines(
-            src, Detector(telemetry_delay_s=args.telemetry_delay), write, warn)
+        n_events, n_bad, n_inc = detect_lines(src, det, write, warn)
     finally:
         if src is not sys.stdin.buffer:
             src.close()
@@ -155,5 +155,7 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             out.close()
     tail = f"; {n_bad} invalid line(s) skipped" if n_bad else ""
+    if det.errors:
+        tail += f"; {det.errors} event(s) the detector failed on ({det.last_error})"
     print(f"failslow detect: {n_events} events, {n_inc} incident events{tail}", file=sys.stderr)
     return 0
