@@ -168,3 +168,41 @@ def test_two_workers_share_partitions_and_match_one(broker, topics, tmp_path):
     assert brief(got) == brief(ref)
     assert canon(got) == canon(ref)
     assert len(read_incidents(broker.bootstrap, topics)) == len(got)
+
+
+def test_jobs_of_another_shape_match_offline_detection(broker, topics):
+    """Jobs not from our simulator (``test_models_generalize``'s generator): an NCCL-Inspector
+    -like job (no step events, collectives that name no step), a job whose steps carry only
+    ``comm_s``, hosts' clocks up to 50 ms apart. The worker must emit what the offline
+    Detector does, and fail on no event."""
+    from test_models_generalize import Cluster, trace
+
+    jobs = [Cluster(ranks=32, step_s=0.5, fields="inspector", group="ddp", slow_rank=5,
+                    factor=1.5, seed=4, job="insp-1"),
+            Cluster(ranks=64, step_s=0.5, fields="comm", tp=True, slow_host=2, factor=1.5,
+                    seed=5, job="comm-2")]
+    events, ref = [], []
+    for c in jobs:
+        evs = trace(c)
+        shift = 1.8e9 - evs[0]["ts"]     # both jobs run at the same time, on their own hosts
+        for e in evs:
+            e["host"] = f"{c.job}-{e['host']}"
+            e["ts"] += shift
+            if "start_ts" in e:
+                e["start_ts"] += shift
+        events += evs
+        ref += reference(evs)
+    assert {(i["fault"], i.get("rank")) for i in ref if i["status"] == "open"} == \
+        {("slow_rank", 5), ("slow_host", None)}
+    events.sort(key=lambda e: e["ts"])
+    publish(broker, topics, events)
+    port = free_port()
+    worker = WorkerProcess(broker.bootstrap, topics, group=f"{topics.prefix}g", metrics_port=port)
+    try:
+        got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
+        errors = metric(port, "failslow_stream_detector_errors_total")
+    finally:
+        assert worker.stop() == 0
+    assert errors == 0
+    assert brief(got) == brief(ref)
+    assert canon(got) == canon(ref)
