@@ -52,6 +52,7 @@ class Metrics:
                                     "Size of the newest state snapshot", ["partition"], registry=r)
         self._last_log = time.monotonic()
         self._last_counts: dict[str, float] = {}
+        self._last_buckets: dict[float, float] = {}
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
@@ -62,19 +63,49 @@ class Metrics:
         if kafka_ts:
             self.lag.labels(topic).set(max(0.0, now - kafka_ts))
 
-    def summary(self) -> str | None:
-        """One log line with rates since the previous call, at most once a minute."""
-        now = time.monotonic()
+    def summary(self, now: float | None = None) -> str | None:
+        """One log line, at most once a minute: events/s per topic and processing latency
+        (p50 / p99, bucket bounds) since the previous line; consumer lag, dead letters,
+        detector errors, open incidents and buffered events now."""
+        now = time.monotonic() if now is None else now
         if now - self._last_log < 60.0:
             return None
         span, self._last_log = now - self._last_log, now
         totals: dict[str, float] = {}
+        lags: dict[str, float] = {}
+        buckets: list[tuple[float, float]] = []
+        dead = 0.0
         for metric in self.registry.collect():
-            for s in metric.samples:
-                if s.name == "failslow_stream_events_total":
-                    totals[s.labels["topic"]] = s.value
+            for x in metric.samples:
+                if x.name == "failslow_stream_events_total":
+                    totals[x.labels["topic"]] = x.value
+                elif x.name == "failslow_stream_consumer_lag_seconds":
+                    lags[x.labels["topic"]] = x.value
+                elif x.name == "failslow_stream_deadletters_total":
+                    dead += x.value
+                elif x.name == "failslow_stream_processing_latency_seconds_bucket":
+                    buckets.append((float(x.labels["le"]), x.value))
         rates = ", ".join(f"{t}={(v - self._last_counts.get(t, 0.0)) / span:.0f}/s"
                           for t, v in sorted(totals.items()))
         self._last_counts = totals
-        return (f"events {rates or 'none'}; open incidents {self.open_incidents._value.get():.0f}; "
+        new = [(le, c - self._last_buckets.get(le, 0.0)) for le, c in buckets]
+        self._last_buckets = dict(buckets)
+        lag = max(lags.values(), default=0.0)
+        return (f"events {rates or 'none'}; processing latency "
+                f"{_quantile(new, 0.5)} / {_quantile(new, 0.99)} (p50 / p99); "
+                f"consumer lag {lag:.1f} s; dead letters {dead:.0f}; "
+                f"detector errors {self.detector_errors._value.get():.0f}; "
+                f"open incidents {self.open_incidents._value.get():.0f}; "
                 f"buffered {self.buffered._value.get():.0f}")
+
+
+def _quantile(buckets: list[tuple[float, float]], q: float) -> str:
+    """The upper bound of the histogram bucket holding quantile ``q`` ('-' if empty)."""
+    total = max((c for _, c in buckets), default=0.0)
+    if total <= 0:
+        return "-"
+    ordered = sorted(buckets)
+    le = next(le for le, c in ordered if c >= q * total)
+    if le == float("inf"):
+        return f"> {ordered[-2][0]:g} s" if len(ordered) > 1 else "-"
+    return f"<= {le:g} s"

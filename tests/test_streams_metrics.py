@@ -1,0 +1,36 @@
+"""The worker's once-a-minute log line carries the pipeline health the metrics endpoint
+serves: events/s per topic, processing latency, consumer lag, dead letters, errors."""
+
+from __future__ import annotations
+
+from streams.metrics import Metrics
+
+
+def test_summary_line_reports_rates_latency_lag_and_dead_letters():
+    m = Metrics()
+    t0 = m._last_log
+    m.events.labels("failslow.steps").inc(600)
+    m.events.labels("failslow.gpu").inc(120)
+    for _ in range(97):
+        m.latency.observe(0.03)
+    for _ in range(3):
+        m.latency.observe(4.0)
+    m.seen("failslow.steps", kafka_ts=1000.0, now=1002.5)
+    m.seen("failslow.gpu", kafka_ts=1000.0, now=1000.5)
+    m.deadletters.labels("failslow.gpu").inc(2)
+    m.detector_errors.inc()
+    m.open_incidents.set(3)
+    assert m.summary(now=t0 + 30) is None          # at most once a minute
+    line = m.summary(now=t0 + 60)
+    assert line is not None
+    assert "failslow.gpu=2/s, failslow.steps=10/s" in line
+    assert "processing latency <= 0.05 s / <= 5 s (p50 / p99)" in line
+    assert "consumer lag 2.5 s" in line
+    assert "dead letters 2" in line and "detector errors 1" in line
+    assert "open incidents 3" in line
+    # Rates and latency are since the previous line: nothing new, nothing to report.
+    m.latency.observe(40.0)
+    line = m.summary(now=t0 + 120)
+    assert line is not None
+    assert "failslow.gpu=0/s, failslow.steps=0/s" in line
+    assert "processing latency > 30 s / > 30 s" in line
