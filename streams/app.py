@@ -89,6 +89,7 @@ class WorkerConfig:
     fetch_wait_ms: int = 100
     telemetry_delay: float = 1.0
     jitter: float = 0.3
+    internal_retention_h: float = 6.0
     detector_factory: Callable[[], Any] | None = None
     detector_restore: Callable[[Any], Any] | None = None
 
@@ -96,8 +97,29 @@ class WorkerConfig:
         return f"{self.topics.prefix}internal.{name}"
 
 
+def internal_topic_configs(cfg: WorkerConfig) -> dict[str, dict[str, str]]:
+    """Retention of the internal topics (Kafka's default keeps everything 7 days). The job
+    topic carries every input event once more and a snapshot is written every few
+    seconds (MBs for a large job): each is needed only until the next snapshot, plus a
+    restart's downtime (``internal_retention_h``). A host-map entry is stale after
+    ``HostMap.ttl_s``, and every worker reads the host map from its start. Compaction
+    would break snapshots (one key, many chunks): old segments are deleted instead,
+    rolled often enough for that to act."""
+    keep = int(cfg.internal_retention_h * 3_600_000)
+
+    def delete_after(ms: int) -> dict[str, str]:
+        return {"cleanup.policy": "delete", "retention.ms": str(ms),
+                "segment.ms": str(max(min(ms // 6, 3_600_000), 60_000))}
+
+    return {cfg.internal("job"): delete_after(keep),
+            cfg.internal("snapshots"): delete_after(keep),
+            cfg.internal("hostmap"): delete_after(max(4 * int(HostMap().ttl_s * 1000), 3_600_000))}
+
+
 def ensure_internal_topics(cfg: WorkerConfig) -> int:
-    """Create the internal topics with as many partitions as the incidents topic; return N."""
+    """Create the internal topics with as many partitions as the incidents topic, with
+    their retention (``internal_topic_configs``; a topic that exists is left as it is);
+    return N."""
     admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
     meta = admin.list_topics(timeout=10)
     incidents = meta.topics.get(cfg.topics.for_kind("incident"))
@@ -107,9 +129,9 @@ def ensure_internal_topics(cfg: WorkerConfig) -> int:
         raise StreamsError(f"topic {cfg.topics.for_kind('incident')} does not exist on "
                            f"{cfg.bootstrap} (run `failslow up` or create the topics)")
     n = len(incidents.partitions)
-    names = [cfg.internal(x) for x in ("job", "hostmap", "snapshots")]
-    new = [NewTopic(t, num_partitions=n, replication_factor=1) for t in names
-           if t not in meta.topics]
+    configs = internal_topic_configs(cfg)
+    new = [NewTopic(t, num_partitions=n, replication_factor=1, config=c)
+           for t, c in configs.items() if t not in meta.topics]
     for fut in (admin.create_topics(new, operation_timeout=10).values() if new else []):
         try:
             fut.result()

@@ -206,3 +206,26 @@ def test_jobs_of_another_shape_match_offline_detection(broker, topics):
     assert errors == 0
     assert brief(got) == brief(ref)
     assert canon(got) == canon(ref)
+
+
+def test_internal_topics_are_created_with_a_retention(broker, topics):
+    """Kafka keeps a topic 7 days by default: the job topic (every input event again) and
+    the snapshot topic (MBs every few seconds) would fill the broker's disk."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    from streams.app import WorkerConfig, ensure_internal_topics
+
+    cfg = WorkerConfig(bootstrap=broker.bootstrap, topics=topics, internal_retention_h=2)
+    assert ensure_internal_topics(cfg) == 4
+    assert ensure_internal_topics(cfg) == 4          # a second worker: they exist, kept
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    got = {}
+    for name in ("job", "snapshots", "hostmap"):
+        res = ConfigResource("topic", cfg.internal(name))
+        conf = admin.describe_configs([res])[res].result(timeout=10)
+        got[name] = {k: conf[k].value for k in ("cleanup.policy", "retention.ms", "segment.ms")}
+    assert got["job"] == got["snapshots"] == {"cleanup.policy": "delete",
+                                              "retention.ms": str(2 * 3_600_000),
+                                              "segment.ms": str(1_200_000)}
+    assert got["hostmap"]["cleanup.policy"] == "delete"
+    assert int(got["hostmap"]["retention.ms"]) >= 3_600_000

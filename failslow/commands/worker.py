@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest a fetch waits for data, ms; Tansu holds every fetch "
                              "this long, so it adds to the latency of each of the two hops "
                              "(Apache Kafka answers as soon as data arrives) [100]")
+    parser.add_argument("--internal-retention-h", type=float, default=6.0,
+                        help="hours the internal job and snapshot topics keep their data, "
+                             "when the worker creates them: a restart after a longer stop "
+                             "starts without state [6]")
     parser.add_argument("--log-level", default="info", help="faust/worker log level [info]")
 
 
@@ -59,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--lateness, --snapshot-interval and --session-timeout must be > 0")
     if args.jitter < 0:
         raise ConfigError("--jitter must be >= 0")
+    if args.internal_retention_h <= 0:
+        raise ConfigError("--internal-retention-h must be > 0")
     if not 1 <= args.fetch_wait_ms <= 10_000:
         raise ConfigError("--fetch-wait-ms must be between 1 and 10000")
     if not 0 <= args.telemetry_delay < args.lateness:
@@ -76,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
                        metrics_addr=args.metrics_addr,
                        session_timeout=args.session_timeout,
                        telemetry_delay=args.telemetry_delay, jitter=args.jitter,
-                       fetch_wait_ms=args.fetch_wait_ms)
+                       fetch_wait_ms=args.fetch_wait_ms,
+                       internal_retention_h=args.internal_retention_h)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(cfg)
