@@ -224,8 +224,11 @@ class Detector:
         (the trace ended, the fault did not); nothing is resolved for lack of data."""
         out: list[dict[str, Any]] = []
         for job in self.jobs.values():
-            for _, findings, ts in job.drain():
-                out.extend(self._judge(job, findings, ts))
+            try:
+                for _, findings, ts in job.drain():
+                    out.extend(self._judge(job, findings, ts))
+            except Exception as exc:  # noqa: BLE001 - as in process_batch
+                self._failed(exc)
         return out
 
     def _judge(self, job: JobState, findings: list, ts: float) -> list[dict[str, Any]]:

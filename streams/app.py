@@ -46,7 +46,14 @@ from schema.fast import all_valid
 from schema.topics import KIND_TOPIC
 from streams.metrics import Metrics
 from streams.partition import INPUT_KINDS, JobPartition
-from streams.routing import HostMap, home_partition, job_of_collective_key, pack, unpack
+from streams.routing import (
+    HOSTMAP_TTL_S,
+    HostMap,
+    home_partition,
+    job_of_collective_key,
+    pack,
+    unpack,
+)
 from streams.snapshots import SnapshotStore, scan
 
 log = logging.getLogger("failslow.worker")
@@ -102,7 +109,7 @@ def internal_topic_configs(cfg: WorkerConfig) -> dict[str, dict[str, str]]:
     topic carries every input event once more and a snapshot is written every few
     seconds (MBs for a large job): each is needed only until the next snapshot, plus a
     restart's downtime (``internal_retention_h``). A host-map entry is stale after
-    ``HostMap.ttl_s``, and every worker reads the host map from its start. Compaction
+    ``HOSTMAP_TTL_S``, and every worker reads the host map from its start. Compaction
     would break snapshots (one key, many chunks): old segments are deleted instead,
     rolled often enough for that to act."""
     keep = int(cfg.internal_retention_h * 3_600_000)
@@ -113,7 +120,7 @@ def internal_topic_configs(cfg: WorkerConfig) -> dict[str, dict[str, str]]:
 
     return {cfg.internal("job"): delete_after(keep),
             cfg.internal("snapshots"): delete_after(keep),
-            cfg.internal("hostmap"): delete_after(max(4 * int(HostMap().ttl_s * 1000), 3_600_000))}
+            cfg.internal("hostmap"): delete_after(max(int(4_000 * HOSTMAP_TTL_S), 3_600_000))}
 
 
 def ensure_internal_topics(cfg: WorkerConfig) -> int:

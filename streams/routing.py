@@ -36,6 +36,9 @@ def job_of_collective_key(key: str) -> str:
     return key.rpartition("/")[0]
 
 
+HOSTMAP_TTL_S = 300.0
+
+
 class HostMap:
     """host -> {home partition: last time announced (wall s)}, forgetting silent entries.
 
@@ -43,7 +46,7 @@ class HostMap:
     not been refreshed for ``ttl_s`` belongs to a job that ended or moved.
     """
 
-    def __init__(self, ttl_s: float = 300.0) -> None:
+    def __init__(self, ttl_s: float = HOSTMAP_TTL_S) -> None:
         self.ttl_s = ttl_s
         self._hosts: dict[str, dict[int, float]] = {}
 
