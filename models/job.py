@@ -40,17 +40,21 @@ class JobConfig:
     also be; ``confirm_steps``: steps of full evidence before a culprit is
     confirmed (a CUSUM over z-scores reaching ``confirm_z = confirm_steps *
     z_min``; one-step spikes never confirm); ``lag_steps``: how far a step may
-    trail the newest one before it is evaluated with the ranks it has;
+    trail the step most ranks have reached before it is judged without a rank that
+    has stalled (sent no newer step while most ranks moved on ``lag_steps``);
+    ``max_behind``: how far before it is judged without ranks that still report, but
+    late (a host whose clock is that far ahead sends that much later in ts order);
     ``warm_steps``: samples before an own-past baseline is trusted.
     """
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
-                 lag_steps: int = 3, warm_steps: int = 10) -> None:
+                 lag_steps: int = 3, warm_steps: int = 10, max_behind: int = 16) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
         self.confirm_z = confirm_steps * z_min
         self.lag_steps = lag_steps
+        self.max_behind = max_behind
         self.warm_steps = warm_steps
 
 
@@ -62,7 +66,8 @@ class JobState:
         self.cfg = cfg
         self.pending: dict[int, dict[int, dict[str, Any]]] = {}
         self.last_step: dict[int, int] = {}
-        self.newest = -1
+        self.progress = -1           # newest step that most ranks have reached
+        self.moved: dict[int, int] = {}   # rank -> progress when its last step advanced
         self.evaluated = -1
         self.judged = 0              # steps evaluated so far
         self.host_seen: dict[str, int] = {}   # host -> last step all its ranks stood out
@@ -95,17 +100,42 @@ class JobState:
                 return []              # too late: that step was already judged
             row = self.pending[s] = {}
         row[r] = ev
+        if s > self.last_step.get(r, -1):
+            self.moved[r] = self.progress
         self.last_step[r] = s
         self.world = ev["world_size"]
         out = []
-        if s > self.newest:
-            self.newest = s
-            for old in sorted(k for k in self.pending if k <= s - self.cfg.lag_steps):
-                out.append(self.evaluate(old))
+        if s > self.progress and 2 * len(row) > self.world:
+            # Most ranks reached step s. Progress is what most ranks did, not the newest
+            # step of any rank: a host whose clock is behind sends its steps early in ts
+            # order, and must not make the others' steps look overdue.
+            self.progress = s
+            out.extend(self._overdue())
         if len(row) >= self.world and s in self.pending:
             for old in sorted(k for k in self.pending if k <= s):
                 out.append(self.evaluate(old))
         return out
+
+    def _overdue(self) -> list[tuple[int, list[Finding], float]]:
+        """Judge the incomplete steps most ranks left ``lag_steps`` behind, in order, with the
+        ranks they have: once every rank missing from one has stalled (a rank that keeps
+        reporting newer steps is late, not gone: its events come later in ts order when
+        its host's clock is ahead), or once it is ``max_behind`` steps behind."""
+        out = []
+        p, cfg = self.progress, self.cfg
+        for k in sorted(k for k in self.pending if k <= p - cfg.lag_steps):
+            row = self.pending[k]
+            if p - k < cfg.max_behind and any(
+                    p - self.moved[r] < cfg.lag_steps for r in self.moved if r not in row):
+                break
+            out.append(self.evaluate(k))
+        return out
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Snapshots from before ``progress`` / ``moved``: every rank counts as stalled.
+        state.setdefault("progress", state.pop("newest", -1))
+        state.setdefault("moved", {})
+        self.__dict__.update(state)
 
     def add_collective(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
         """A collective event that names no step: it belongs to the rank's next

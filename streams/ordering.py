@@ -41,6 +41,7 @@ import numpy as np
 from models.pipeline import TELEMETRY_KINDS
 
 RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
+OFFSET_WINDOW_S = 60.0  # s; a host's clock offset is read over the last one to two of these
 _EV_TS = itemgetter("ts")
 
 # kind -> source id getter (C itemgetters: this runs for every event). A source id starts
@@ -84,6 +85,11 @@ class EventOrder:
         self._unsent: set[tuple[str, str]] = set()       # (kind, host) that never came
         self._awaiting = False      # some (kind, host) is awaited
         self._tel_bound = math.inf  # steps up to here have the samples they need
+        # job host -> least (arrival wall time - ts) of its step events, in this window and
+        # the previous one (``OFFSET_WINDOW_S``): its clock's offset plus the fastest delivery
+        self._step_lag: dict[str, float] = {}
+        self._step_lag_prev: dict[str, float] = {}
+        self._lag_wall = -math.inf
         self._dirty = True          # a new job host or telemetry source: recompute the two
         self.wm = -math.inf
         # A heap of chunks: (first ts - shift, sequence no., last ts - shift, offset, events
@@ -118,6 +124,7 @@ class EventOrder:
         delay = self.delay
         hw = self._hw
         tel_hw = self._tel_hw
+        step_lag = self._step_lag
         job_hosts = self._job_hosts
         coll_jobs, arrived = self._coll_jobs, self._arrived
         seen = self._seen
@@ -147,6 +154,8 @@ class EventOrder:
             if ts > hw.get(src, -math.inf):
                 hw[src] = ts
             if kind == "step":
+                if now - ts < step_lag.get(ev["host"], math.inf):
+                    step_lag[ev["host"]] = now - ts
                 last = job_hosts.get(ev["host"])
                 if last is None or ts > last:
                     job_hosts[ev["host"]] = ts
@@ -240,9 +249,7 @@ class EventOrder:
             if self._dirty:
                 self._awaiting = self._awaited(now)
             self._dirty = False
-            hosts = self._job_hosts
-            tel_ts = [t for s, t in self._tel_hw.items() if s[1] in hosts]
-            self._tel_bound = min(tel_ts) + self.delay if tel_ts else math.inf
+            self._tel_bound = self._telemetry_bound(now, live)
         if self._awaiting:
             return self.wm
         wm = min(hw.values()) if hw else self._ref
@@ -257,6 +264,30 @@ class EventOrder:
             if ready:
                 wm = max(wm, min(max(ready), bound))
         return min(wm, bound)
+
+    def _telemetry_bound(self, now: float, live: bool) -> float:
+        """Steps up to this ts have the device samples they need: the job hosts' oldest
+        newest sample, plus the delay. In a live stream a host whose clock is behind
+        would hold every step by its offset (its newest sample is always that old): its
+        samples count that much later. The offset is how much later than the median host
+        its step events arrive, at best (over the last one to two ``OFFSET_WINDOW_S``,
+        so a corrected clock is followed). The steps come from the training job, the
+        samples from the collector: a host whose samples merely arrive late still holds
+        the steps."""
+        hosts = self._job_hosts
+        tel = [(s[1], t) for s, t in self._tel_hw.items() if s[1] in hosts]
+        if not tel:
+            return math.inf
+        if not live:
+            return min(t for _, t in tel) + self.delay
+        if now - self._lag_wall >= OFFSET_WINDOW_S:
+            self._step_lag_prev, self._step_lag, self._lag_wall = self._step_lag, {}, now
+        cur, prev = self._step_lag, self._step_lag_prev
+        lag = {h: min(cur.get(h, math.inf), prev.get(h, math.inf)) for h in hosts}
+        known = [v for v in lag.values() if v < math.inf]
+        usual = float(np.median(known)) if known else 0.0
+        behind = {h: max(v - usual, 0.0) if v < math.inf else 0.0 for h, v in lag.items()}
+        return min(t + behind[h] for h, t in tel) + self.delay
 
     def _live(self, now: float) -> bool:
         """True when the newest step or collective is less than ``lateness`` old (wall

@@ -174,3 +174,18 @@ def test_benign_job_wide_changes_page_nobody(fields, ranks, step_s, noise, seed)
     c = Cluster(ranks=ranks, fields=fields, step_s=step_s, noise=noise, seed=seed, steps=80,
                 job_wide=(35, 50, 1.4), checkpoint=25)
     assert paged(run(c)) == set()
+
+
+@pytest.mark.parametrize("fields,skew_s,seed", [("compute", 5.0, 31), ("comm", 4.0, 32),
+                                                ("inspector", 6.0, 33), ("compute", 8.0, 34)])
+def test_host_clocks_steps_apart_still_find_the_culprit(fields, skew_s, seed):
+    """Host clocks seconds apart (a host whose NTP broke) at 0.5 s steps: in ts order, a host
+    whose clock is behind sends its steps several steps early, and one whose clock is ahead
+    several steps late. Neither may get the others' steps judged without their ranks (the
+    culprit was then never judged, and nothing was found)."""
+    culprit = int(np.random.default_rng(seed).integers(32))
+    c = Cluster(ranks=32, per_host=8, step_s=0.5, fields=fields, slow_rank=culprit,
+                factor=1.5, skew_s=skew_s, seed=seed)
+    incs = run(c)
+    assert paged(incs) == {("slow_rank", culprit, None)}, [
+        (i["fault"], i.get("rank"), i.get("host"), i["severity"]) for i in incs]

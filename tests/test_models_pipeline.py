@@ -264,3 +264,18 @@ def test_a_detector_defect_skips_the_event_and_the_stream_goes_on(monkeypatch):
     assert {(i["fault"], i["rank"]) for i in incs if i["severity"] != "info"} == {("slow_rank", 3)}
     again = Detector.from_state(det.state_dict())
     assert again.errors == 1
+
+
+def test_a_rank_that_stops_reporting_does_not_stall_the_job():
+    """A rank whose hook stopped sending (its steps and collectives) from step 15 on: once
+    the others are a few steps further, its steps are judged without it, and the culprit
+    is still found. A rank that keeps reporting, only late, is waited for instead
+    (tests/test_models_generalize.py, host clocks steps apart)."""
+    evs = [e for e in synth(slow=3, onset=25)
+           if not (e.get("rank") == 11 and e.get("step", 0) >= 15)]
+    det = Detector()
+    incs = det.process_batch(evs)
+    opened = [i for i in incs if i["status"] == "open"]
+    assert {(i["fault"], i["rank"]) for i in opened} == {("slow_rank", 3)}
+    job = det.jobs["j"]
+    assert job.evaluated >= 55 and len(job.pending) <= job.cfg.lag_steps

@@ -172,3 +172,50 @@ def test_a_job_whose_steps_come_after_its_collectives_waits_for_them():
     part = JobPartition(0)
     assert canon(run(later, part, wall0=events[-1]["ts"] + 3600.0)) == canon(ref)
     assert part.counts["late"] == 0
+
+
+def live_feed(events: list[dict], behind: dict[str, float]) -> list[dict]:
+    """Feed ``events`` as a live stream (each 0.1 s batch arrives 50 ms after its newest
+    event, the worker's timer ticks every 0.25 s); hosts in ``behind`` stamp their events
+    that many seconds early (their clocks are behind). Returns the first (wall time,
+    incident) per (fault, rank, status)."""
+    feed = []
+    for m in messages(events, slice_s=0.1):
+        wall = max(e["ts"] for e in m) + 0.05
+        skewed = []
+        for e in m:
+            d = behind.get(e["host"], 0.0)
+            if d:
+                e = dict(e, ts=e["ts"] - d)
+                if "start_ts" in e:
+                    e["start_ts"] -= d
+            skewed.append(e)
+        feed.append((wall, skewed))
+    feed.sort(key=lambda x: x[0])
+    part = JobPartition(0)
+    first: dict[tuple, float] = {}
+    tick = feed[0][0]
+    for off, (wall, m) in enumerate(feed):
+        incs = []
+        while tick + 0.25 < wall:
+            tick += 0.25
+            incs += [(tick, i) for i in part.tick(tick)]
+        incs += [(wall, i) for i in part.ingest(m, off, now=wall)]
+        for t, i in incs:
+            first.setdefault((i["fault"], i.get("rank"), i["status"]), t)
+    return first
+
+
+def test_a_host_whose_clock_is_seconds_behind_delays_nothing():
+    # In a live stream a host whose clock is 5 s behind sends events that look 5 s late.
+    # They are taken as they come (no step is judged without its ranks), and its device
+    # samples, always 5 s "old", do not hold every step back by 5 s: the incident comes
+    # when it comes without the skew. The old code never found the culprit here.
+    events = trace("gpu_power_20")
+    hosts = sorted({e["host"] for e in events})
+    base = live_feed(events, {})
+    assert ("slow_rank", 6, "open") in base
+    for host in (hosts[0], hosts[2]):          # the culprit's host, and another
+        skewed = live_feed(events, {host: 5.0})
+        assert skewed.keys() == base.keys()
+        assert all(abs(skewed[k] - base[k]) <= 0.3 for k in base), (host, skewed, base)
