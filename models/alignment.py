@@ -107,11 +107,15 @@ def lags(colls: list[Collective]) -> dict[int, float]:
     return late
 
 
-def transfer(c: Collective) -> float:
-    """Transfer seconds of a complete collective: min end - max start, at least 0."""
+def transfer(c: Collective, offset: dict[int, float] | None = None) -> float:
+    """Transfer seconds of a complete collective: min end - max start, at least 0. With
+    ``offset`` (rank -> its host clock's offset, seconds), on a common clock."""
     last_start = float("-inf")
     end = float("inf")
-    for _, st, d in c[HEAD:]:
+    get = offset.get if offset else None
+    for r, st, d in c[HEAD:]:
+        if get is not None:
+            st -= get(r, 0.0)
         e = st + d
         if e < end:
             end = e

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from models.alignment import Collective, member_ranks, transfer
+from models.alignment import HEAD, Collective, member_ranks, transfer
 from models.findings import Finding
 from models.peers import lower_half_ref
 from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER, lower_quartile
@@ -37,6 +37,8 @@ from models.stats import RollingMedian
 from models.telemetry import TelemetryStore
 
 P2P = ("send", "recv")
+CLOCK_GAIN = 0.5    # share of a step's measured clock offset taken (the hosts' estimates
+                    # depend on each other: a full step would overshoot)
 
 
 class GroupState:
@@ -59,6 +61,34 @@ class LinkMonitor:
         self.cfg = cfg
         self.groups: dict[str, GroupState] = {}
         self.slow_members: list[tuple[int, ...]] = []   # members of the located slow groups
+        self.clock: dict[str, float] = {}   # host -> its clock's offset from the job's, s
+
+    def _clocks(self, colls: list[Collective], rank_host: dict[int, str]) -> dict[int, float]:
+        """Rank -> its host clock's offset (s), learned from the collectives that span
+        hosts: the members of an all-reduce (all-gather, ...) leave it together,
+        whatever link is slow, so a host whose members end later than the others, step
+        after step, has a clock that far ahead. Transfers are timed on one clock from it:
+        a few milliseconds of skew are as long as a transfer. Point-to-point operations
+        do not teach it (an eager send ends before its receive)."""
+        clock = self.clock
+        resid: dict[str, list[float]] = {}
+        seen: set[str] = set()
+        for c in colls:
+            if c[2] in P2P or c[1] in seen:
+                continue
+            seen.add(c[1])           # one collective per group and step is plenty
+            hosts = [rank_host.get(m[0], "") for m in c[HEAD:]]
+            if "" in hosts or len(set(hosts)) < 2:
+                continue
+            ends = [m[1] + m[2] - clock.get(h, 0.0) for m, h in zip(c[HEAD:], hosts, strict=True)]
+            mid = _median(ends)
+            for h, e in zip(hosts, ends, strict=True):
+                resid.setdefault(h, []).append(e - mid)
+        for h, rs in resid.items():
+            clock[h] = clock.get(h, 0.0) + CLOCK_GAIN * _median(rs)
+        if not clock:
+            return {}
+        return {r: clock.get(h, 0.0) for r, h in rank_host.items()}
 
     def evaluate(self, s: int, colls: list[Collective], rank_host: dict[int, str], ts: float,
                  job_s: float) -> list[Finding]:
@@ -67,6 +97,7 @@ class LinkMonitor:
         if not colls:
             return []
         cfg = self.cfg
+        offset = self._clocks(colls, rank_host)
         agg: dict[str, list[Any]] = {}
         local: set[str] = set()      # groups of this step inside one host (or unplaced)
         for c in colls:
@@ -85,7 +116,7 @@ class LinkMonitor:
                     continue
                 a = agg[group] = [0.0, 0, ranks, ("p2p" if c[2] in P2P else "coll", len(ranks)),
                                   []]
-            t = transfer(c)
+            t = transfer(c, offset)
             a[0] += t
             a[1] += nbytes
             a[4].append(t / nbytes)

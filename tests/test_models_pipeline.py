@@ -279,3 +279,23 @@ def test_a_rank_that_stops_reporting_does_not_stall_the_job():
     assert {(i["fault"], i["rank"]) for i in opened} == {("slow_rank", 3)}
     job = det.jobs["j"]
     assert job.evaluated >= 55 and len(job.pending) <= job.cfg.lag_steps
+
+
+@pytest.mark.parametrize("host,skew_s", [("h1", 0.1), ("h0", -0.1), ("h1", 1.0)])
+def test_slow_link_found_when_a_host_clock_is_off(host, skew_s):
+    """Transfers are timed across hosts (min end - max start), so 100 ms of clock skew is
+    longer than the transfers themselves: the hosts' offsets are learned from the
+    all-reduces (their members leave together) and transfers are timed on one clock."""
+    from simulator import SCENARIOS, simulate
+
+    events = []
+    for e in simulate(SCENARIOS["slow_link_host_50"], seed=0).events():
+        if e["host"] == host:
+            e = dict(e, ts=e["ts"] - skew_s)
+            if "start_ts" in e:
+                e["start_ts"] -= skew_s
+        events.append(e)
+    events.sort(key=lambda e: e["ts"])
+    incs = Detector().process_batch(events)
+    paged = {(i["fault"], i.get("host")) for i in incs if i["severity"] != "info"}
+    assert paged == {("slow_link", "h1")}
