@@ -4,7 +4,9 @@ A transient failure (5xx, 429, timeout, endpoint down) blocks that destination
 until its next attempt: ``Retry-After`` when the endpoint gave one, else an
 exponential backoff with jitter. Other destinations keep going. A permanent
 refusal (4xx other than 429) moves that one notification to ``rejected`` and
-the rest continue.
+the rest continue. Each notification is marked delivered in the outbox as soon as
+its endpoint accepted it, so a process killed in a burst re-sends at most the one
+that was in flight.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from alerting.base import Notifier
-from alerting.outbox import Outbox
+from alerting.base import Notification, Notifier, SendResult
+from alerting.outbox import Head, Outbox
 
 log = logging.getLogger("failslow.alerting")
 
@@ -79,28 +81,41 @@ class Dispatcher:
         if notifier is None or head is None or head.next_ts > self.clock():
             return 0
         batch = self.outbox.batch(dest, self.batch_size)
-        try:
-            result = notifier.send(batch)
-        except Exception as exc:  # a notifier bug must not stop the service: retry later
-            log.exception("notifier %s failed", dest)
-            self.stats["errors"] += 1
-            self._defer(dest, batch[0].key, head.attempts, None, f"{type(exc).__name__}")
-            return 0
-        now = self.clock()
-        sent = [batch[i].key for i in result.delivered]
-        self.outbox.delivered(sent)
-        self.stats["delivered"] += len(sent)
-        self.stats[f"delivered.{dest}"] += len(sent)
-        for i, reason in result.rejected.items():
-            log.warning("%s refused %s of incident %s for good: %s", dest, batch[i].action,
-                        batch[i].event.get("incident_id"), reason)
-            self.outbox.reject(batch[i].key, reason, now)
+        sent = 0
+        for note in batch:
+            # One at a time, each marked in the outbox as soon as its endpoint accepted it:
+            # a process killed in the middle of a burst re-sends at most the one in flight
+            # (one page per transition), not every notification of the batch.
+            try:
+                result = notifier.send([note])
+            except Exception as exc:  # a notifier bug must not stop the service: retry later
+                log.exception("notifier %s failed", dest)
+                self.stats["errors"] += 1
+                attempts = head.attempts if note.key == head.key else 0
+                self._defer(dest, note.key, attempts, None, f"{type(exc).__name__}")
+                break
+            if not self._settle(dest, note, result, head):
+                break
+            sent += bool(result.delivered)
+        return sent
+
+    def _settle(self, dest: str, note: Notification, result: SendResult, head: Head) -> bool:
+        """Record what happened to one notification; False when its destination must wait."""
+        if result.delivered:
+            self.outbox.delivered([note.key])
+            self.stats["delivered"] += 1
+            self.stats[f"delivered.{dest}"] += 1
+            return True
+        if result.rejected:
+            reason = next(iter(result.rejected.values()))
+            log.warning("%s refused %s of incident %s for good: %s", dest, note.action,
+                        note.event.get("incident_id"), reason)
+            self.outbox.reject(note.key, reason, self.clock())
             self.stats["rejected"] += 1
-        if result.retry_from is not None:
-            key = batch[result.retry_from].key
-            attempts = head.attempts if key == head.key else 0
-            self._defer(dest, key, attempts, result.retry_after_s, result.error)
-        return len(sent)
+            return True
+        attempts = head.attempts if note.key == head.key else 0
+        self._defer(dest, note.key, attempts, result.retry_after_s, result.error)
+        return False
 
     def _defer(self, dest: str, key: int, attempts: int, retry_after_s: float | None,
                error: str | None) -> None:

@@ -172,3 +172,43 @@ def test_an_unusable_state_dir_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(AlertingError, match="outbox"):
         Outbox(tmp_path / "file" / "notify.sqlite")
+
+
+class _Killed(BaseException):
+    """Stands for the process dying (kill -9) at one instant: nothing after it runs."""
+
+
+class _DyingPagerDuty(PagerDutyNotifier):
+    """PagerDuty that dies just before posting its ``die_before``-th request."""
+
+    def __init__(self, *args, die_before: int, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.die_before, self.posts = die_before, 0
+
+    def headers(self, note):
+        self.posts += 1
+        if self.posts == self.die_before:
+            raise _Killed
+        return super().headers(note)
+
+
+def test_a_kill_during_a_burst_pages_each_transition_once(tmp_path):
+    # Ten triggers queued; the notify process dies right after PagerDuty accepted the
+    # fourth. The next run must send only the six that were not accepted: the outbox
+    # marks each notification as it is accepted, not a batch at the end.
+    with HttpReceiver() as rx:
+        box = Outbox(tmp_path / "notify.sqlite")
+        box.record([Notification("pagerduty", "open", incident(f"job0:slow_rank:r{i}:20"))
+                    for i in range(10)], {}, 0.0)
+        pd = _DyingPagerDuty("0" * 32, url=rx.url("/enqueue"), die_before=5)
+        with pytest.raises(_Killed):
+            Dispatcher(box, {"pagerduty": pd}).drain()
+        box.close()
+
+        box = Outbox(tmp_path / "notify.sqlite")
+        drain_until(Dispatcher(box, {"pagerduty": PagerDutyNotifier("0" * 32,
+                                                                    url=rx.url("/enqueue"))}),
+                    box)
+        keys = [b["dedup_key"] for b in rx.bodies("/enqueue")]
+        box.close()
+    assert sorted(keys) == sorted(f"job0:slow_rank:r{i}:20" for i in range(10))
