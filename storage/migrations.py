@@ -24,6 +24,8 @@ Design (why the tables look like this):
 
 from __future__ import annotations
 
+import re
+
 from storage.client import Client
 from storage.errors import StorageError
 from storage.url import check_identifier
@@ -163,6 +165,8 @@ _SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
     version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree ORDER BY version"""
 
+_CREATES = re.compile(r"CREATE (?:MATERIALIZED )?(?:TABLE|VIEW) IF NOT EXISTS \{db\}\.(\w+)")
+
 # (version, name, statements). Append new migrations; never edit an applied one.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "raw tables", [_STEPS, _COLLECTIVES, _GPU, _NIC, _HOST]),
@@ -190,7 +194,8 @@ def applied(client: Client, database: str) -> set[int]:
 
 def migrate(client: Client, database: str | None = None, ttl_days: int | None = None,
             rollup_ttl_days: int | None = None) -> list[int]:
-    """Apply missing migrations; return the versions applied now ([] when up to date).
+    """Apply missing migrations, and again those whose tables or views are gone; return
+    the versions applied now ([] when up to date).
 
     ``ttl_days`` sets the raw tables' TTL: used when they are created, and applied
     with ALTER ... MODIFY TTL to existing tables when it differs.
@@ -204,7 +209,7 @@ def migrate(client: Client, database: str | None = None, ttl_days: int | None = 
         raise StorageError("TTL must be at least 1 day")
     client.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
     client.execute(_SCHEMA_MIGRATIONS.format(**fill))
-    done = applied(client, db)
+    done = applied(client, db) - _incomplete(client, db)
     now: list[int] = []
     for version, name, statements in MIGRATIONS:
         if version in done:
@@ -216,6 +221,21 @@ def migrate(client: Client, database: str | None = None, ttl_days: int | None = 
     if ttl_days is not None:
         _set_ttl(client, db, days)
     return now
+
+
+def _objects(statements: list[str]) -> list[str]:
+    """Names of the tables and views a migration creates."""
+    return [m.group(1) for sql in statements for m in _CREATES.finditer(sql)]
+
+
+def _incomplete(client: Client, db: str) -> set[int]:
+    """Versions recorded as applied whose tables or views are gone (dropped by hand, a
+    partial restore): applied again, since every statement is idempotent."""
+    _, rows = client.query("SELECT name FROM system.tables WHERE database = {db:String}",
+                           {"db": db})
+    present = {r[0] for r in rows}
+    return {version for version, _, statements in MIGRATIONS
+            if not set(_objects(statements)) <= present}
 
 
 def _set_ttl(client: Client, db: str, days: int) -> None:

@@ -29,6 +29,7 @@ import orjson
 from schema import Topics, decode_lenient, encode_deadletter
 from storage.client import Client
 from storage.errors import StorageError
+from storage.migrations import migrate
 from storage.writer import KIND_TABLE, Writer, WriteResult
 
 log = logging.getLogger("failslow.sink")
@@ -72,7 +73,8 @@ class Sink:
         self.client = client
         self.topics = topics
         self.bootstrap = bootstrap
-        self.writer = Writer(client, database, max_rows=max_buffered_rows)
+        self.writer = Writer(client, database, max_rows=max_buffered_rows,
+                             repair=lambda: migrate(client, database))
         self.batch_rows = batch_rows
         self.max_delay_s = max_delay_s
         self.retry_max_s = retry_max_s

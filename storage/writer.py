@@ -20,6 +20,7 @@ True
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -30,11 +31,16 @@ import orjson
 import pyarrow as pa
 
 from storage.client import Client
+from storage.errors import QueryError
 from storage.url import check_identifier
+
+log = logging.getLogger(__name__)
 
 KIND_TABLE = {"step": "steps", "collective": "collectives", "gpu": "gpu", "nic": "nic",
               "host": "host", "incident": "incidents"}
 DEAD_LETTERS = "dead_letters"
+# ClickHouse's UNKNOWN_TABLE (code 60), as chdb and the native protocol word it.
+_MISSING_TABLE = re.compile(r"UNKNOWN_TABLE|Code: 60\b|Table \S+ does(?:n't| not) exist")
 TS_MAX_S = 1.0e10  # DateTime64 ends in 2299; anything past 2286 is a broken clock
 
 _INTS = {"Int8": pa.int8(), "Int16": pa.int16(), "Int32": pa.int32(), "Int64": pa.int64(),
@@ -117,8 +123,13 @@ def converter_for(chtype: str) -> Converter:
 class Writer:
     """Buffer events per table and insert them as Arrow batches. One thread uses a Writer."""
 
-    def __init__(self, client: Client, database: str | None = None, max_rows: int = 200_000):
+    def __init__(self, client: Client, database: str | None = None, max_rows: int = 200_000,
+                 repair: Callable[[], object] | None = None):
         self.client = client
+        # Called once when a table is missing (dropped by hand, a database restored without
+        # it): the sink passes `migrate`, which recreates what it owns; then the insert is
+        # retried. Without it the error would hold back every table buffered after it.
+        self.repair = repair
         self.database = check_identifier(database or client.database)
         self.max_rows = max_rows
         self._buffers: dict[str, list[dict[str, Any]]] = {}
@@ -183,6 +194,18 @@ class Writer:
                          for name, conv in self._columns_of(table)})
 
     def _insert(self, table: str, rows: list[dict[str, Any]]) -> WriteResult:
+        try:
+            return self._insert_once(table, rows)
+        except QueryError as exc:
+            if self.repair is None or not _MISSING_TABLE.search(str(exc)):
+                raise
+            log.warning("table %s.%s is missing: recreating the schema (%s)", self.database,
+                        table, exc)
+            self.repair()
+            self._columns.pop(table, None)
+            return self._insert_once(table, rows)
+
+    def _insert_once(self, table: str, rows: list[dict[str, Any]]) -> WriteResult:
         result = WriteResult()
         try:
             batch = self._convert(table, rows)

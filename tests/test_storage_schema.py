@@ -73,3 +73,13 @@ def test_url_parsing():
     for bad in ("mysql://x", "chdb://", "chdb:///tmp/x?database=a;drop"):
         with pytest.raises(StorageError):
             parse(bad)
+
+
+def test_migrate_recreates_a_dropped_table(ch):  # noqa: F811
+    # `migrate` checks the tables exist, not only the versions recorded.
+    ch.execute(f"DROP TABLE {ch.database}.host")
+    ch.execute(f"DROP VIEW {ch.database}.incidents_current")
+    assert migrate(ch) == [1, 2]
+    assert "cpu_util_pct" in _columns(ch, "host")
+    assert "slowdown_pct" in _columns(ch, "incidents_current")
+    assert migrate(ch) == []

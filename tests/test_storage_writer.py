@@ -9,6 +9,7 @@ import pytest
 from storage_support import ch, full_event, minimal_event  # noqa: F401 - fixture
 
 from schema.events import SPECS
+from storage.migrations import migrate
 from storage.writer import KIND_TABLE, Writer
 
 
@@ -105,3 +106,14 @@ def test_steps_rollup_follows_inserts(ch):  # noqa: F811
     _, rows = ch.query("SELECT rank, sum(steps), max(duration_s_max) FROM steps_1m "
                        "GROUP BY rank ORDER BY rank")
     assert rows == [(0, 10, 1.0), (1, 10, 2.0)]
+
+
+def test_a_dropped_table_is_recreated_and_the_others_still_written(ch):  # noqa: F811
+    w = Writer(ch, repair=lambda: migrate(ch))
+    ch.execute(f"DROP TABLE {ch.database}.gpu")
+    for i in range(3):
+        w.add({"v": 1, "kind": "gpu", "ts": 1.7e9 + i, "host": "h0", "gpu": 0, "uuid": "u"})
+        w.add({"v": 1, "kind": "host", "ts": 1.7e9 + i, "host": "h0"})
+    w.flush()
+    _, rows = ch.query("SELECT (SELECT count() FROM gpu), (SELECT count() FROM host)")
+    assert rows == [(3, 3)]
