@@ -185,7 +185,7 @@ def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tu
                    if key in store.gpus]
         # A host-wide fault must show on at least half of the host's GPUs.
         need = (len(per_gpu) + 1) // 2 if fault == "slow_host" else 1
-        for cause in {c for _, sc in per_gpu for c in sc}:
+        for cause in sorted({c for _, sc in per_gpu for c in sc}):
             hits = sorted(((sc[cause][0], key, sc[cause][1]) for key, sc in per_gpu
                            if cause in sc), reverse=True, key=lambda t: t[0])
             if len(hits) >= need:
@@ -203,7 +203,8 @@ def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tu
         job_nics = [(k, d) for k, d in store.nics.items() if k[0] in job_hosts]
         scores.update(nic_scores([d for k, d in job_nics if mine(k)],
                                  [d for k, d in job_nics if not mine(k)]))
-    evidence = {c: {"score": round(s, 2), **ev} for c, (s, ev) in scores.items()}
+    # Sorted: the output bytes must not depend on the order causes were scored in.
+    evidence = {c: {"score": round(s, 2), **ev} for c, (s, ev) in sorted(scores.items())}
     strong = {c: s for c, (s, _) in scores.items() if s >= 1.0}
     if not strong:
         return "unknown", evidence
