@@ -11,6 +11,7 @@ sample in a batch never costs the others.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +60,12 @@ def decode(data: bytes | bytearray | memoryview | str) -> list[Any]:
     return [validate(obj)]
 
 
-def decode_lenient(data: bytes | bytearray | memoryview | str) -> tuple[list[Any], list[str]]:
-    """Decode what can be decoded; return (valid events, one error line per rejected part)."""
+def decode_lenient(data: bytes | bytearray | memoryview | str,
+                   kinds: Collection[str] | None = None) -> tuple[list[Any], list[str]]:
+    """Decode what can be decoded; return (valid events, one error line per rejected part).
+
+    ``kinds``: the kinds the message's topic carries (``Topics.kinds_of``); events of
+    another kind are rejected too, so every consumer of a topic keeps the same events."""
     try:
         obj = _loads(data)
     except SchemaError as exc:
@@ -69,14 +74,20 @@ def decode_lenient(data: bytes | bytearray | memoryview | str) -> tuple[list[Any
     if not items:
         return [], ["value: empty array"]
     if all_valid(items):
-        return items, []
-    good: list[Any] = []
-    errors: list[str] = []
-    for i, item in enumerate(items):
-        try:
-            good.append(validate(item))
-        except SchemaError as exc:
-            errors.append(f"[{i}] {exc}" if type(obj) is list else str(exc))
+        good: list[Any] = items
+        errors: list[str] = []
+    else:
+        good, errors = [], []
+        for i, item in enumerate(items):
+            try:
+                good.append(validate(item))
+            except SchemaError as exc:
+                errors.append(f"[{i}] {exc}" if type(obj) is list else str(exc))
+    if kinds is not None and any(e["kind"] not in kinds for e in good):
+        wrong = [e["kind"] for e in good if e["kind"] not in kinds]
+        errors.append(f"{len(wrong)} event(s) of kind {wrong[0]!r} on a topic of "
+                      f"{', '.join(sorted(kinds))}")
+        good = [e for e in good if e["kind"] in kinds]
     return good, errors
 
 

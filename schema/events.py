@@ -17,15 +17,21 @@ from typing import Any, Literal, NotRequired, TypedDict
 from failslow.errors import FailslowError
 
 VERSION = 1
-INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+# The ranges of the ClickHouse columns the fields land in (storage/migrations.py), so
+# that every consumer (worker, sink, detect) accepts exactly the same events:
+# "int" -> Int64, "i32" (ranks, indexes, sizes) -> Int32, "time" -> DateTime64 seconds.
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+TIME_MIN, TIME_MAX = 0.0, 1.0e10       # 1970 .. 2286
 
 
 class SchemaError(FailslowError):
     """An event does not match CONTRACT.md v1; the message names the field."""
 
 
-# Field types: "str", "int", "num" (int or float, finite), "ints" (list of int),
-# "obj" (JSON object), or a tuple of allowed strings (an enum).
+# Field types: "str", "int" (64-bit), "i32" (32-bit integer), "num" (int or float,
+# finite), "time" (a number of epoch seconds in TIME_MIN..TIME_MAX), "ints" (list of
+# int), "obj" (JSON object), or a tuple of allowed strings (an enum).
 FieldType = str | tuple[str, ...]
 
 OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall",
@@ -41,29 +47,29 @@ MITIGATIONS = ("ignore", "rebalance_microbatches", "adjust_pipeline", "migrate_n
 # kind -> (required fields, optional fields); "v" and "kind" are checked apart.
 SPECS: dict[str, tuple[dict[str, FieldType], dict[str, FieldType]]] = {
     "step": (
-        {"ts": "num", "job_id": "str", "rank": "int", "world_size": "int", "host": "str",
+        {"ts": "time", "job_id": "str", "rank": "i32", "world_size": "i32", "host": "str",
          "step": "int", "duration_s": "num"},
-        {"gpu": "int", "compute_s": "num", "comm_s": "num", "data_s": "num", "tokens": "int",
-         "dp_rank": "int", "pp_rank": "int", "tp_rank": "int"},
+        {"gpu": "i32", "compute_s": "num", "comm_s": "num", "data_s": "num", "tokens": "int",
+         "dp_rank": "i32", "pp_rank": "i32", "tp_rank": "i32"},
     ),
     "collective": (
-        {"ts": "num", "job_id": "str", "rank": "int", "host": "str", "group": "str",
-         "group_size": "int", "op": OPS, "seq": "int", "start_ts": "num", "duration_s": "num",
+        {"ts": "time", "job_id": "str", "rank": "i32", "host": "str", "group": "str",
+         "group_size": "i32", "op": OPS, "seq": "int", "start_ts": "time", "duration_s": "num",
          "bytes": "int"},
-        {"step": "int", "peer": "int", "gpu": "int"},
+        {"step": "int", "peer": "i32", "gpu": "i32"},
     ),
     "gpu": (
-        {"ts": "num", "host": "str", "gpu": "int", "uuid": "str"},
+        {"ts": "time", "host": "str", "gpu": "i32", "uuid": "str"},
         {"sm_clock_mhz": "num", "max_sm_clock_mhz": "num", "mem_clock_mhz": "num",
          "util_pct": "num", "mem_util_pct": "num", "power_w": "num", "power_limit_w": "num",
-         "temp_c": "num", "clocks_event_reasons": "int", "pcie_gen": "int", "pcie_width": "int",
-         "pcie_max_gen": "int", "pcie_max_width": "int", "pcie_tx_bytes_s": "num",
+         "temp_c": "num", "clocks_event_reasons": "int", "pcie_gen": "i32", "pcie_width": "i32",
+         "pcie_max_gen": "i32", "pcie_max_width": "i32", "pcie_tx_bytes_s": "num",
          "pcie_rx_bytes_s": "num", "pcie_replay_total": "int", "ecc_sbe_total": "int",
          "ecc_dbe_total": "int", "xid": "ints", "nvlink_crc_errors_total": "int",
-         "mem_used_bytes": "int", "job_id": "str", "rank": "int"},
+         "mem_used_bytes": "int", "job_id": "str", "rank": "i32"},
     ),
     "nic": (
-        {"ts": "num", "host": "str", "nic": "str", "port": "int", "tx_bytes_total": "int",
+        {"ts": "time", "host": "str", "nic": "str", "port": "i32", "tx_bytes_total": "int",
          "rx_bytes_total": "int"},
         {"state": ("up", "down"), "speed_gbps": "num", "tx_packets_total": "int",
          "rx_packets_total": "int", "rx_errors_total": "int", "tx_errors_total": "int",
@@ -73,16 +79,16 @@ SPECS: dict[str, tuple[dict[str, FieldType], dict[str, FieldType]]] = {
          "symbol_errors_total": "int", "xmit_wait_total": "int"},
     ),
     "host": (
-        {"ts": "num", "host": "str"},
+        {"ts": "time", "host": "str"},
         {"cpu_util_pct": "num", "cpu_iowait_pct": "num", "cpu_steal_pct": "num",
-         "load1": "num", "mem_available_bytes": "int", "procs_running": "int"},
+         "load1": "num", "mem_available_bytes": "int", "procs_running": "i32"},
     ),
     "incident": (
-        {"ts": "num", "incident_id": "str", "job_id": "str", "status": STATUSES,
-         "fault": FAULTS, "severity": SEVERITIES, "onset_ts": "num", "detected_ts": "num",
+        {"ts": "time", "incident_id": "str", "job_id": "str", "status": STATUSES,
+         "fault": FAULTS, "severity": SEVERITIES, "onset_ts": "time", "detected_ts": "time",
          "slowdown_pct": "num"},
-        {"rank": "int", "host": "str", "gpu": "int", "peer_rank": "int", "peer_host": "str",
-         "resolved_ts": "num", "root_cause": ROOT_CAUSES, "mitigation": MITIGATIONS,
+        {"rank": "i32", "host": "str", "gpu": "i32", "peer_rank": "i32", "peer_host": "str",
+         "resolved_ts": "time", "root_cause": ROOT_CAUSES, "mitigation": MITIGATIONS,
          "evidence": "obj"},
     ),
 }
@@ -221,10 +227,10 @@ def _type_error(kind: str, name: str, want: str, value: Any) -> SchemaError:
     return SchemaError(f"{kind}.{name}: expected {want}, got {type(value).__name__} {shown}")
 
 
-def _check_range(kind: str, name: str, value: int) -> None:
-    # JSON readers, orjson and ClickHouse columns stop at 64 bits.
-    if not INT_MIN <= value <= INT_MAX:
-        raise SchemaError(f"{kind}.{name}: integer {value} is outside the 64-bit range")
+def _check_range(kind: str, name: str, value: int, bits: int = 64) -> None:
+    lo, hi = (INT_MIN, INT_MAX) if bits == 64 else (I32_MIN, I32_MAX)
+    if not lo <= value <= hi:
+        raise SchemaError(f"{kind}.{name}: integer {value} is outside the {bits}-bit range")
 
 
 def _check(kind: str, name: str, ftype: FieldType, value: Any) -> None:
@@ -238,10 +244,16 @@ def _check(kind: str, name: str, ftype: FieldType, value: Any) -> None:
             _check_range(kind, name, value)
             return
         raise _type_error(kind, name, "a number", value)
-    if ftype == "int":
+    if ftype == "time":
+        if type(value) is not float and type(value) is not int:
+            raise _type_error(kind, name, "epoch seconds", value)
+        if not TIME_MIN <= value < TIME_MAX:  # NaN fails this too
+            raise SchemaError(f"{kind}.{name}: {value!r} is not a time between 1970 and 2286")
+        return
+    if ftype == "int" or ftype == "i32":
         if type(value) is not int:
             raise _type_error(kind, name, "an integer", value)
-        _check_range(kind, name, value)
+        _check_range(kind, name, value, 64 if ftype == "int" else 32)
     elif ftype == "str":
         if type(value) is not str:
             raise _type_error(kind, name, "a string", value)

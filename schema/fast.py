@@ -14,7 +14,7 @@ False
 
 from __future__ import annotations
 
-from schema.events import SPECS
+from schema.events import I32_MAX, I32_MIN, INT_MAX, INT_MIN, SPECS, TIME_MAX, TIME_MIN
 
 
 def _field_check(name: str, ftype, optional: bool, pad: str) -> list[str]:
@@ -30,8 +30,14 @@ def _field_check(name: str, ftype, optional: bool, pad: str) -> list[str]:
 def _bad(ftype) -> list[str]:
     if ftype == "num":
         return ["type(v) not in NUM"]
-    if ftype in ("int", "str"):
-        return [f"type(v) is not {ftype}"]
+    if ftype == "time":
+        return [f"(type(v) not in NUM or not {TIME_MIN!r} <= v < {TIME_MAX!r})"]
+    if ftype == "int":
+        return [f"(type(v) is not int or not {INT_MIN} <= v <= {INT_MAX})"]
+    if ftype == "i32":
+        return [f"(type(v) is not int or not {I32_MIN} <= v <= {I32_MAX})"]
+    if ftype == "str":
+        return ["type(v) is not str"]
     if ftype == "ints":
         return ["(type(v) is not list or any(type(x) is not int for x in v))"]
     if ftype == "obj":
@@ -45,9 +51,8 @@ def _compile_all():
     """``all_valid(objs)``: True when every object decoded by orjson certainly
     passes ``schema.validate``. One generated function with the SPECS table
     inlined (the way dataclasses builds ``__init__``): no Python call per
-    event. Numbers are checked by type only: orjson never yields a non-finite
-    float nor an integer outside 64 bits (it gives a float for those), which is
-    all ``validate`` checks beyond types. False sends the caller to
+    event. Numbers are checked by type and range (orjson never yields a non-finite
+    float). False sends the caller to
     ``validate``, which names the offending field."""
     src = ["def all_valid(objs):", " for o in objs:", "  if type(o) is not dict: return False",
            "  g = o.get", "  v = g('v')", "  if type(v) is not int or v != 1: return False",

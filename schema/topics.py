@@ -14,6 +14,9 @@ KIND_TOPIC = {
     "incident": "incidents",
 }
 DEADLETTER = "deadletter"
+# topic (without prefix) -> the kinds it carries
+TOPIC_KINDS: dict[str, frozenset[str]] = {
+    t: frozenset(k for k, t2 in KIND_TOPIC.items() if t2 == t) for t in KIND_TOPIC.values()}
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,12 @@ class Topics:
     @property
     def deadletter(self) -> str:
         return self.prefix + DEADLETTER
+
+    def kinds_of(self, topic: str) -> frozenset[str] | None:
+        """The kinds a full topic name carries; None for a topic that is not an event topic."""
+        if not topic.startswith(self.prefix):
+            return None
+        return TOPIC_KINDS.get(topic[len(self.prefix):])
 
     def all(self) -> list[str]:
         return [self.prefix + t for t in (*KIND_TOPIC.values(), DEADLETTER)]

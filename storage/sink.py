@@ -149,7 +149,7 @@ class Sink:
         if msg.topic() == self.topics.deadletter:
             self._from_deadletter_topic(msg, value)
         else:
-            events, errors = decode_lenient(value)
+            events, errors = decode_lenient(value, self.topics.kinds_of(msg.topic()))
             for event in events:
                 self._buffer(self.writer.add, event)
             if errors:

@@ -175,17 +175,18 @@ class HostMapReader(threading.Thread):
         self._stop.set()
 
 
-def decode_value(value: bytes | None) -> tuple[list[dict], list[str]]:
+def decode_value(value: bytes | None, kinds: frozenset[str] | None = None
+                 ) -> tuple[list[dict], list[str]]:
     """``schema.decode_lenient``, with one compiled pass (detect's ``all_valid``) for the
-    common case of a message whose every event is valid."""
+    common case of a message whose every event is valid and of its topic's kind."""
     try:
         obj = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
-        return decode_lenient(value or b"")
+        return decode_lenient(value or b"", kinds)
     items = obj if type(obj) is list else [obj]
-    if items and all_valid(items):
+    if items and all_valid(items) and (kinds is None or all(e["kind"] in kinds for e in items)):
         return items, []
-    return decode_lenient(value or b"")
+    return decode_lenient(value or b"", kinds)
 
 
 def _fatal(what: str) -> None:
@@ -384,12 +385,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         for src, ts0, report, key, value in unpack(msg.value):
             if not report and key and src != steps_topic and foreign(state, key, p, now):
                 continue
-            events, errors = decode_value(value)
             want = src_kind.get(src)
-            wrong = [e for e in events if e["kind"] != want]
-            if wrong:
-                errors.append(f"{len(wrong)} event(s) of kind {wrong[0]['kind']!r} on {src}")
-                events = [e for e in events if e["kind"] == want]
+            events, errors = decode_value(value, t.kinds_of(src))
             if errors and report:
                 await dead_letter("; ".join(errors), src, key, value)
             if report:  # count a message sent to several partitions once

@@ -65,7 +65,7 @@ def _value(name: str, ftype: Any, i: int) -> Any:
         return 1_700_000_000.25 + i
     if ftype == "num":
         return 1.5 + i
-    if ftype == "int":
+    if ftype in ("int", "i32"):
         return 3 + i
     if ftype == "str":
         return f"{name}-{i}"

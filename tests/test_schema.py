@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schema import SchemaError, decode, decode_lenient, encode, encode_deadletter, validate
+from schema import (
+    SchemaError,
+    Topics,
+    decode,
+    decode_lenient,
+    encode,
+    encode_deadletter,
+    validate,
+)
 from schema.events import SPECS
 from schema.fast import all_valid
 from schema.topics import key_for
@@ -51,9 +59,19 @@ def test_non_finite_numbers_are_rejected():
         decode(b'{"v":1,"kind":"host","ts":1e400,"host":"a"}')
 
 
-def test_integers_beyond_64_bits_are_rejected():
-    with pytest.raises(SchemaError, match=r"step\.rank: integer .* 64-bit"):
-        validate(dict(STEP, rank=2**70))
+def test_integers_beyond_their_column_are_rejected():
+    with pytest.raises(SchemaError, match=r"step\.tokens: integer .* 64-bit"):
+        validate(dict(STEP, tokens=2**63))
+    with pytest.raises(SchemaError, match=r"step\.rank: integer .* 32-bit"):
+        validate(dict(STEP, rank=2**63 - 1))
+    assert not all_valid([dict(STEP, rank=2**31)]) and all_valid([dict(STEP, rank=2**31 - 1)])
+
+
+@pytest.mark.parametrize("ts", [1e300, -1.0, 1e10])
+def test_times_outside_1970_2286_are_rejected(ts):
+    with pytest.raises(SchemaError, match=r"step\.ts: .* not a time between 1970 and 2286"):
+        validate(dict(STEP, ts=ts))
+    assert not all_valid([dict(STEP, ts=ts)])
 
 
 def test_enums_are_checked():
@@ -86,7 +104,9 @@ def test_keys_follow_the_contract():
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 ints64 = st.integers(-(2**63), 2**63 - 1)
-VALUES = {"num": finite | ints64, "int": ints64, "str": st.text(max_size=12),
+VALUES = {"num": finite | ints64, "int": ints64, "i32": st.integers(-(2**31), 2**31 - 1),
+          "time": st.floats(0.0, 1e10, exclude_max=True) | st.integers(0, 10**10 - 1),
+          "str": st.text(max_size=12),
           "ints": st.lists(st.integers(0, 200), max_size=3),
           "obj": st.dictionaries(st.text(max_size=5), ints64, max_size=3)}
 
@@ -170,3 +190,16 @@ def test_fast_path_never_accepts_what_validate_rejects(obj):
 @given(events())
 def test_fast_path_accepts_every_valid_event_of_the_generator(ev):
     assert all_valid([ev])
+
+
+def test_events_of_another_kind_than_the_topic_s_are_rejected():
+    # A host sample inside an array of steps: every consumer of failslow.steps (worker,
+    # sink) drops it with the same reason and keeps the steps.
+    topics = Topics()
+    host = {"v": 1, "kind": "host", "ts": 1.0, "host": "a"}
+    good, errors = decode_lenient(encode([STEP, host, STEP]),
+                                  topics.kinds_of(topics.for_kind("step")))
+    assert good == [STEP, STEP]
+    assert errors == ["1 event(s) of kind 'host' on a topic of step"]
+    assert topics.kinds_of("failslow.collectives") == {"collective"}
+    assert topics.kinds_of("other.steps") is None

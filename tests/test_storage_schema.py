@@ -83,3 +83,19 @@ def test_migrate_recreates_a_dropped_table(ch):  # noqa: F811
     assert "cpu_util_pct" in _columns(ch, "host")
     assert "slowdown_pct" in _columns(ch, "incidents_current")
     assert migrate(ch) == []
+
+
+_RANGE = {"i32": ("Int32",), "int": ("Int64",), "time": ("DateTime64(3, 'UTC')",)}
+
+
+@pytest.mark.parametrize("kind", list(KIND_TABLE))
+def test_the_validator_s_ranges_are_the_columns(ch, kind):  # noqa: F811
+    # One validator for every consumer: what the schema accepts fits its column, so the
+    # worker and the sink never disagree about an event.
+    cols = _columns(ch, KIND_TABLE[kind])
+    required, optional = SPECS[kind]
+    for name, ftype in {**required, **optional}.items():
+        if isinstance(ftype, str) and ftype in _RANGE:
+            assert any(t in cols[name] for t in _RANGE[ftype]), (name, ftype, cols[name])
+        elif ftype == "num":
+            assert "Float64" in cols[name], (name, cols[name])
