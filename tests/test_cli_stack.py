@@ -73,3 +73,31 @@ def test_up_refuses_a_taken_port(tmp_path):
         s.listen(1)
         out = fs("up", "--port", str(s.getsockname()[1]), env={"FAILSLOW_HOME": str(tmp_path)})
     assert out.returncode == 2 and "already taken" in out.stderr
+
+
+def test_up_recovers_after_the_broker_was_killed(tmp_path):
+    # kill -9 of the embedded broker leaves its sink running (it owns the chdb folder):
+    # the next `up` stops that orphan and starts a whole stack, instead of failing on
+    # the locked folder.
+    import signal
+
+    home = tmp_path / "home"
+    env = {"FAILSLOW_HOME": str(home)}
+    first = fs("up", "--port", "0", env=env)
+    assert first.returncode == 0, first.stderr
+    old = orjson.loads((home / "stack.json").read_bytes())
+    try:
+        os.kill(old["pid"], signal.SIGKILL)
+        again = fs("up", "--port", "0", env=env)
+        assert again.returncode == 0, again.stderr
+        assert f"stopped the database (sink) pid {old['db_pid']}" in again.stdout
+        new = orjson.loads((home / "stack.json").read_bytes())
+        assert not pid_alive(old["db_pid"]) and pid_alive(new["db_pid"])
+        out = fs("query", "--format", "json", "SELECT count() AS n FROM failslow.incidents",
+                 env=env)
+        assert out.returncode == 0, out.stderr
+    finally:
+        fs("down", env=env)
+        for pid in (old["pid"], old["db_pid"]):
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from failslow import config, stack
-from failslow.embedded import start_stack
+from failslow.embedded import start_stack, stop_stack
 
 HELP = "start the embedded stack (broker + database) in the background"
 
@@ -23,6 +23,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"failslow up: already running (broker 127.0.0.1:{state['port']}, "
               f"pid {state['pid']}, home {settings.home})")
         return 0
+    # A stack whose broker died (kill -9, OOM) leaves its sink running, and the sink owns
+    # the chdb folder: stop what is left of it, then start a whole stack again.
+    for stopped in stop_stack(settings.home, timeout=10.0):
+        print(f"failslow up: the previous broker is gone; stopped the {stopped}")
     state = start_stack(settings, port=args.port or None, partitions=args.partitions)
     print(f"failslow up: broker 127.0.0.1:{state['port']} (pid {state['pid']}), "
           f"database {state['clickhouse']}, state in {settings.home / config.STATE_FILE}")
