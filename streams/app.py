@@ -48,10 +48,12 @@ from streams.metrics import Metrics
 from streams.partition import INPUT_KINDS, JobPartition
 from streams.routing import (
     HOSTMAP_TTL_S,
+    PART_MAX_BYTES,
     HostMap,
     home_partition,
     job_of_collective_key,
     pack,
+    split_value,
     unpack,
 )
 from streams.snapshots import SnapshotStore, scan
@@ -234,14 +236,19 @@ def build_app(cfg: WorkerConfig) -> faust.App:
 
     async def forward(packs: dict[int, list[tuple]]) -> None:
         """Send the routed parts on, one packed message per home partition (or a few, at
-        most ``PACK_BYTES`` each): the job stage's cost per Kafka message is paid once."""
+        most ``PACK_BYTES`` each, or one part alone when it is larger): the job stage's cost
+        per Kafka message is paid once."""
         for p, parts in packs.items():
-            start, size = 0, 0
-            for n, part in enumerate(parts):
+            group: list[tuple] = []
+            size = 0
+            for part in parts:
+                if group and size + len(part[4]) > PACK_BYTES:
+                    await job_topic.send(value=pack(group), partition=p)
+                    group, size = [], 0
+                group.append(part)
                 size += len(part[4])
-                if size >= PACK_BYTES or n == len(parts) - 1:
-                    await job_topic.send(value=pack(parts[start:n + 1]), partition=p)
-                    start, size = n + 1, 0
+            if group:
+                await job_topic.send(value=pack(group), partition=p)
 
     def job_from_value(value: bytes | None) -> str | None:
         events, _ = decode_lenient(value or b"")
@@ -271,6 +278,12 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         kind = src_kind[msg.topic]
         key = (msg.key or b"").decode("utf-8", errors="replace")
         ts0 = float(msg.timestamp or 0.0)
+        values = split_value(msg.value or b"")
+        if values is None:
+            await dead_letter(f"message of {len(msg.value)} bytes is larger than "
+                              f"{PART_MAX_BYTES} and is not an array that can be split",
+                              msg.topic, msg.key, msg.value)
+            return
         if kind in ("step", "collective"):
             job = (job_of_collective_key(key) if kind == "collective" else key) or None
             job = job or job_from_value(msg.value)
@@ -278,8 +291,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                 await dead_letter("no job_id in the key or the value", msg.topic, msg.key,
                                   msg.value)
                 return
-            packs.setdefault(home_partition(job, nparts), []).append(
-                (msg.topic, ts0, True, msg.key, msg.value or b""))
+            packs.setdefault(home_partition(job, nparts), []).extend(
+                (msg.topic, ts0, True, msg.key, v) for v in values)
             return
         if not key:
             events, errors = decode_lenient(msg.value or b"")
@@ -291,7 +304,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         if not homes:
             metrics.unmapped.inc()
         for n, p in enumerate(homes or range(nparts)):
-            packs.setdefault(p, []).append((msg.topic, ts0, n == 0, msg.key, msg.value or b""))
+            packs.setdefault(p, []).extend((msg.topic, ts0, n == 0, msg.key, v) for v in values)
 
     @app.agent(inputs)
     async def route(stream: Any) -> None:

@@ -229,3 +229,32 @@ def test_internal_topics_are_created_with_a_retention(broker, topics):
                                               "segment.ms": str(1_200_000)}
     assert got["hostmap"]["cleanup.policy"] == "delete"
     assert int(got["hostmap"]["retention.ms"]) >= 3_600_000
+
+
+def test_a_message_near_the_broker_limit_does_not_stop_the_worker(broker, topics):
+    # A valid 999,900-byte array of steps (another job's): routing it on through the
+    # internal job topic must not exceed the broker's 1,048,576-byte limit. It is split
+    # into smaller parts; the worker neither exits nor loses the events.
+    big, n = [], 0
+    while sum(len(orjson.dumps(e)) + 1 for e in big) < 999_000:
+        big.append({"v": 1, "kind": "step", "ts": 1.7e9 + n, "job_id": "big.job",
+                    "rank": n % 64, "world_size": 64, "host": f"big-h{n % 8}", "step": n // 64,
+                    "duration_s": 1.0, "note": "x" * 400})
+        n += 1
+    value = orjson.dumps(big)
+    value = value[:-1] + b" " * (999_900 - len(value)) + b"]"
+    assert len(value) == 999_900
+    raw = Producer({"bootstrap.servers": broker.bootstrap, "message.max.bytes": 1_048_576})
+    raw.produce(topics.for_kind("step"), value, key=b"big.job")
+    assert raw.flush(10) == 0
+    events = scenario_events("gpu_thermal_30", "t")
+    ref = reference(events)
+    publish(broker, topics, events)
+    port = free_port()
+    worker = WorkerProcess(broker.bootstrap, topics, group=f"{topics.prefix}g", metrics_port=port)
+    try:
+        got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
+        assert metric(port, "failslow_stream_events_total") >= len(events) + len(big)
+    finally:
+        assert worker.stop() == 0
+    assert brief(got) == brief(ref)
