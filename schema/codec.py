@@ -96,10 +96,21 @@ def encode(events: Any) -> bytes:
     return orjson.dumps(events, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+# Longest ``raw`` text a dead letter carries: with JSON escaping (up to 6 bytes a
+# character) it still fits one Kafka message of the default 1,048,576-byte limit.
+DEADLETTER_RAW_MAX = 128 * 1024
+
+
 def encode_deadletter(error: str, topic: str, raw: bytes | str | None) -> bytes:
-    """The dead-letter value of CONTRACT.md: ``{"error", "topic", "raw"}``."""
+    """The dead-letter value of CONTRACT.md: ``{"error", "topic", "raw"}``; a ``raw`` longer
+    than ``DEADLETTER_RAW_MAX`` is cut, ending in ``[truncated: N bytes]`` (its size)."""
     if isinstance(raw, bytes | bytearray | memoryview):
-        text = bytes(raw).decode("utf-8", errors="replace")
+        size = len(raw)
+        text = bytes(raw[:DEADLETTER_RAW_MAX]).decode("utf-8", errors="replace")
     else:
         text = raw or ""
+        size = len(text.encode("utf-8", errors="replace"))
+        text = text[:DEADLETTER_RAW_MAX]
+    if size > DEADLETTER_RAW_MAX:
+        text += f"... [truncated: {size} bytes]"
     return DeadLetter(error=error, topic=topic, raw=text).to_json()

@@ -203,3 +203,9 @@ def test_events_of_another_kind_than_the_topic_s_are_rejected():
     assert errors == ["1 event(s) of kind 'host' on a topic of step"]
     assert topics.kinds_of("failslow.collectives") == {"collective"}
     assert topics.kinds_of("other.steps") is None
+
+
+def test_a_huge_dead_letter_still_fits_one_message():
+    value = encode_deadletter("value: not JSON", "failslow.steps", b"\x01" * 999_900)
+    assert len(value) < 1_048_576
+    assert orjson.loads(value)["raw"].endswith("[truncated: 999900 bytes]")

@@ -246,6 +246,8 @@ def test_a_message_near_the_broker_limit_does_not_stop_the_worker(broker, topics
     assert len(value) == 999_900
     raw = Producer({"bootstrap.servers": broker.bootstrap, "message.max.bytes": 1_048_576})
     raw.produce(topics.for_kind("step"), value, key=b"big.job")
+    # Garbage of the same size: dead-lettered, its raw text cut to fit a message.
+    raw.produce(topics.for_kind("step"), b"\x01" * 999_900, key=b"big.job")
     assert raw.flush(10) == 0
     events = scenario_events("gpu_thermal_30", "t")
     ref = reference(events)
@@ -255,6 +257,10 @@ def test_a_message_near_the_broker_limit_does_not_stop_the_worker(broker, topics
     try:
         got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
         assert metric(port, "failslow_stream_events_total") >= len(events) + len(big)
+        dead = [orjson.loads(m.value()) for p in range(4)
+                for m in scan(broker.bootstrap, topics.deadletter, p, idle_polls=1)]
     finally:
         assert worker.stop() == 0
     assert brief(got) == brief(ref)
+    assert len(dead) == 1 and "not an array that can be split" in dead[0]["error"]
+    assert dead[0]["raw"].endswith("[truncated: 999900 bytes]")
