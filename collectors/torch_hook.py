@@ -1,35 +1,52 @@
 """The training hook: ``step`` and ``collective`` events from inside a PyTorch job.
 
-Needs the optional extra ``failslow[torch]``. ``install()`` wraps the
-``torch.distributed`` collectives and point-to-point calls (all_reduce,
-all_gather[_into_tensor], reduce_scatter[_tensor], broadcast, reduce,
-all_to_all[_single], barrier, send, recv, isend, irecv) in both
-``torch.distributed`` and ``torch.distributed.distributed_c10d``.
-``instrument_ddp(model)`` routes DDP's gradient all-reduces (issued from C++,
-out of Python's sight) through the wrapped ``all_reduce`` with a comm hook that
-does what DDP's default hook does.
+Needs the optional extra ``failslow[torch]``. ``install()`` patches the seams every
+collective passes through (``collectors.torch_seams``): the ``ProcessGroup`` methods
+that every public ``torch.distributed`` collective and point-to-point call ends in
+(``*_single``, ``*_coalesced``, ``*_object``, ``batch_isend_irecv`` and FSDP2's calls
+included), the functional collectives (``torch.ops._c10d_functional``: DTensor, tensor
+parallel, compiled graphs) and ``Work.wait``. ``instrument_ddp(model)`` routes DDP's
+gradient all-reduces (issued from C++, out of Python's sight) through the first seam
+with a comm hook that does what DDP's default hook does.
 
 Timing never synchronizes the job:
 
-* CPU tensors (gloo): wall clock around a blocking call; for ``async_op=True``,
-  until the work's future completes (or, where gloo offers no future, as p2p
-  works, until the background thread sees ``is_completed()``, within ~1 ms).
-* CUDA tensors: a pair of CUDA events on the current stream; the background
-  thread reads ``elapsed_time`` once ``query()`` says the end event has passed.
+* CPU tensors (gloo): an op runs from its issue until its work's future completes (or,
+  where gloo offers no future, as p2p works, until the background thread sees
+  ``is_completed()``, within ~1 ms). A functional collective ends when ``wait_tensor``
+  on its result returns (an upper bound: it was done by then).
+* CUDA tensors: a pair of CUDA events on the current stream; the background thread
+  reads ``elapsed_time`` once ``query()`` says the end event has passed.
 
-``seq`` is counted per group on the calling thread, so the same collective has
-the same ``seq`` on every member (members issue collectives in the same order,
-as torch.distributed requires). Point-to-point ops count per rank pair, in a
-group named ``p2p<lo>-<hi>``; a group is named ``world`` (the default group),
-by ``name_group``, or ``pg<torch group name>``.
+``seq`` is counted per group when an op is issued, so the same collective has the same
+``seq`` on every member (members issue collectives in the same order, as
+torch.distributed requires). Point-to-point ops count per rank pair (global ranks), in
+a group named ``p2p<lo>-<hi>``; a group is named ``world`` (the default group), by
+``name_group``, or ``pg<torch group name>``.
 
-Per step, ``comm_s`` is the time spent in collectives ended within the step
-(with DDP's overlap it can cover compute; it is capped at the step minus
-``data_s``), ``data_s`` the time in ``data()`` / ``wrap_loader``, and
-``compute_s`` the rest. Events go to a queue; a background thread publishes them
-every ``flush_interval_s``, so the training thread pays only for building a dict.
+What a step event's times mean (seconds, on this rank, from the step's start to its end):
 
->>> hook = TrainingHook(publisher, job_id="job0").install()     # doctest: +SKIP
+* ``duration_s``: wall time of the step, including the wait for its batch.
+* ``data_s``: time waiting for input (``wrap_loader`` / ``data()``).
+* ``comm_s``: time the rank was BLOCKED on communication, never the sum of op
+  durations: the union (each instant counted once) of (a) the time spent inside
+  ``Work.wait()`` / ``wait_tensor`` and inside the issuing calls, and (b) for async ops
+  no one was seen waiting on (DDP's bucket all-reduces, waited on from C++), the part
+  after the last op issued before the op ended: while backward still issues buckets it
+  is computing, so an all-reduce overlapped by backward costs nothing; once backward
+  is done the rank waits for the last buckets, and that wait counts once even when
+  several buckets are in flight. Under DDP, a healthy rank's ``comm_s`` is mostly its
+  wait for the slowest peer at the end of backward; under FSDP2, the time its waits
+  on all-gathers (prefetched ones that arrived in time cost nothing) and
+  reduce-scatters really blocked. On GPUs op intervals are placed at issue time (the
+  CPU runs ahead of the GPU), so there ``comm_s`` is an estimate.
+* ``compute_s``: the rank's own work, ``duration_s - data_s - comm_s``: forward,
+  backward and optimizer, including the compute that overlapped communication.
+
+Events go to a queue; a background thread publishes them every ``flush_interval_s``,
+so the training thread pays only for building a dict.
+
+>>> hook = TrainingHook(publisher, job_id="job0", dp_rank=0).install()  # doctest: +SKIP
 >>> hook.instrument_ddp(ddp_model)                               # doctest: +SKIP
 >>> for batch in hook.wrap_loader(loader):                      # doctest: +SKIP
 ...     with hook.step():
@@ -40,67 +57,46 @@ every ``flush_interval_s``, so the training thread pays only for building a dict
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-# torch function -> (CONTRACT op, parameter holding the data sent, peer parameter)
-_OPS: dict[str, tuple[str, str | None, str | None]] = {
-    "all_reduce": ("allreduce", "tensor", None),
-    "all_gather": ("allgather", "tensor", None),
-    "all_gather_into_tensor": ("allgather", "input_tensor", None),
-    "reduce_scatter": ("reducescatter", "input_list", None),
-    "reduce_scatter_tensor": ("reducescatter", "input", None),
-    "broadcast": ("broadcast", "tensor", None),
-    "reduce": ("reduce", "tensor", None),
-    "all_to_all": ("alltoall", "input_tensor_list", None),
-    "all_to_all_single": ("alltoall", "input", None),
-    "barrier": ("barrier", None, None),
-    "send": ("send", "tensor", "dst"),
-    "recv": ("recv", "tensor", "src"),
-    "isend": ("send", "tensor", "dst"),
-    "irecv": ("recv", "tensor", "src"),
-}
-_ALWAYS_ASYNC = {"isend", "irecv"}
+from collectors.intervals import BlockedTime
+from collectors.torch_seams import Seams
+
 _STEP_TIMEOUT_S = 30.0  # a step whose collectives never report is published without them
-
-
-def _nbytes(x: Any) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    if isinstance(x, list | tuple):
-        return sum(_nbytes(t) for t in x)
-    return 0
-
-
-def _first_tensor(x: Any) -> torch.Tensor | None:
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, list | tuple) and x and isinstance(x[0], torch.Tensor):
-        return x[0]
-    return None
+_FUNCOL_PENDING_MAX = 4096  # functional results never waited on are forgotten past this
 
 
 class _Step:
-    __slots__ = ("event", "t0", "comm", "data", "open_ops", "closed", "closed_at")
+    __slots__ = ("event", "t0", "t_end", "data", "open_ops", "closed_at", "ops", "blocked")
 
     def __init__(self, event: dict) -> None:
         self.event = event
         self.t0 = time.perf_counter()
-        self.comm = 0.0
+        self.t_end = 0.0
         self.data = 0.0
         self.open_ops = 0
-        self.closed = False
         self.closed_at = 0.0
+        self.ops: list[_Op] = []  # ended ops issued in this step
+        self.blocked = BlockedTime()
+
+
+class _Op:
+    __slots__ = ("ev", "start", "end", "step", "work", "waited", "cuda_start")
+
+    def __init__(self, ev: dict, start: float, step: _Step | None) -> None:
+        self.ev, self.start, self.end, self.step = ev, start, 0.0, step
+        self.work: Any = None
+        self.waited = False
+        self.cuda_start: Any = None
 
 
 class _StepScope(contextlib.ContextDecorator):
@@ -123,36 +119,46 @@ class _StepScope(contextlib.ContextDecorator):
 class TrainingHook:
     """Instruments one rank of a torch.distributed job and publishes its events.
 
-    publisher: anything with ``publish(list[dict])`` (a ``collectors.publisher.Publisher``).
+    publisher: anything with ``publish(list[dict])`` (a ``collectors.publisher.Publisher``,
+    or a ``collectors.file_publisher.FilePublisher`` for a JSON Lines trace).
     job_id: the job's id. rank / world_size / host / gpu: default to torch.distributed's
-    view and this host. flush_interval_s: how often the background thread publishes, seconds.
+    view and this host. dp_rank / pp_rank / tp_rank: this rank's place in the parallel
+    layout (also ``set_layout`` / ``set_layout_from_mesh``), carried by step events.
+    flush_interval_s: how often the background thread publishes, seconds.
     """
 
     def __init__(self, publisher: Any, job_id: str, rank: int | None = None,
                  world_size: int | None = None, host: str | None = None,
-                 gpu: int | None = None, flush_interval_s: float = 0.1) -> None:
+                 gpu: int | None = None, flush_interval_s: float = 0.1,
+                 dp_rank: int | None = None, pp_rank: int | None = None,
+                 tp_rank: int | None = None) -> None:
         self.publisher = publisher
         self.job_id = job_id
         self._rank, self._world_size = rank, world_size
         self.host = host or socket.gethostname()
         self.gpu = gpu
         self.flush_interval_s = flush_interval_s
+        self.dp_rank, self.pp_rank, self.tp_rank = dp_rank, pp_rank, tp_rank
         self._names: dict[int, str] = {}
+        self._groups: dict[int, tuple[str, int, Any]] = {}
+        self._funcol_groups: dict[str, Any] = {}
         self._seq: dict[str, int] = {}
         self._out: deque[dict] = deque()
-        self._cuda_pending: deque[tuple[dict, Any, Any, _Step | None]] = deque()
-        self._works_pending: list[tuple[dict, Any, float, _Step | None]] = []
+        self._cuda_pending: deque[tuple[_Op, Any]] = deque()
+        self._works_pending: list[_Op] = []
+        self._works: dict[int, _Op] = {}  # id(work) -> op, to tell which ops were waited on
+        self._funcol_pending: dict[int, _Op] = {}  # result tensor's _cdata -> op
         self._steps_open: list[_Step] = []
         self._step: _Step | None = None
         self._next_step = 0
         self._carry_data = 0.0  # input wait measured by wrap_loader before the next step
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self._originals: dict[tuple[Any, str], Callable] = {}
+        self._seams = Seams(self)
+        self._installed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # -- identity ----------------------------------------------------------------------------
+    # -- identity and layout -------------------------------------------------------------------
 
     @property
     def rank(self) -> int:
@@ -166,39 +172,57 @@ class TrainingHook:
             self._world_size = dist.get_world_size()
         return self._world_size
 
+    def set_layout(self, dp_rank: int | None = None, pp_rank: int | None = None,
+                   tp_rank: int | None = None) -> None:
+        """This rank's data-, pipeline- and tensor-parallel index (None: not in the layout)."""
+        self.dp_rank, self.pp_rank, self.tp_rank = dp_rank, pp_rank, tp_rank
+
+    def set_layout_from_mesh(self, mesh: Any, dp: str | None = "dp", pp: str | None = "pp",
+                             tp: str | None = "tp") -> None:
+        """Read the layout from a torch ``DeviceMesh``: this rank's coordinate along the
+        dimensions named ``dp``/``pp``/``tp`` (``mesh_dim_names``); a dimension the mesh
+        lacks gives None. Raises ValueError when the mesh has none of them."""
+        names = tuple(mesh.mesh_dim_names or ())
+        found = {f: mesh.get_local_rank(d) if d in names else None
+                 for f, d in (("dp", dp), ("pp", pp), ("tp", tp))}
+        if all(v is None for v in found.values()):
+            raise ValueError(f"mesh dims {names} include none of {dp!r}, {pp!r}, {tp!r}")
+        self.set_layout(found["dp"], found["pp"], found["tp"])
+
     def name_group(self, group: Any, name: str) -> None:
         """Name a process group (e.g. ``dp3``, ``tp0``) in the events; same on every member."""
         self._names[id(group)] = name
+        self._groups.pop(id(group), None)
 
-    def _group(self, group: Any) -> tuple[str, int]:
-        if group is None or group is dist.group.WORLD:
-            return self._names.get(id(dist.group.WORLD), "world"), self.world_size
-        name = self._names.get(id(group))
-        if name is None:
-            name = self._names[id(group)] = f"pg{group.group_name}"
-        return name, dist.get_world_size(group)
+    def _group(self, pg: Any) -> tuple[str, int]:
+        hit = self._groups.get(id(pg))
+        if hit is not None and hit[2] is pg:
+            return hit[0], hit[1]
+        if pg is None or pg is c10d._world.default_pg:
+            name = self._names.get(id(dist.group.WORLD), "world")
+        else:
+            name = self._names.get(id(pg)) or f"pg{pg.group_name}"
+        size = pg.size() if pg is not None else self.world_size
+        self._groups[id(pg)] = (name, size, pg)  # keeps pg alive: ids are never reused
+        return name, size
 
     # -- installing ------------------------------------------------------------------------------
 
     def install(self) -> TrainingHook:
-        """Wrap the torch.distributed calls and start the publishing thread."""
-        if self._originals:
-            return self  # already installed
-        for name in _OPS:
-            original: Callable = getattr(c10d, name)
-            wrapped = self._wrap(name, original)
-            for module in (dist, c10d):
-                if getattr(module, name, None) is original:
-                    self._originals[(module, name)] = original
-                    setattr(module, name, wrapped)
-        self._thread = threading.Thread(target=self._serve, name="failslow-hook", daemon=True)
-        self._thread.start()
+        """Patch the seams and start the publishing thread."""
+        if self._installed:
+            return self
+        self._seams.install()
+        self._installed = True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="failslow-hook",
+                                            daemon=True)
+            self._thread.start()
         return self
 
     def uninstall(self) -> None:
-        for (module, name), original in self._originals.items():
-            setattr(module, name, original)
-        self._originals.clear()
+        self._seams.uninstall()
+        self._installed = False
 
     def instrument_ddp(self, model: Any, process_group: Any = None) -> None:
         """Send a DistributedDataParallel model's gradient all-reduces through the hook."""
@@ -214,7 +238,7 @@ class TrainingHook:
         model.register_comm_hook(None, allreduce_hook)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Unwrap, publish what is left (waiting up to ``timeout`` s for open ops)."""
+        """Unpatch, publish what is left (waiting up to ``timeout`` s for open ops)."""
         self.uninstall()
         deadline = time.monotonic() + timeout
         while (self._cuda_pending or self._works_pending) and time.monotonic() < deadline:
@@ -224,99 +248,117 @@ class TrainingHook:
             self._thread.join()
         self._publish_ready(force=True)
 
-    # -- the wrapper -------------------------------------------------------------------------
+    # -- callbacks from the seams ------------------------------------------------------------------
 
-    def _wrap(self, name: str, fn: Callable) -> Callable:
-        op, data_param, peer_param = _OPS[name]
-        params = list(inspect.signature(fn).parameters)
-        di = params.index(data_param) if data_param else None
-        gi = params.index("group")
-        ai = params.index("async_op") if "async_op" in params else None
-        pi = params.index(peer_param) if peer_param else None
-        always_async = name in _ALWAYS_ASYNC
-        local = self._local
-
-        def arg(args: tuple, kwargs: dict, i: int | None, key: str | None) -> Any:
-            if i is None:
-                return None
-            return kwargs[key] if key in kwargs else (args[i] if len(args) > i else None)
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if getattr(local, "inside", False):  # a wrapped call made by another one
-                return fn(*args, **kwargs)
-            data = arg(args, kwargs, di, data_param)
-            peer = arg(args, kwargs, pi, peer_param)
-            is_async = always_async or bool(arg(args, kwargs, ai, "async_op"))
-            ev = self._begin_op(op, arg(args, kwargs, gi, "group"), _nbytes(data), peer)
-            tensor = _first_tensor(data)
-            cuda = tensor is not None and tensor.is_cuda
-            if cuda:
-                start = torch.cuda.Event(enable_timing=True)
-                start.record()
-            t0 = time.perf_counter()
-            local.inside = True
-            try:
-                result = fn(*args, **kwargs)
-            finally:
-                local.inside = False
-            step = self._step
-            if step is not None:
-                with self._lock:
-                    step.open_ops += 1
-            if cuda:
-                self._track_cuda(ev, start, result if is_async else None, step)
-            elif is_async:
-                self._track_async(ev, result, t0, step)
-            else:
-                self._end_op(ev, time.perf_counter() - t0, step)
-            return result
-
-        return wrapper
-
-    def _begin_op(self, op: str, group: Any, nbytes: int, peer: Any) -> dict:
+    def _on_issue(self, op: str, pg: Any, nbytes: int, peer: Any, tensor: Any) -> _Op:
+        now = time.perf_counter()
         if op in ("send", "recv") and peer is not None:
+            if pg is not None and pg is not c10d._world.default_pg:
+                peer = dist.get_global_rank(pg, int(peer))
             lo, hi = sorted((self.rank, int(peer)))
             name, size = f"p2p{lo}-{hi}", 2
         else:
-            name, size = self._group(group)
+            name, size = self._group(pg)
         seq = self._seq.get(name, 0)
         self._seq[name] = seq + 1
+        step = self._step
         ev = {"v": 1, "kind": "collective", "ts": 0.0, "job_id": self.job_id,
               "rank": self.rank, "host": self.host, "group": name, "group_size": size,
               "op": op, "seq": seq, "start_ts": time.time(), "duration_s": 0.0,
-              "bytes": nbytes, "step": self._step.event["step"] if self._step else None,
+              "bytes": nbytes, "step": step.event["step"] if step else None,
               "peer": int(peer) if peer is not None else None, "gpu": self.gpu}
-        return ev
+        h = _Op(ev, now, step)
+        if step is not None:
+            step.blocked.issue(now)
+        if tensor is not None and tensor.is_cuda:
+            h.cuda_start = torch.cuda.Event(enable_timing=True)
+            h.cuda_start.record()
+        return h
 
-    def _end_op(self, ev: dict, duration: float, step: _Step | None) -> None:
-        ev["duration_s"] = duration
-        ev["ts"] = ev["start_ts"] + duration
-        self._out.append(ev)
+    def _on_return(self, h: _Op, work: Any, t0: float, t1: float) -> None:
+        step = h.step
         if step is not None:
             with self._lock:
-                step.comm += duration
-                step.open_ops -= 1
-
-    def _track_async(self, ev: dict, work: Any, t0: float, step: _Step | None) -> None:
+                step.open_ops += 1
+                step.blocked.wait(t0, t1)  # inside the call: blocked, however briefly
+        if work is None:
+            self._end_op(h, t1)
+            return
+        h.work = work
+        if step is not None:
+            self._works[id(work)] = h
+        if h.cuda_start is not None:
+            self._track_cuda(h, work)
+            return
         try:
             fut = work.get_future()
         except RuntimeError:  # gloo p2p works have no future: poll them
             with self._lock:
-                self._works_pending.append((ev, work, t0, step))
+                self._works_pending.append(h)
             return
-        fut.add_done_callback(lambda _f: self._end_op(ev, time.perf_counter() - t0, step))
+        fut.add_done_callback(lambda _f: self._end_op(h, time.perf_counter()))
 
-    def _track_cuda(self, ev: dict, start: Any, work: Any, step: _Step | None) -> None:
+    def _on_wait(self, work: Any, t0: float, t1: float) -> None:
+        h = self._works.get(id(work))
+        if h is not None and h.work is work:
+            h.waited = True
+        step = self._step or (h.step if h is not None else None)
+        if step is not None:
+            with self._lock:
+                step.blocked.wait(t0, t1)
+
+    def _on_funcol(self, op: str, group: Any, nbytes: int, peer: Any, tensor: Any,
+                   outputs: list, t0: float, t1: float) -> None:
+        pg = self._funcol_groups.get(group) if isinstance(group, str) else None
+        if pg is None:
+            if isinstance(group, str):
+                pg = self._funcol_groups[group] = c10d._resolve_process_group(c10d.GroupName(group))
+            elif isinstance(group, dist.ProcessGroup):
+                pg = group
+            else:  # a ScriptObject from the dispatcher
+                pg = dist.ProcessGroup.unbox(group)
+        h = self._on_issue(op, pg, nbytes, peer, None)
+        h.start = t0
+        h.waited = True  # only its wait_tensor blocks the rank
+        if h.step is not None:
+            with self._lock:
+                h.step.blocked.wait(t0, t1)
+        pending = self._funcol_pending
+        for out in outputs:
+            if isinstance(out, torch.Tensor):
+                pending[out._cdata] = h
+        while len(pending) > _FUNCOL_PENDING_MAX:
+            del pending[next(iter(pending))]
+
+    def _on_funcol_wait(self, tensor: Any, t0: float, t1: float) -> None:
+        h = self._funcol_pending.pop(tensor._cdata, None)
+        if self._step is not None:
+            with self._lock:
+                self._step.blocked.wait(t0, t1)
+        if h is not None and not h.end:
+            if h.step is not None:
+                with self._lock:
+                    h.step.open_ops += 1
+            self._end_op(h, t1)
+
+    def _end_op(self, h: _Op, end: float) -> None:
+        h.end = end
+        ev = h.ev
+        ev["duration_s"] = end - h.start
+        ev["ts"] = ev["start_ts"] + ev["duration_s"]
+        self._out.append(ev)
+        step = h.step
+        if step is not None:
+            with self._lock:
+                step.ops.append(h)
+                step.open_ops -= 1
+
+    def _track_cuda(self, h: _Op, work: Any) -> None:
         end = torch.cuda.Event(enable_timing=True)
-        if work is None:
-            end.record()
-            self._cuda_pending.append((ev, start, end, step))
-            return
 
         def done(_fut: Any) -> None:
             end.record()  # inside the callback the current stream follows the work
-            self._cuda_pending.append((ev, start, end, step))
+            self._cuda_pending.append((h, end))
 
         work.get_future().add_done_callback(done)
 
@@ -331,7 +373,8 @@ class TrainingHook:
         self._next_step = n + 1
         ev = {"v": 1, "kind": "step", "ts": 0.0, "job_id": self.job_id, "rank": self.rank,
               "world_size": self.world_size, "host": self.host, "step": n,
-              "duration_s": 0.0, "gpu": self.gpu, "tokens": tokens}
+              "duration_s": 0.0, "gpu": self.gpu, "tokens": tokens,
+              "dp_rank": self.dp_rank, "pp_rank": self.pp_rank, "tp_rank": self.tp_rank}
         s = _Step(ev)
         # The wait for this step's batch happened just before it: it belongs to the step.
         s.t0 -= self._carry_data
@@ -343,11 +386,11 @@ class TrainingHook:
         if s is None:
             return
         self._step = None
-        duration = time.perf_counter() - s.t0
+        s.t_end = time.perf_counter()
         s.event["ts"] = time.time()
-        s.event["duration_s"] = duration
+        s.event["duration_s"] = s.t_end - s.t0
         with self._lock:
-            s.closed, s.closed_at = True, time.monotonic()
+            s.closed_at = time.monotonic()
             self._steps_open.append(s)
 
     @contextlib.contextmanager
@@ -386,18 +429,19 @@ class TrainingHook:
         now = time.perf_counter()
         with self._lock:
             works, self._works_pending = self._works_pending, []
-        for ev, work, t0, step in works:
-            if work.is_completed():
-                self._end_op(ev, now - t0, step)
+        for h in works:
+            if h.work.is_completed():
+                self._end_op(h, now)
             else:
                 with self._lock:
-                    self._works_pending.append((ev, work, t0, step))
+                    self._works_pending.append(h)
         for _ in range(len(self._cuda_pending)):
-            ev, start, end, step = self._cuda_pending.popleft()
+            h, end = self._cuda_pending.popleft()
             if end.query():
-                self._end_op(ev, start.elapsed_time(end) / 1000.0, step)
+                # GPU time, placed at the op's issue (see the module docstring)
+                self._end_op(h, h.start + h.cuda_start.elapsed_time(end) / 1000.0)
             else:
-                self._cuda_pending.append((ev, start, end, step))
+                self._cuda_pending.append((h, end))
 
     def _publish_ready(self, force: bool = False) -> None:
         batch = []
@@ -417,8 +461,15 @@ class TrainingHook:
 
     def _finish_step(self, s: _Step) -> dict:
         ev = s.event
-        data = min(s.data, ev["duration_s"])
-        comm = min(s.comm, ev["duration_s"] - data)
+        for h in s.ops:
+            if not h.waited:
+                s.blocked.op(h.start, h.end)
+            if h.work is not None and self._works.get(id(h.work)) is h:
+                del self._works[id(h.work)]
+            h.work = None
+        duration = ev["duration_s"]
+        data = min(s.data, duration)
+        comm = min(s.blocked.blocked_s(s.t0, s.t_end), duration - data)
         ev["data_s"], ev["comm_s"] = data, comm
-        ev["compute_s"] = max(0.0, ev["duration_s"] - data - comm)
+        ev["compute_s"] = max(0.0, duration - data - comm)
         return ev
