@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 _REPLAY_WINDOW = 256  # spool records replayed per round trip
 _BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # waits between failed replay windows
+_SPOOL_RETRY_S = 30.0  # after a failed spool write, how long publishing bypasses the spool
 
 
 class PublisherError(FailslowError):
@@ -64,13 +65,17 @@ class Publisher:
     linger_ms: librdkafka linger, milliseconds. batch_events: most events in one message.
     delivery_timeout_s: how long librdkafka retries a message before it fails (and spools).
     spool_max_bytes: size bound of the spool, bytes. config: extra librdkafka settings.
+    spool_fsync: when spooled messages are forced to disk (``collectors.spool``: always,
+    interval, never). A spool that cannot be written (full disk, read-only folder) is
+    said once in the log; publishing goes on live, and what could not be spooled while
+    the broker is down is counted in ``failed``.
     """
 
     def __init__(self, bootstrap: str, topics: Topics | None = None,
                  spool_dir: str | None = None, compression: str = "lz4",
                  linger_ms: float = 20, batch_events: int = 500,
                  delivery_timeout_s: float = 15.0, spool_max_bytes: int = 256 << 20,
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, spool_fsync: str = "interval") -> None:
         if batch_events < 1:
             raise PublisherError(f"batch_events must be >= 1, not {batch_events}")
         self.topics = topics or Topics()
@@ -98,7 +103,17 @@ class Publisher:
         except KafkaException as exc:
             raise PublisherError(f"cannot create the Kafka producer: {exc.args[0].str()}") from None
         self._lock = threading.Condition(threading.RLock())
-        self._spool = Spool(spool_dir, max_bytes=spool_max_bytes) if spool_dir else None
+        self._spool: Spool | None = None
+        if spool_dir:
+            try:
+                self._spool = Spool(spool_dir, max_bytes=spool_max_bytes, fsync=spool_fsync)
+            except ValueError as exc:
+                raise PublisherError(str(exc)) from None
+            except OSError as exc:
+                log.warning("spool %s is unusable (%s): publishing without a spool", spool_dir,
+                            exc.strerror or exc)
+        self._spool_error = ""          # the spool's last write error, until one succeeds
+        self._spool_retry = 0.0         # when to try the spool again after a failed write
         self._spooling = bool(self._spool and len(self._spool))
         self._held: list[tuple[str, str, bytes, int]] = []
         self._direct_events = 0  # events inside librdkafka sent in direct mode
@@ -190,8 +205,11 @@ class Publisher:
         spooled = self._spool.events if self._spool else 0
         return self._direct_events + spooled + sum(h[3] for h in self._held)
 
+    def _spool_usable(self) -> bool:
+        return self._spool is not None and time.monotonic() >= self._spool_retry
+
     def _route(self, topic: str, key: str, value: bytes, n: int) -> None:
-        if not self._spooling:
+        if not self._spooling or not self._spool_usable():
             self._produce_direct(topic, key, value, n)
         elif self._direct_msgs or self._held:
             self._held.append((topic, key, value, n))
@@ -221,7 +239,7 @@ class Publisher:
             if err is None:
                 self._stats["delivered"] += n
                 self._stats["messages_delivered"] += 1
-            elif self._spool is not None:
+            elif self._spool is not None and self._spool_usable():
                 if not self._spooling:
                     log.warning("delivery to %s failed (%s); spooling to %s until the broker "
                                 "answers", topic, err.str(), self._spool.directory)
@@ -235,13 +253,26 @@ class Publisher:
             self._lock.notify_all()
 
     def _to_spool(self, topic: str, key: str, value: bytes, n: int) -> None:
-        assert self._spool is not None
-        dropped = self._spool.append(topic, key, value, n)
+        spool = self._spool
+        assert spool is not None
+        try:
+            dropped = spool.append(topic, key, value, n)
+        except OSError as exc:
+            self._stats["failed"] += n
+            self._spool_retry = time.monotonic() + _SPOOL_RETRY_S
+            error = exc.strerror or str(exc)
+            if error != self._spool_error:
+                self._spool_error = error
+                log.warning("spool %s cannot be written (%s): publishing goes on live without "
+                            "it; events the broker does not take meanwhile are lost (counted "
+                            "as failed)", spool.directory, error)
+            return
+        self._spool_error = ""
         self._stats["spooled"] += n
         if dropped:
             self._stats["dropped"] += dropped
             log.warning("spool %s is full (%d bytes): dropped the %d oldest events "
-                        "(%d dropped so far)", self._spool.directory, self._spool.max_bytes,
+                        "(%d dropped so far)", spool.directory, spool.max_bytes,
                         dropped, self._stats["dropped"])
 
     def _settle_held(self) -> None:

@@ -11,6 +11,13 @@ the oldest end and their events are counted in ``dropped``: under a long
 outage the newest samples are the ones worth keeping. A torn record at the end
 of a segment (a crash mid-write) is skipped.
 
+``fsync`` says when appended records are forced to the disk: ``always`` (after every
+record: nothing acknowledged to the caller is lost to a power failure, at the cost of
+one disk sync per message), ``interval`` (the default: at most every ``fsync_interval_s``,
+so a power failure loses at most that much of an outage's samples; a process crash
+loses nothing, the data is in the page cache), ``never`` (left to the OS). The cost of
+each on this machine is printed by ``bench/spool_fsync.py``.
+
 >>> import tempfile
 >>> s = Spool(tempfile.mkdtemp())
 >>> s.append("t", "k", b"[1]", 1)
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +38,7 @@ from typing import BinaryIO
 
 _HEADER = struct.Struct(">IIIHH")  # length of the rest, crc32 of the rest, events, topic, key
 _HEAD_FILE = "head"
+FSYNC_POLICIES = ("always", "interval", "never")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +66,14 @@ class Spool:
     """Bounded FIFO of messages on disk; ``max_bytes`` caps its size (oldest dropped first)."""
 
     def __init__(self, directory: str | os.PathLike, max_bytes: int = 256 << 20,
-                 segment_bytes: int = 4 << 20) -> None:
+                 segment_bytes: int = 4 << 20, fsync: str = "interval",
+                 fsync_interval_s: float = 1.0) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"spool fsync policy {fsync!r} is not one of "
+                             f"{', '.join(FSYNC_POLICIES)}")
+        self.fsync = fsync
+        self.fsync_interval_s = fsync_interval_s
+        self._synced = time.monotonic()
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
@@ -140,15 +156,40 @@ class Spool:
         body = struct.pack(">IHH", events, len(t), len(k)) + t + k + value
         record = struct.pack(">II", len(body), zlib.crc32(body)) + body
         tail = self._segments[-1] if self._segments else None
-        if tail is None or self._tail_file is None or tail.size + len(record) > self.segment_bytes:
-            tail = self._new_segment()
-        assert self._tail_file is not None
-        self._tail_file.write(record)
-        self._tail_file.flush()
+        try:
+            if tail is None or self._tail_file is None or \
+                    tail.size + len(record) > self.segment_bytes:
+                tail = self._new_segment()
+            assert self._tail_file is not None
+            self._tail_file.write(record)
+            self._tail_file.flush()
+            self._sync(self._tail_file)
+        except OSError:
+            # Full disk, a folder gone read-only: drop this file handle (its buffer holds
+            # the failed write) so the next append starts a new segment; a torn record
+            # left on disk fails its CRC and is skipped.
+            self._discard_tail()
+            raise
         tail.size += len(record)
         tail.records += 1
         tail.events += events
         return self._enforce_bound()
+
+    def _discard_tail(self) -> None:
+        f, self._tail_file = self._tail_file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def _sync(self, f: BinaryIO) -> None:
+        if self.fsync == "never":
+            return
+        now = time.monotonic()
+        if self.fsync == "always" or now - self._synced >= self.fsync_interval_s:
+            os.fsync(f.fileno())
+            self._synced = now
 
     def _new_segment(self) -> _Segment:
         if self._tail_file is not None:
@@ -225,5 +266,9 @@ class Spool:
 
     def close(self) -> None:
         if self._tail_file is not None:
-            self._tail_file.close()
-            self._tail_file = None
+            try:
+                if self.fsync != "never":
+                    os.fsync(self._tail_file.fileno())
+            except OSError:
+                pass
+            self._discard_tail()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -132,3 +133,63 @@ def test_broker_down_10s_then_back_every_sample_arrives_in_order(tmp_path):
     assert got == list(range(got[0], produced[-1] + 1))
     assert got[0] <= first_while_down
     assert pub.stats["spooled"] > 0 and pub.stats["dropped"] == 0
+
+
+def test_an_unusable_spool_folder_is_one_log_line_and_publishing_goes_on(
+        tmp_path, broker, topics, caplog):
+    # A file where the spool folder should be (root ignores read-only modes, so this is
+    # how a folder that cannot be written is made here): one clear line, then live.
+    blocked = tmp_path / "spool"
+    blocked.write_text("not a folder")
+    with caplog.at_level("WARNING", logger="collectors.publisher"):
+        pub = Publisher(broker.bootstrap, topics, spool_dir=str(blocked))
+    pub.publish([host_event(i) for i in range(5)])
+    assert pub.close(timeout=10) == 0
+    assert pub.stats["delivered"] == 5
+    lines = [r.getMessage() for r in caplog.records if "spool" in r.getMessage()]
+    assert len(lines) == 1 and "without a spool" in lines[0], lines
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A folder on a 64 KiB tmpfs, filled up: every write fails with ENOSPC."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root?): no full disk to test with")
+    try:
+        (mnt / "spool").mkdir()
+        with open(mnt / "filler", "wb") as f, contextlib.suppress(OSError):
+            f.write(b"x" * (1 << 20))
+        yield mnt / "spool"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_while_spooling_is_one_log_line_and_publishing_goes_on(
+        full_disk, caplog):
+    # The broker is down, so events head for the spool, on a full disk.
+    pub = Publisher(f"127.0.0.1:{free_port()}", Topics("x."), spool_dir=str(full_disk),
+                    delivery_timeout_s=0.3)
+    with caplog.at_level("WARNING", logger="collectors.publisher"):
+        for i in range(20):
+            pub.publish([host_event(i)])
+            time.sleep(0.05)
+        left = pub.close(timeout=2)
+    full = [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()]
+    assert len(full) == 1, full
+    assert left == 0 and pub.stats["failed"] == 20
+
+
+@pytest.mark.parametrize("policy", ["always", "interval", "never"])
+def test_the_spool_fsync_policy_keeps_records(tmp_path, policy):
+    spool = Spool(tmp_path, fsync=policy)
+    for i in range(50):
+        spool.append("t", "k", str(i).encode(), 1)
+    spool.close()
+    assert [r.value for r in Spool(tmp_path).peek(100)] == [str(i).encode() for i in range(50)]
+    with pytest.raises(ValueError, match="fsync"):
+        Spool(tmp_path, fsync="sometimes")

@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default FAILSLOW_HOME/spool/HOST)")
     parser.add_argument("--spool-max-mb", type=float, default=256.0,
                         help="spool bound; the oldest samples are dropped past it (default 256)")
+    parser.add_argument("--spool-fsync", choices=("always", "interval", "never"),
+                        default="interval",
+                        help="when spooled samples are forced to disk: after every message, "
+                             "at most once a second (default: a power failure loses at most "
+                             "1 s of an outage's samples), or never (the OS decides)")
     parser.add_argument("--linger-ms", type=float, default=100.0,
                         help="producer linger (default 100)")
     parser.add_argument("--sys-root", default="/sys", help=argparse.SUPPRESS)
@@ -105,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         raise CollectError("no sampler to run")
     spool = args.spool_dir or str(settings.home / "spool" / host)
     pub = Publisher(settings.bootstrap, Topics(settings.topic_prefix), spool_dir=spool,
-                    linger_ms=args.linger_ms, spool_max_bytes=int(args.spool_max_mb * 2**20))
+                    linger_ms=args.linger_ms, spool_max_bytes=int(args.spool_max_mb * 2**20),
+                    spool_fsync=args.spool_fsync)
     agent = Agent(samplers, pub, interval_s=args.interval)
     log.info("collect: %s -> %s (prefix %s), every %g s, spool %s", ",".join(
         s.name for s in samplers), settings.bootstrap, settings.topic_prefix, args.interval, spool)
