@@ -285,8 +285,7 @@ class TrainingHook:
             self._end_op(h, t1)
             return
         h.work = work
-        if step is not None:
-            self._works[id(work)] = h
+        self._works[id(work)] = h
         if h.cuda_start is not None:
             self._track_cuda(h, work)
             return
@@ -300,12 +299,20 @@ class TrainingHook:
 
     def _on_wait(self, work: Any, t0: float, t1: float) -> None:
         h = self._works.get(id(work))
+        polled = False
         if h is not None and h.work is work:
             h.waited = True
         step = self._step or (h.step if h is not None else None)
-        if step is not None:
-            with self._lock:
+        with self._lock:
+            if step is not None:
                 step.blocked.wait(t0, t1)
+            if h is not None and h in self._works_pending:
+                # Some works never say is_completed() (gloo's reduce_scatter): a wait
+                # that returned says it for them.
+                self._works_pending.remove(h)
+                polled = True
+        if polled and h is not None:
+            self._end_op(h, t1)
 
     def _on_funcol(self, op: str, group: Any, nbytes: int, peer: Any, tensor: Any,
                    outputs: list, t0: float, t1: float) -> None:
@@ -348,10 +355,22 @@ class TrainingHook:
         ev["ts"] = ev["start_ts"] + ev["duration_s"]
         self._out.append(ev)
         step = h.step
-        if step is not None:
+        if step is None:
+            if h.work is not None and self._works.get(id(h.work)) is h:
+                del self._works[id(h.work)]
+            h.work = None
+        else:
             with self._lock:
                 step.ops.append(h)
                 step.open_ops -= 1
+
+    def _drop_op(self, h: _Op) -> None:
+        if self._works.get(id(h.work)) is h:
+            del self._works[id(h.work)]
+        h.work = None
+        if h.step is not None:
+            with self._lock:
+                h.step.open_ops -= 1
 
     def _track_cuda(self, h: _Op, work: Any) -> None:
         end = torch.cuda.Event(enable_timing=True)
@@ -432,6 +451,8 @@ class TrainingHook:
         for h in works:
             if h.work.is_completed():
                 self._end_op(h, now)
+            elif now - h.start > _STEP_TIMEOUT_S:  # never completes, never waited on
+                self._drop_op(h)
             else:
                 with self._lock:
                     self._works_pending.append(h)

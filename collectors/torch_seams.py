@@ -75,7 +75,7 @@ _KEYWORDS = (("reduce_scatter", "reducescatter"), ("allreduce", "allreduce"),
              ("all_to_all", "alltoall"), ("broadcast", "broadcast"),
              ("barrier", "barrier"), ("isend", "send"), ("irecv", "recv"),
              ("send", "send"), ("recv", "recv"), ("scatter", "broadcast"),
-             ("gather", "reduce"), ("reduce", "reduce"))
+             ("gather", "reduce"), ("reduce", "reduce"), ("p2p", "send"))
 
 
 def _guess_op(name: str) -> str | None:
@@ -196,7 +196,7 @@ class Seams:
                 if name == "wait_tensor":
                     kernel = self._funcol_wait(opo, after)
                 else:
-                    op = _guess_op(name)
+                    op = None if name.startswith("_") else _guess_op(name)
                     if op is None:
                         continue
                     kernel = self._funcol_kernel(name, op, opo, after)
