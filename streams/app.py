@@ -44,6 +44,7 @@ from models.pipeline import Detector
 from schema import Topics, decode_lenient, encode, encode_deadletter
 from schema.fast import all_valid
 from schema.topics import KIND_TOPIC
+from streams import quiet
 from streams.metrics import Metrics
 from streams.partition import INPUT_KINDS, JobPartition
 from streams.routing import (
@@ -157,7 +158,8 @@ class HostMapReader(threading.Thread):
         super().__init__(name="failslow-hostmap", daemon=True)
         self._consumer = Consumer({"bootstrap.servers": bootstrap,
                                    "group.id": f"failslow-hostmap-{os.getpid()}-{id(self)}",
-                                   "enable.auto.commit": False, "fetch.wait.max.ms": 50})
+                                   "enable.auto.commit": False, "fetch.wait.max.ms": 50,
+                                   "logger": quiet.RDKAFKA_LOG})
         self._consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.hostmap = hostmap
         self._stop = threading.Event()

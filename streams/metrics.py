@@ -50,6 +50,9 @@ class Metrics:
                                  buckets=(.01, .025, .05, .1, .25, .5, 1, 2, 5, 10, 30))
         self.snapshot_bytes = Gauge("failslow_stream_snapshot_bytes",
                                     "Size of the newest state snapshot", ["partition"], registry=r)
+        self.client_errors = Counter("failslow_stream_kafka_client_errors_total",
+                                     "Kafka client error lines held back as repeats (a broker "
+                                     "outage: rises while it lasts)", registry=r)
         self._last_log = time.monotonic()
         self._last_counts: dict[str, float] = {}
         self._last_buckets: dict[float, float] = {}

@@ -264,3 +264,47 @@ def test_a_message_near_the_broker_limit_does_not_stop_the_worker(broker, topics
     assert brief(got) == brief(ref)
     assert len(dead) == 1 and "not an array that can be split" in dead[0]["error"]
     assert dead[0]["raw"].endswith("[truncated: 999900 bytes]")
+
+
+def test_a_broker_outage_is_a_few_log_lines_and_sigterm_still_stops_the_worker(tmp_path):
+    # Its own broker: this test kills it.
+    import signal
+    import subprocess
+    import time
+
+    from failslow.stack import create_topics, start_broker
+
+    b = start_broker()
+    topics = Topics("outage.")
+    log = tmp_path / "worker.log"
+    worker = None
+    try:
+        create_topics(b.bootstrap, topics)
+        port = free_port()
+        worker = WorkerProcess(b.bootstrap, topics, group="outage.g", metrics_port=port,
+                               log_path=log, extra=["--stop-timeout", "5"])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                metric(port, "failslow_stream_messages_total")
+                break
+            except OSError:
+                time.sleep(0.5)
+        time.sleep(3)  # joined its group
+        b.stop(0.1)
+        time.sleep(10)
+        lines_in_outage = log.read_text().count("\n")
+        t0 = time.monotonic()
+        worker.proc.send_signal(signal.SIGTERM)
+        try:
+            code = worker.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
+        stopped_s = time.monotonic() - t0
+    finally:
+        if worker is not None and worker.proc.poll() is None:
+            worker.kill()
+        b.stop(1)
+    assert code in (0, 75), f"SIGTERM did not stop the worker within 30 s ({code})"
+    assert stopped_s < 20
+    assert lines_in_outage < 40, log.read_text()[-3000:]

@@ -3,7 +3,11 @@ to each job's home partition, runs models/ there and emits incidents.
 
 Start several with the same ``--group`` to share the partitions. SIGINT/SIGTERM
 stop it cleanly (final snapshot, commit, leave the group); an agent crash exits
-with code 70.
+with code 70. A stop that cannot finish within ``--stop-timeout`` (the broker is
+gone, so nothing can be committed) exits with code 75; the uncommitted input is read
+again by the next worker. While the broker is down, repeated client error lines are
+held back (one line per kind a minute) and counted in
+``failslow_stream_kafka_client_errors_total``.
 """
 
 from __future__ import annotations
@@ -11,10 +15,15 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+from typing import Any
 
 from failslow.config import resolve
 from failslow.errors import ConfigError
 from schema import Topics
+from streams import quiet
+
+log = logging.getLogger("failslow.worker")
+STOP_TIMEOUT_EXIT = 75   # EX_TEMPFAIL: stopped without committing; safe to start again
 
 HELP = "the stream processors (faust worker)"
 
@@ -56,11 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "when the worker creates them: a restart after a longer stop "
                              "starts without state [6]")
     parser.add_argument("--log-level", default="info", help="faust/worker log level [info]")
+    parser.add_argument("--stop-timeout", type=float, default=15.0, metavar="S",
+                        help="on SIGTERM/SIGINT, exit after this many seconds even if the "
+                             "broker is unreachable (uncommitted input is read again) [15]")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.lateness <= 0 or args.snapshot_interval <= 0 or args.session_timeout <= 0:
         raise ConfigError("--lateness, --snapshot-interval and --session-timeout must be > 0")
+    if args.stop_timeout <= 0:
+        raise ConfigError("--stop-timeout must be > 0")
     if args.jitter < 0:
         raise ConfigError("--jitter must be >= 0")
     if args.internal_retention_h <= 0:
@@ -87,8 +101,17 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(cfg)
+    quiet.install(on_suppress=app.failslow_metrics.client_errors.inc)  # type: ignore[attr-defined]
     tune_gc()
-    worker = faust.Worker(app, loglevel=args.log_level, quiet=True, override_logging=False)
+
+    class Worker(faust.Worker):
+        def _schedule_shutdown(self, signal: Any) -> None:
+            # faust's stop waits on a broker that may be gone: bound it.
+            if not self._signal_stop_time:
+                quiet.stop_deadline(args.stop_timeout, STOP_TIMEOUT_EXIT, log)
+            super()._schedule_shutdown(signal)
+
+    worker = Worker(app, loglevel=args.log_level, quiet=True, override_logging=False)
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
