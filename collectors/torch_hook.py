@@ -145,7 +145,7 @@ class TrainingHook:
         self._seq: dict[str, int] = {}
         self._out: deque[dict] = deque()
         self._cuda_pending: deque[tuple[_Op, Any]] = deque()
-        self._works_pending: list[_Op] = []
+        self._works_pending: dict[int, _Op] = {}  # id(op) -> op whose end is polled
         self._works: dict[int, _Op] = {}  # id(work) -> op, to tell which ops were waited on
         self._funcol_pending: dict[int, _Op] = {}  # result tensor's _cdata -> op
         self._steps_open: list[_Step] = []
@@ -275,7 +275,7 @@ class TrainingHook:
             h.cuda_start.record()
         return h
 
-    def _on_return(self, h: _Op, work: Any, t0: float, t1: float) -> None:
+    def _on_return(self, h: _Op, work: Any, t0: float, t1: float, is_async: bool) -> None:
         step = h.step
         if step is not None:
             with self._lock:
@@ -289,13 +289,18 @@ class TrainingHook:
         if h.cuda_start is not None:
             self._track_cuda(h, work)
             return
-        try:
-            fut = work.get_future()
-        except RuntimeError:  # gloo p2p works have no future: poll them
-            with self._lock:
-                self._works_pending.append(h)
-            return
-        fut.add_done_callback(lambda _f: self._end_op(h, time.perf_counter()))
+        if is_async:
+            try:
+                fut = work.get_future()
+            except RuntimeError:  # gloo p2p works have no future
+                fut = None
+            if fut is not None:
+                fut.add_done_callback(lambda _f: self._end_op(h, time.perf_counter()))
+                return
+        # A blocking call's work is waited on right away: its wait ends it, with no
+        # callback crossing threads; polled in case no one ever waits.
+        with self._lock:
+            self._works_pending[id(h)] = h
 
     def _on_wait(self, work: Any, t0: float, t1: float) -> None:
         h = self._works.get(id(work))
@@ -306,11 +311,8 @@ class TrainingHook:
         with self._lock:
             if step is not None:
                 step.blocked.wait(t0, t1)
-            if h is not None and h in self._works_pending:
-                # Some works never say is_completed() (gloo's reduce_scatter): a wait
-                # that returned says it for them.
-                self._works_pending.remove(h)
-                polled = True
+            if h is not None and self._works_pending.pop(id(h), None) is not None:
+                polled = True  # (gloo's reduce-scatter works never say is_completed())
         if polled and h is not None:
             self._end_op(h, t1)
 
@@ -447,15 +449,15 @@ class TrainingHook:
     def _poll_pending(self) -> None:
         now = time.perf_counter()
         with self._lock:
-            works, self._works_pending = self._works_pending, []
+            works = list(self._works_pending.values())
         for h in works:
-            if h.work.is_completed():
-                self._end_op(h, now)
+            if h.work is not None and h.work.is_completed():
+                done = self._works_pending.pop(id(h), None) is not None
+                if done:
+                    self._end_op(h, now)
             elif now - h.start > _STEP_TIMEOUT_S:  # never completes, never waited on
-                self._drop_op(h)
-            else:
-                with self._lock:
-                    self._works_pending.append(h)
+                if self._works_pending.pop(id(h), None) is not None:
+                    self._drop_op(h)
         for _ in range(len(self._cuda_pending)):
             h, end = self._cuda_pending.popleft()
             if end.query():

@@ -103,7 +103,7 @@ class Seams:
     """Installs the patches; calls ``sink`` (the TrainingHook) back for each op.
 
     sink methods: ``_on_issue(op, group, nbytes, peer, tensor) -> handle``,
-    ``_on_return(handle, work, t0, t1)``, ``_on_wait(work, t0, t1)``,
+    ``_on_return(handle, work, t0, t1, is_async)``, ``_on_wait(work, t0, t1)``,
     ``_on_funcol(op, group_name, nbytes, peer, tensor, outputs, t0, t1)``,
     ``_on_funcol_wait(tensor, t0, t1)``.
     """
@@ -158,7 +158,10 @@ class Seams:
                 work = fn(pg, *args, **kwargs)
             finally:
                 local.inside = False
-            sink._on_return(handle, work, t0, time.perf_counter())
+            # The public functions say in their options whether they wait right away.
+            opts = kwargs.get("opts", args[-1] if args else None)
+            sink._on_return(handle, work, t0, time.perf_counter(),
+                            getattr(opts, "asyncOp", True))
             return work
 
         method.__name__ = getattr(fn, "__name__", op)
