@@ -101,3 +101,53 @@ def test_up_recovers_after_the_broker_was_killed(tmp_path):
         for pid in (old["pid"], old["db_pid"]):
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_down_keeps_what_the_broker_acknowledged(tmp_path):
+    # A collector publishes while `down` runs: every event the embedded broker
+    # acknowledged must be in ClickHouse afterwards (the rest stays in the collector's
+    # spool for the next `up`). The broker stops first, then the sink writes what it read.
+    import threading
+    import time
+
+    from collectors.publisher import Publisher
+    from schema import Topics
+    from storage.client import connect
+
+    home = tmp_path / "home"
+    env = {"FAILSLOW_HOME": str(home)}
+    up = fs("up", "--port", "0", env=env)
+    assert up.returncode == 0, up.stderr
+    state = orjson.loads((home / "stack.json").read_bytes())
+    pub = Publisher(f"127.0.0.1:{state['port']}", Topics(), spool_dir=str(tmp_path / "spool"),
+                    delivery_timeout_s=1.0, linger_ms=5)
+    stop = threading.Event()
+
+    def collect() -> None:
+        i = 0
+        while not stop.is_set():
+            pub.publish([{"v": 1, "kind": "host", "ts": 1.7e9 + i * 0.01, "host": "h0",
+                          "procs_running": i}])
+            i += 1
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=collect)
+    thread.start()
+    try:
+        time.sleep(3)
+        down = fs("down", env=env)
+        assert down.returncode == 0, down.stderr
+    finally:
+        stop.set()
+        thread.join()
+    pub.close(timeout=2)
+    delivered = pub.stats["delivered"]
+    client = connect(f"chdb://{home / 'chdb'}", own=True)
+    try:
+        _, rows = client.query("SELECT count() FROM failslow.host")
+    finally:
+        client.close()
+    assert delivered > 100
+    # One sink fetch (100 ms) of events can be acknowledged and not yet read when the
+    # broker stops; not the ~7 s its SIGTERM takes.
+    assert rows[0][0] >= delivered - 30, (rows, delivered)

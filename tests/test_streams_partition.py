@@ -219,3 +219,18 @@ def test_a_host_whose_clock_is_seconds_behind_delays_nothing():
         skewed = live_feed(events, {host: 5.0})
         assert skewed.keys() == base.keys()
         assert all(abs(skewed[k] - base[k]) <= 0.3 for k in base), (host, skewed, base)
+
+
+def test_one_step_stamped_a_day_ahead_does_not_drop_the_rank_s_next_steps():
+    # A clock that jumps a day ahead for one event: de-duplication must not take it as
+    # the rank's position, or every later step of that rank looks like a retry.
+    events = trace()
+    ref = Detector().process_batch(events)
+    culprit = next(i["rank"] for i in ref if i["fault"] == "slow_rank")
+    n = next(n for n, e in enumerate(events)
+             if e["kind"] == "step" and e["rank"] == culprit and e["step"] == 10)
+    events[n] = dict(events[n], ts=events[n]["ts"] + 86_400.0)
+    part = JobPartition(0)
+    got = run(messages(events), part)
+    assert part.counts["duplicates"] == 0
+    assert any(i["fault"] == "slow_rank" and i["rank"] == culprit for i in got)
