@@ -76,7 +76,8 @@ _FUNCOL_PENDING_MAX = 4096  # functional results never waited on are forgotten p
 
 
 class _Step:
-    __slots__ = ("event", "t0", "t_end", "data", "open_ops", "closed_at", "ops", "blocked")
+    __slots__ = ("event", "t0", "t_end", "data", "open_ops", "closed_at", "ops", "blocked",
+                 "finished")
 
     def __init__(self, event: dict) -> None:
         self.event = event
@@ -87,6 +88,7 @@ class _Step:
         self.closed_at = 0.0
         self.ops: list[_Op] = []  # ended ops issued in this step
         self.blocked = BlockedTime()
+        self.finished = False
 
 
 class _Op:
@@ -305,8 +307,8 @@ class TrainingHook:
     def _on_wait(self, work: Any, t0: float, t1: float) -> None:
         h = self._works.get(id(work))
         polled = False
-        if h is not None and h.work is work:
-            h.waited = True
+        if h is not None and h.work is work and h.cuda_start is None:
+            h.waited = True  # (a CUDA wait only orders streams: its GPU time counts)
         step = self._step or (h.step if h is not None else None)
         with self._lock:
             if step is not None:
@@ -357,7 +359,7 @@ class TrainingHook:
         ev["ts"] = ev["start_ts"] + ev["duration_s"]
         self._out.append(ev)
         step = h.step
-        if step is None:
+        if step is None or step.finished:  # (a step published without this late op)
             if h.work is not None and self._works.get(id(h.work)) is h:
                 del self._works[id(h.work)]
             h.work = None
@@ -484,6 +486,7 @@ class TrainingHook:
 
     def _finish_step(self, s: _Step) -> dict:
         ev = s.event
+        s.finished = True
         for h in s.ops:
             if not h.waited:
                 s.blocked.op(h.start, h.end)
