@@ -6,10 +6,10 @@ ends. What the hook observes:
 * waits: intervals the thread spent inside a call that returns only when data moved
   (``Work.wait()``, ``wait_tensor``, a synchronous collective): blocked for sure;
 * issues: the instants the job issued an op;
-* async ops: ``[start, end]`` of an op nobody was seen waiting on (DDP's bucket
-  all-reduces, waited on from C++). While the job keeps issuing ops it is still
-  working (backward issues the next bucket); so only the part of such an op after
-  the last issue before its end counts: ``[max(start, last issue <= end), end]``.
+* async ops: ``[start, end]`` of an op nobody was seen waiting on (waited on from
+  C++, or through a future). While the job keeps issuing ops it is still working
+  (backward issues the next bucket); so only the part of such an op after the last
+  issue before its end counts: ``[max(start, last issue <= end), end]``.
 
 ``blocked_s`` is the length of the union of those intervals inside a window, so two
 concurrent ops blocking the same 10 ms count 10 ms, not 20.

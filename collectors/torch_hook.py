@@ -30,16 +30,18 @@ What a step event's times mean (seconds, on this rank, from the step's start to 
 * ``data_s``: time waiting for input (``wrap_loader`` / ``data()``).
 * ``comm_s``: time the rank was BLOCKED on communication, never the sum of op
   durations: the union (each instant counted once) of (a) the time spent inside
-  ``Work.wait()`` / ``wait_tensor`` and inside the issuing calls, and (b) for async ops
-  no one was seen waiting on (DDP's bucket all-reduces, waited on from C++), the part
-  after the last op issued before the op ended: while backward still issues buckets it
-  is computing, so an all-reduce overlapped by backward costs nothing; once backward
-  is done the rank waits for the last buckets, and that wait counts once even when
-  several buckets are in flight. Under DDP, a healthy rank's ``comm_s`` is mostly its
-  wait for the slowest peer at the end of backward; under FSDP2, the time its waits
-  on all-gathers (prefetched ones that arrived in time cost nothing) and
-  reduce-scatters really blocked. On GPUs op intervals are placed at issue time (the
-  CPU runs ahead of the GPU), so there ``comm_s`` is an estimate.
+  ``Work.wait()`` / ``wait_tensor`` and inside the issuing calls; (b) under DDP
+  (``instrument_ddp``), the end-of-backward wait of its reducer: from the last bucket's
+  issue until the reducer's wait for the buckets returned (seen by an autograd callback
+  queued behind the reducer's); (c) for other async ops no one was seen waiting on,
+  the part after the last op issued before the op ended (while the job still issues
+  work it is computing). Under DDP, bucket all-reduces overlapped by backward cost
+  nothing; a healthy rank's ``comm_s`` is mostly its wait for the slowest peer, and the
+  straggler's is short. Under FSDP2, it is the time its waits on all-gathers
+  (prefetched ones that arrived in time cost nothing) and reduce-scatters really
+  blocked; under tensor parallel, its ``wait_tensor`` time. On GPUs op intervals are
+  GPU time placed at issue (the CPU runs ahead of the GPU), so there ``comm_s`` is an
+  estimate.
 * ``compute_s``: the rank's own work, ``duration_s - data_s - comm_s``: forward,
   backward and optimizer, including the compute that overlapped communication.
 
@@ -154,6 +156,8 @@ class TrainingHook:
         self._step: _Step | None = None
         self._next_step = 0
         self._carry_data = 0.0  # input wait measured by wrap_loader before the next step
+        self._ddp_queued = False
+        self._ddp_last_issue = 0.0
         self._lock = threading.Lock()
         self._seams = Seams(self)
         self._installed = False
@@ -235,9 +239,35 @@ class TrainingHook:
         def allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
             tensor = bucket.buffer().div_(world)
             work = dist.all_reduce(tensor, group=process_group, async_op=True)
+            self._ddp_bucket(work)
             return work.get_future().then(lambda fut: fut.value()[0])
 
         model.register_comm_hook(None, allreduce_hook)
+
+    def _ddp_bucket(self, work: Any) -> None:
+        """DDP's reducer waits for its buckets from C++, in a callback autograd runs at the
+        end of backward, queued once the last bucket is issued. Ours, queued again from a
+        first callback (autograd runs callbacks in order, new ones included), runs after
+        it and sees when that wait ended: the rank was blocked from its last bucket's
+        issue until then."""
+        h = self._works.get(id(work))
+        if h is None or h.step is None:
+            return
+        h.waited = True
+        self._ddp_last_issue = h.start
+        if not self._ddp_queued:
+            self._ddp_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._ddp_requeue)
+
+    def _ddp_requeue(self) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._ddp_done)
+
+    def _ddp_done(self) -> None:
+        self._ddp_queued = False
+        step = self._step
+        if step is not None:
+            with self._lock:
+                step.blocked.wait(self._ddp_last_issue, time.perf_counter())
 
     def close(self, timeout: float = 10.0) -> None:
         """Unpatch, publish what is left (waiting up to ``timeout`` s for open ops)."""
