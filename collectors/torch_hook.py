@@ -149,7 +149,8 @@ class TrainingHook:
         self._seq: dict[str, int] = {}
         self._out: deque[dict] = deque()
         self._cuda_pending: deque[tuple[_Op, Any]] = deque()
-        self._works_pending: dict[int, _Op] = {}  # id(op) -> op whose end is polled
+        self._works_pending: dict[int, _Op] = {}  # id(op) -> op whose end is polled (1 ms)
+        self._works_blocking: dict[int, _Op] = {}  # ended by their wait; polled at 0.1 s
         self._works: dict[int, _Op] = {}  # id(work) -> op, to tell which ops were waited on
         self._funcol_pending: dict[int, _Op] = {}  # result tensor's _cdata -> op
         self._steps_open: list[_Step] = []
@@ -273,7 +274,8 @@ class TrainingHook:
         """Unpatch, publish what is left (waiting up to ``timeout`` s for open ops)."""
         self.uninstall()
         deadline = time.monotonic() + timeout
-        while (self._cuda_pending or self._works_pending) and time.monotonic() < deadline:
+        while ((self._cuda_pending or self._works_pending or self._works_blocking)
+               and time.monotonic() < deadline):
             time.sleep(0.005)
         self._stop.set()
         if self._thread is not None:
@@ -294,8 +296,9 @@ class TrainingHook:
         seq = self._seq.get(name, 0)
         self._seq[name] = seq + 1
         step = self._step
+        rank = self._rank if self._rank is not None else self.rank
         ev = {"v": 1, "kind": "collective", "ts": 0.0, "job_id": self.job_id,
-              "rank": self.rank, "host": self.host, "group": name, "group_size": size,
+              "rank": rank, "host": self.host, "group": name, "group_size": size,
               "op": op, "seq": seq, "start_ts": time.time(), "duration_s": 0.0,
               "bytes": nbytes, "step": step.event["step"] if step else None,
               "peer": int(peer) if peer is not None else None, "gpu": self.gpu}
@@ -312,7 +315,8 @@ class TrainingHook:
         if step is not None:
             with self._lock:
                 step.open_ops += 1
-                step.blocked.wait(t0, t1)  # inside the call: blocked, however briefly
+            if t1 - t0 > 1e-4:  # a backend that blocks inside the call
+                step.blocked.wait(t0, t1)
         if work is None:
             self._end_op(h, t1)
             return
@@ -329,10 +333,11 @@ class TrainingHook:
             if fut is not None:
                 fut.add_done_callback(lambda _f: self._end_op(h, time.perf_counter()))
                 return
-        # A blocking call's work is waited on right away: its wait ends it, with no
-        # callback crossing threads; polled in case no one ever waits.
-        with self._lock:
             self._works_pending[id(h)] = h
+            return
+        # A blocking call's work is waited on right away: its wait ends it, with no
+        # callback crossing threads; polled (slowly) in case no one ever waits.
+        self._works_blocking[id(h)] = h
 
     def _on_wait(self, work: Any, t0: float, t1: float) -> None:
         h = self._works.get(id(work))
@@ -340,11 +345,11 @@ class TrainingHook:
         if h is not None and h.work is work and h.cuda_start is None:
             h.waited = True  # (a CUDA wait only orders streams: its GPU time counts)
         step = self._step or (h.step if h is not None else None)
-        with self._lock:
-            if step is not None:
-                step.blocked.wait(t0, t1)
-            if h is not None and self._works_pending.pop(id(h), None) is not None:
-                polled = True  # (gloo's reduce-scatter works never say is_completed())
+        if step is not None:
+            step.blocked.wait(t0, t1)
+        if h is not None:  # (gloo's reduce-scatter works never say is_completed())
+            polled = (self._works_blocking.pop(id(h), None) is not None
+                      or self._works_pending.pop(id(h), None) is not None)
         if polled and h is not None:
             self._end_op(h, t1)
 
@@ -480,16 +485,14 @@ class TrainingHook:
 
     def _poll_pending(self) -> None:
         now = time.perf_counter()
-        with self._lock:
-            works = list(self._works_pending.values())
-        for h in works:
-            if h.work is not None and h.work.is_completed():
-                done = self._works_pending.pop(id(h), None) is not None
-                if done:
-                    self._end_op(h, now)
-            elif now - h.start > _STEP_TIMEOUT_S:  # never completes, never waited on
-                if self._works_pending.pop(id(h), None) is not None:
-                    self._drop_op(h)
+        for pending in (self._works_pending, self._works_blocking):
+            for h in list(pending.values()):
+                if h.work is not None and h.work.is_completed():
+                    if pending.pop(id(h), None) is not None:
+                        self._end_op(h, now)
+                elif now - h.start > _STEP_TIMEOUT_S:  # never completes, never waited on
+                    if pending.pop(id(h), None) is not None:
+                        self._drop_op(h)
         for _ in range(len(self._cuda_pending)):
             h, end = self._cuda_pending.popleft()
             if end.query():

@@ -87,9 +87,9 @@ def _guess_op(name: str) -> str | None:
 
 def nbytes(x: Any) -> int:
     if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
+        return x.nbytes
     if isinstance(x, list | tuple):
-        return sum(nbytes(t) for t in x)
+        return sum([nbytes(t) for t in x])
     return 0
 
 
