@@ -6,7 +6,8 @@ background thread publishes them to a null sink, so no broker is involved), in
 alternating rounds; the overhead is the difference of the medians. Also reports
 the cost inside a step (``with hook.step()``), of an async op (future callback), and
 the hook's own cost on a do-nothing collective (``hook_own_cost_us``: what the hook
-adds, free of gloo's thread hand-off noise, which on a busy machine is larger than it).
+adds at its seam, ``ProcessGroup.allreduce``, free of gloo's thread hand-off noise, which on a
+busy machine is larger than it). A blocking call also passes the ``Work.wait`` patch.
 
     .venv/bin/python bench/hook_overhead.py [--ops 20000]
 """
@@ -57,18 +58,19 @@ def per_op_us(n: int, async_op: bool = False, hook: TrainingHook | None = None) 
 
 
 def wrapper_only_us(n: int, hook: TrainingHook) -> tuple[float, float]:
-    """The hook's own cost: a do-nothing function with all_reduce's signature, bare and
-    wrapped by the hook (immune to gloo's thread hand-off noise)."""
-    def fake_all_reduce(tensor, op=None, group=None, async_op=False):  # noqa: ANN001
+    """The hook's own cost: a do-nothing ``ProcessGroup.allreduce``, bare and wrapped by
+    the hook's seam (immune to gloo's thread hand-off noise)."""
+    def fake_allreduce(pg, tensors, opts=None):  # noqa: ANN001
         return None
 
-    wrapped = hook._wrap("all_reduce", fake_all_reduce)
-    t = torch.ones(16)
+    wrapped = hook._seams._wrap_pg(fake_allreduce, "allreduce", 0, None)
+    pg = dist.group.WORLD
+    t = [torch.ones(16)]
     times = []
-    for fn in (fake_all_reduce, wrapped):
+    for fn in (fake_allreduce, wrapped):
         t0 = time.perf_counter()
         for _ in range(n):
-            fn(t)
+            fn(pg, t)
         times.append((time.perf_counter() - t0) / n * 1e6)
     return times[0], times[1]
 
