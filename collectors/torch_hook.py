@@ -70,49 +70,22 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from collectors.intervals import BlockedTime
+from collectors.torch_ops import STEP_TIMEOUT_S, Op, OpTracking, Step
 from collectors.torch_seams import Seams
 
-_STEP_TIMEOUT_S = 30.0  # a step whose collectives never report is published without them
 _FUNCOL_PENDING_MAX = 4096  # functional results never waited on are forgotten past this
 
 
-class _Step:
-    __slots__ = ("event", "t0", "t_end", "data", "open_ops", "closed_at", "ops", "blocked",
-                 "finished")
-
-    def __init__(self, event: dict) -> None:
-        self.event = event
-        self.t0 = time.perf_counter()
-        self.t_end = 0.0
-        self.data = 0.0
-        self.open_ops = 0
-        self.closed_at = 0.0
-        self.ops: list[_Op] = []  # ended ops issued in this step
-        self.blocked = BlockedTime()
-        self.finished = False
-
-
-class _Op:
-    __slots__ = ("ev", "start", "end", "step", "work", "waited", "cuda_start")
-
-    def __init__(self, ev: dict, start: float, step: _Step | None) -> None:
-        self.ev, self.start, self.end, self.step = ev, start, 0.0, step
-        self.work: Any = None
-        self.waited = False
-        self.cuda_start: Any = None
-
-
-class _StepScope(contextlib.ContextDecorator):
+class StepScope(contextlib.ContextDecorator):
     """``with hook.step():`` or ``@hook.step()``; a decorator numbers steps itself."""
 
     def __init__(self, hook: TrainingHook, step: int | None, tokens: int | None) -> None:
         self.hook, self.step, self.tokens = hook, step, tokens
 
-    def _recreate_cm(self) -> _StepScope:
-        return _StepScope(self.hook, self.step, self.tokens)
+    def _recreate_cm(self) -> StepScope:
+        return StepScope(self.hook, self.step, self.tokens)
 
-    def __enter__(self) -> _StepScope:
+    def __enter__(self) -> StepScope:
         self.hook._begin_step(self.step, self.tokens)
         return self
 
@@ -120,7 +93,7 @@ class _StepScope(contextlib.ContextDecorator):
         self.hook._end_step()
 
 
-class TrainingHook:
+class TrainingHook(OpTracking):
     """Instruments one rank of a torch.distributed job and publishes its events.
 
     publisher: anything with ``publish(list[dict])`` (a ``collectors.publisher.Publisher``,
@@ -148,13 +121,13 @@ class TrainingHook:
         self._funcol_groups: dict[str, Any] = {}
         self._seq: dict[str, int] = {}
         self._out: deque[dict] = deque()
-        self._cuda_pending: deque[tuple[_Op, Any]] = deque()
-        self._works_pending: dict[int, _Op] = {}  # id(op) -> op whose end is polled (1 ms)
-        self._works_blocking: dict[int, _Op] = {}  # ended by their wait; polled at 0.1 s
-        self._works: dict[int, _Op] = {}  # id(work) -> op, to tell which ops were waited on
-        self._funcol_pending: dict[int, _Op] = {}  # result tensor's _cdata -> op
-        self._steps_open: list[_Step] = []
-        self._step: _Step | None = None
+        self._cuda_pending: deque[tuple[Op, Any]] = deque()
+        self._works_pending: dict[int, Op] = {}  # id(op) -> op whose end is polled (1 ms)
+        self._works_blocking: dict[int, Op] = {}  # ended by their wait; polled at 0.1 s
+        self._works: dict[int, Op] = {}  # id(work) -> op, to tell which ops were waited on
+        self._funcol_pending: dict[int, Op] = {}  # result tensor's _cdata -> op
+        self._steps_open: list[Step] = []
+        self._step: Step | None = None
         self._next_step = 0
         self._carry_data = 0.0  # input wait measured by wrap_loader before the next step
         self._ddp_queued = False
@@ -245,31 +218,6 @@ class TrainingHook:
 
         model.register_comm_hook(None, allreduce_hook)
 
-    def _ddp_bucket(self, work: Any) -> None:
-        """DDP's reducer waits for its buckets from C++, in a callback autograd runs at the
-        end of backward, queued once the last bucket is issued. Ours, queued again from a
-        first callback (autograd runs callbacks in order, new ones included), runs after
-        it and sees when that wait ended: the rank was blocked from its last bucket's
-        issue until then."""
-        h = self._works.get(id(work))
-        if h is None or h.step is None:
-            return
-        h.waited = True
-        self._ddp_last_issue = h.start
-        if not self._ddp_queued:
-            self._ddp_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._ddp_requeue)
-
-    def _ddp_requeue(self) -> None:
-        torch.autograd.Variable._execution_engine.queue_callback(self._ddp_done)
-
-    def _ddp_done(self) -> None:
-        self._ddp_queued = False
-        step = self._step
-        if step is not None:
-            with self._lock:
-                step.blocked.wait(self._ddp_last_issue, time.perf_counter())
-
     def close(self, timeout: float = 10.0) -> None:
         """Unpatch, publish what is left (waiting up to ``timeout`` s for open ops)."""
         self.uninstall()
@@ -284,7 +232,7 @@ class TrainingHook:
 
     # -- callbacks from the seams ------------------------------------------------------------------
 
-    def _on_issue(self, op: str, pg: Any, nbytes: int, peer: Any, tensor: Any) -> _Op:
+    def _on_issue(self, op: str, pg: Any, nbytes: int, peer: Any, tensor: Any) -> Op:
         now = time.perf_counter()
         if op in ("send", "recv") and peer is not None:
             if pg is not None and pg is not c10d._world.default_pg:
@@ -302,56 +250,13 @@ class TrainingHook:
               "op": op, "seq": seq, "start_ts": time.time(), "duration_s": 0.0,
               "bytes": nbytes, "step": step.event["step"] if step else None,
               "peer": int(peer) if peer is not None else None, "gpu": self.gpu}
-        h = _Op(ev, now, step)
+        h = Op(ev, now, step)
         if step is not None:
             step.blocked.issue(now)
         if tensor is not None and tensor.is_cuda:
             h.cuda_start = torch.cuda.Event(enable_timing=True)
             h.cuda_start.record()
         return h
-
-    def _on_return(self, h: _Op, work: Any, t0: float, t1: float, is_async: bool) -> None:
-        step = h.step
-        if step is not None:
-            with self._lock:
-                step.open_ops += 1
-            if t1 - t0 > 1e-4:  # a backend that blocks inside the call
-                step.blocked.wait(t0, t1)
-        if work is None:
-            self._end_op(h, t1)
-            return
-        h.work = work
-        self._works[id(work)] = h
-        if h.cuda_start is not None:
-            self._track_cuda(h, work)
-            return
-        if is_async:
-            try:
-                fut = work.get_future()
-            except RuntimeError:  # gloo p2p works have no future
-                fut = None
-            if fut is not None:
-                fut.add_done_callback(lambda _f: self._end_op(h, time.perf_counter()))
-                return
-            self._works_pending[id(h)] = h
-            return
-        # A blocking call's work is waited on right away: its wait ends it, with no
-        # callback crossing threads; polled (slowly) in case no one ever waits.
-        self._works_blocking[id(h)] = h
-
-    def _on_wait(self, work: Any, t0: float, t1: float) -> None:
-        h = self._works.get(id(work))
-        polled = False
-        if h is not None and h.work is work and h.cuda_start is None:
-            h.waited = True  # (a CUDA wait only orders streams: its GPU time counts)
-        step = self._step or (h.step if h is not None else None)
-        if step is not None:
-            step.blocked.wait(t0, t1)
-        if h is not None:  # (gloo's reduce-scatter works never say is_completed())
-            polled = (self._works_blocking.pop(id(h), None) is not None
-                      or self._works_pending.pop(id(h), None) is not None)
-        if polled and h is not None:
-            self._end_op(h, t1)
 
     def _on_funcol(self, op: str, group: Any, nbytes: int, peer: Any, tensor: Any,
                    outputs: list, t0: float, t1: float) -> None:
@@ -376,55 +281,11 @@ class TrainingHook:
         while len(pending) > _FUNCOL_PENDING_MAX:
             del pending[next(iter(pending))]
 
-    def _on_funcol_wait(self, tensor: Any, t0: float, t1: float) -> None:
-        h = self._funcol_pending.pop(tensor._cdata, None)
-        if self._step is not None:
-            with self._lock:
-                self._step.blocked.wait(t0, t1)
-        if h is not None and not h.end:
-            if h.step is not None:
-                with self._lock:
-                    h.step.open_ops += 1
-            self._end_op(h, t1)
-
-    def _end_op(self, h: _Op, end: float) -> None:
-        h.end = end
-        ev = h.ev
-        ev["duration_s"] = end - h.start
-        ev["ts"] = ev["start_ts"] + ev["duration_s"]
-        self._out.append(ev)
-        step = h.step
-        if step is None or step.finished:  # (a step published without this late op)
-            if h.work is not None and self._works.get(id(h.work)) is h:
-                del self._works[id(h.work)]
-            h.work = None
-        else:
-            with self._lock:
-                step.ops.append(h)
-                step.open_ops -= 1
-
-    def _drop_op(self, h: _Op) -> None:
-        if self._works.get(id(h.work)) is h:
-            del self._works[id(h.work)]
-        h.work = None
-        if h.step is not None:
-            with self._lock:
-                h.step.open_ops -= 1
-
-    def _track_cuda(self, h: _Op, work: Any) -> None:
-        end = torch.cuda.Event(enable_timing=True)
-
-        def done(_fut: Any) -> None:
-            end.record()  # inside the callback the current stream follows the work
-            self._cuda_pending.append((h, end))
-
-        work.get_future().add_done_callback(done)
-
     # -- steps ---------------------------------------------------------------------------------
 
-    def step(self, step: int | None = None, tokens: int | None = None) -> _StepScope:
+    def step(self, step: int | None = None, tokens: int | None = None) -> StepScope:
         """Context manager / decorator around one training step (numbered 0, 1, ... if None)."""
-        return _StepScope(self, step, tokens)
+        return StepScope(self, step, tokens)
 
     def _begin_step(self, step: int | None, tokens: int | None) -> None:
         n = self._next_step if step is None else step
@@ -433,7 +294,7 @@ class TrainingHook:
               "world_size": self.world_size, "host": self.host, "step": n,
               "duration_s": 0.0, "gpu": self.gpu, "tokens": tokens,
               "dp_rank": self.dp_rank, "pp_rank": self.pp_rank, "tp_rank": self.tp_rank}
-        s = _Step(ev)
+        s = Step(ev)
         # The wait for this step's batch happened just before it: it belongs to the step.
         s.t0 -= self._carry_data
         s.data, self._carry_data = self._carry_data, 0.0
@@ -483,24 +344,6 @@ class TrainingHook:
             busy = self._works_pending or self._cuda_pending
             self._stop.wait(0.001 if busy else self.flush_interval_s)
 
-    def _poll_pending(self) -> None:
-        now = time.perf_counter()
-        for pending in (self._works_pending, self._works_blocking):
-            for h in list(pending.values()):
-                if h.work is not None and h.work.is_completed():
-                    if pending.pop(id(h), None) is not None:
-                        self._end_op(h, now)
-                elif now - h.start > _STEP_TIMEOUT_S:  # never completes, never waited on
-                    if pending.pop(id(h), None) is not None:
-                        self._drop_op(h)
-        for _ in range(len(self._cuda_pending)):
-            h, end = self._cuda_pending.popleft()
-            if end.query():
-                # GPU time, placed at the op's issue (see the module docstring)
-                self._end_op(h, h.start + h.cuda_start.elapsed_time(end) / 1000.0)
-            else:
-                self._cuda_pending.append((h, end))
-
     def _publish_ready(self, force: bool = False) -> None:
         batch = []
         while self._out:
@@ -509,26 +352,10 @@ class TrainingHook:
         with self._lock:
             keep = []
             for s in self._steps_open:
-                if s.open_ops and not force and now - s.closed_at < _STEP_TIMEOUT_S:
+                if s.open_ops and not force and now - s.closed_at < STEP_TIMEOUT_S:
                     keep.append(s)
                     continue
                 batch.append(self._finish_step(s))
             self._steps_open = keep
         if batch:
             self.publisher.publish(batch)
-
-    def _finish_step(self, s: _Step) -> dict:
-        ev = s.event
-        s.finished = True
-        for h in s.ops:
-            if not h.waited:
-                s.blocked.op(h.start, h.end)
-            if h.work is not None and self._works.get(id(h.work)) is h:
-                del self._works[id(h.work)]
-            h.work = None
-        duration = ev["duration_s"]
-        data = min(s.data, duration)
-        comm = min(s.blocked.blocked_s(s.t0, s.t_end), duration - data)
-        ev["data_s"], ev["comm_s"] = data, comm
-        ev["compute_s"] = max(0.0, duration - data - comm)
-        return ev

@@ -215,6 +215,9 @@ class Seams:
         pi = next((schema.index(p) for p in ("dst", "src", "peer_list") if p in schema), None)
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            first = first_tensor(args[0])
+            if first is not None and first.is_meta:  # tracing (fake tensors): no data moves
+                return redispatch(keyset & after, *args, **kwargs)
             t0 = time.perf_counter()
             out = redispatch(keyset & after, *args, **kwargs)
             peer = args[pi] if pi is not None else None
@@ -223,7 +226,7 @@ class Seams:
                     sink._on_funcol(_guess_op(kind) or op, args[gi], nbytes(t), p, t,
                                     [t], t0, time.perf_counter())
             else:
-                sink._on_funcol(op, args[gi], nbytes(args[0]), peer, first_tensor(args[0]),
+                sink._on_funcol(op, args[gi], nbytes(args[0]), peer, first,
                                 out if isinstance(out, list | tuple) else [out],
                                 t0, time.perf_counter())
             return out

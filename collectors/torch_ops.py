@@ -1,0 +1,211 @@
+"""How the training hook follows each op from issue to end, and what blocked the rank.
+
+``OpTracking`` is the half of ``TrainingHook`` that the seams call back once an op is
+issued: it ends each op (future callback, ``Work.wait``, ``wait_tensor``, polling, CUDA
+events), sees DDP's end-of-backward wait, and turns a step's waits and ops into its
+``comm_s`` with ``collectors.intervals.BlockedTime`` (see ``collectors.torch_hook``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+from collectors.intervals import BlockedTime
+
+STEP_TIMEOUT_S = 30.0  # a step whose collectives never report is published without them
+
+
+class Step:
+    """One open step: its event, clock (perf_counter), ended ops and what blocked it."""
+
+    __slots__ = ("event", "t0", "t_end", "data", "open_ops", "closed_at", "ops", "blocked",
+                 "finished")
+
+    def __init__(self, event: dict) -> None:
+        self.event = event
+        self.t0 = time.perf_counter()
+        self.t_end = 0.0
+        self.data = 0.0
+        self.open_ops = 0
+        self.closed_at = 0.0
+        self.ops: list[Op] = []  # ended ops issued in this step
+        self.blocked = BlockedTime()
+        self.finished = False
+
+
+class Op:
+    """One op in flight: its ``collective`` event, issue time and how it ends."""
+
+    __slots__ = ("ev", "start", "end", "step", "work", "waited", "cuda_start")
+
+    def __init__(self, ev: dict, start: float, step: Step | None) -> None:
+        self.ev, self.start, self.end, self.step = ev, start, 0.0, step
+        self.work: Any = None
+        self.waited = False
+        self.cuda_start: Any = None
+
+
+class OpTracking:
+    """Mixin: op lifecycle and step accounting; ``TrainingHook`` owns the state."""
+
+    _lock: threading.Lock
+    _step: Step | None
+    _out: deque[dict]
+    _works: dict[int, Op]
+    _works_pending: dict[int, Op]
+    _works_blocking: dict[int, Op]
+    _cuda_pending: deque[tuple[Op, Any]]
+    _funcol_pending: dict[int, Op]
+    _ddp_queued: bool
+    _ddp_last_issue: float
+
+    def _ddp_bucket(self, work: Any) -> None:
+        """DDP's reducer waits for its buckets from C++, in a callback autograd runs at the
+        end of backward, queued once the last bucket is issued. Ours, queued again from a
+        first callback (autograd runs callbacks in order, new ones included), runs after
+        it and sees when that wait ended: the rank was blocked from its last bucket's
+        issue until then."""
+        h = self._works.get(id(work))
+        if h is None or h.step is None:
+            return
+        h.waited = True
+        self._ddp_last_issue = h.start
+        if not self._ddp_queued:
+            self._ddp_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._ddp_requeue)
+
+    def _ddp_requeue(self) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._ddp_done)
+
+    def _ddp_done(self) -> None:
+        self._ddp_queued = False
+        step = self._step
+        if step is not None:
+            with self._lock:
+                step.blocked.wait(self._ddp_last_issue, time.perf_counter())
+
+    def _on_return(self, h: Op, work: Any, t0: float, t1: float, is_async: bool) -> None:
+        step = h.step
+        if step is not None:
+            with self._lock:
+                step.open_ops += 1
+            if t1 - t0 > 1e-4:  # a backend that blocks inside the call
+                step.blocked.wait(t0, t1)
+        if work is None:
+            self._end_op(h, t1)
+            return
+        h.work = work
+        self._works[id(work)] = h
+        if h.cuda_start is not None:
+            self._track_cuda(h, work)
+            return
+        if is_async:
+            try:
+                fut = work.get_future()
+            except RuntimeError:  # gloo p2p works have no future
+                fut = None
+            if fut is not None:
+                fut.add_done_callback(lambda _f: self._end_op(h, time.perf_counter()))
+                return
+            self._works_pending[id(h)] = h
+            return
+        # A blocking call's work is waited on right away: its wait ends it, with no
+        # callback crossing threads; polled (slowly) in case no one ever waits.
+        self._works_blocking[id(h)] = h
+
+    def _on_wait(self, work: Any, t0: float, t1: float) -> None:
+        h = self._works.get(id(work))
+        polled = False
+        if h is not None and h.work is work and h.cuda_start is None:
+            h.waited = True  # (a CUDA wait only orders streams: its GPU time counts)
+        step = self._step or (h.step if h is not None else None)
+        if step is not None:
+            step.blocked.wait(t0, t1)
+        if h is not None:  # (gloo's reduce-scatter works never say is_completed())
+            polled = (self._works_blocking.pop(id(h), None) is not None
+                      or self._works_pending.pop(id(h), None) is not None)
+        if polled and h is not None:
+            self._end_op(h, t1)
+
+    def _on_funcol_wait(self, tensor: Any, t0: float, t1: float) -> None:
+        h = self._funcol_pending.pop(tensor._cdata, None)
+        if self._step is not None:
+            with self._lock:
+                self._step.blocked.wait(t0, t1)
+        if h is not None and not h.end:
+            if h.step is not None:
+                with self._lock:
+                    h.step.open_ops += 1
+            self._end_op(h, t1)
+
+    def _end_op(self, h: Op, end: float) -> None:
+        h.end = end
+        ev = h.ev
+        ev["duration_s"] = end - h.start
+        ev["ts"] = ev["start_ts"] + ev["duration_s"]
+        self._out.append(ev)
+        step = h.step
+        if step is None or step.finished:  # (a step published without this late op)
+            if h.work is not None and self._works.get(id(h.work)) is h:
+                del self._works[id(h.work)]
+            h.work = None
+        else:
+            with self._lock:
+                step.ops.append(h)
+                step.open_ops -= 1
+
+    def _drop_op(self, h: Op) -> None:
+        if self._works.get(id(h.work)) is h:
+            del self._works[id(h.work)]
+        h.work = None
+        if h.step is not None:
+            with self._lock:
+                h.step.open_ops -= 1
+
+    def _track_cuda(self, h: Op, work: Any) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+
+        def done(_fut: Any) -> None:
+            end.record()  # inside the callback the current stream follows the work
+            self._cuda_pending.append((h, end))
+
+        work.get_future().add_done_callback(done)
+
+    def _poll_pending(self) -> None:
+        now = time.perf_counter()
+        for pending in (self._works_pending, self._works_blocking):
+            for h in list(pending.values()):
+                if h.work is not None and h.work.is_completed():
+                    if pending.pop(id(h), None) is not None:
+                        self._end_op(h, now)
+                elif now - h.start > STEP_TIMEOUT_S:  # never completes, never waited on
+                    if pending.pop(id(h), None) is not None:
+                        self._drop_op(h)
+        for _ in range(len(self._cuda_pending)):
+            h, end = self._cuda_pending.popleft()
+            if end.query():
+                # GPU time, placed at the op's issue (see the module docstring)
+                self._end_op(h, h.start + h.cuda_start.elapsed_time(end) / 1000.0)
+            else:
+                self._cuda_pending.append((h, end))
+
+    def _finish_step(self, s: Step) -> dict:
+        ev = s.event
+        s.finished = True
+        for h in s.ops:
+            if not h.waited:
+                s.blocked.op(h.start, h.end)
+            if h.work is not None and self._works.get(id(h.work)) is h:
+                del self._works[id(h.work)]
+            h.work = None
+        duration = ev["duration_s"]
+        data = min(s.data, duration)
+        comm = min(s.blocked.blocked_s(s.t0, s.t_end), duration - data)
+        ev["data_s"], ev["comm_s"] = data, comm
+        ev["compute_s"] = max(0.0, duration - data - comm)
+        return ev
