@@ -46,7 +46,9 @@ What a step event's times mean (seconds, on this rank, from the step's start to 
   backward and optimizer, including the compute that overlapped communication.
 
 Events go to a queue; a background thread publishes them every ``flush_interval_s``,
-so the training thread pays only for building a dict.
+so the training thread pays only for building a dict. The patches are in
+``collectors.torch_seams``, the op lifecycle and step accounting in
+``collectors.torch_ops``.
 
 >>> hook = TrainingHook(publisher, job_id="job0", dp_rank=0).install()  # doctest: +SKIP
 >>> hook.instrument_ddp(ddp_model)                               # doctest: +SKIP
