@@ -71,8 +71,8 @@ class OpTracking:
         it and sees when that wait ended: the rank was blocked from its last bucket's
         issue until then."""
         h = self._works.get(id(work))
-        if h is None or h.step is None:
-            return
+        if h is None or h.step is None or h.cuda_start is not None:
+            return  # (on a GPU the reducer's wait only orders streams: GPU time counts)
         h.waited = True
         self._ddp_last_issue = h.start
         if not self._ddp_queued:
