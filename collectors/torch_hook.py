@@ -163,10 +163,16 @@ class TrainingHook(OpTracking):
                              tp: str | None = "tp") -> None:
         """Read the layout from a torch ``DeviceMesh``: this rank's coordinate along the
         dimensions named ``dp``/``pp``/``tp`` (``mesh_dim_names``); a dimension the mesh
-        lacks gives None. Raises ValueError when the mesh has none of them."""
+        lacks gives None. Each such dimension's group is named ``<dp|pp|tp><lowest global
+        rank in it>`` (``tp0``, ``tp2``), the same on all its members. Raises ValueError
+        when the mesh has none of them."""
         names = tuple(mesh.mesh_dim_names or ())
-        found = {f: mesh.get_local_rank(d) if d in names else None
-                 for f, d in (("dp", dp), ("pp", pp), ("tp", tp))}
+        found: dict[str, int | None] = {}
+        for field, dim in (("dp", dp), ("pp", pp), ("tp", tp)):
+            found[field] = mesh.get_local_rank(dim) if dim in names else None
+            if dim in names:
+                group = mesh.get_group(dim)
+                self.name_group(group, f"{field}{min(dist.get_process_group_ranks(group))}")
         if all(v is None for v in found.values()):
             raise ValueError(f"mesh dims {names} include none of {dp!r}, {pp!r}, {tp!r}")
         self.set_layout(found["dp"], found["pp"], found["tp"])

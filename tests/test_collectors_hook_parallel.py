@@ -127,5 +127,5 @@ def test_tensor_parallel_functional_collectives_are_seen(tmp_path):
         assert len(ars) >= STEPS and {e["step"] for e in ars} == set(range(STEPS))
         assert all(s["comm_s"] > 0 for s in steps)
         groups[rank] = {e["group"] for e in ars}
-    # one group (here the tp dim spans the world), the same name on both members
-    assert groups[0] == groups[1] and len(groups[0]) == 1
+    # the tp group, named from the mesh, the same on both members
+    assert groups[0] == groups[1] == {"tp0"}
