@@ -17,7 +17,10 @@ class Finding:
     Times are epoch seconds; ``slowdown_pct`` is the job step-time increase
     attributed to it; ``own_pct`` how much slower the culprit itself is than
     its reference (its work vs peers / own past, a link's transfer time vs its
-    past), percent.
+    past), percent; ``lost_s`` the job's extra elapsed time attributed to it so far
+    (seconds, from measured step durations; None where not tracked), so
+    ``world * lost_s / 3600`` is the GPU-hours lost; ``imbalance`` marks a steady
+    offset from the start (the layout: recorded, never paged).
     """
 
     key: str
@@ -35,4 +38,7 @@ class Finding:
     hosts: list[str] = field(default_factory=list)          # hosts whose devices to inspect
     gpus: list[tuple[str, int]] = field(default_factory=list)
     data_share: float = 0.0
+    lost_s: float | None = None
+    world: int = 0
+    imbalance: bool = False
     evidence: dict[str, Any] = field(default_factory=dict)

@@ -48,8 +48,10 @@ class IncidentTracker:
     """Open / update / resolve incidents of every job from their findings."""
 
     def __init__(self, resolve_steps: int = 5, critical_pct: float = 20.0,
-                 open_min_pct: float = 5.0, page_after_steps: int = 2) -> None:
+                 open_min_pct: float = 5.0, page_after_steps: int = 2,
+                 min_update_s: float = 5.0) -> None:
         self.resolve_steps = resolve_steps
+        self.min_update_s = min_update_s
         self.page_after_steps = page_after_steps
         self.critical_pct = critical_pct
         self.open_min_pct = open_min_pct
@@ -129,6 +131,9 @@ class IncidentTracker:
         """Refresh the incident's fields; True when the change deserves an update event."""
         ev = inc.event
         sev = self.severity(f.fault, pct, cause) if inc.age >= self.page_after_steps else "info"
+        if f.imbalance or pct < self.open_min_pct:
+            # The layout, or a slowdown the planner would ignore: recorded, never paged.
+            sev = "info"
         if SEVERITY_ORDER[sev] < SEVERITY_ORDER[ev["severity"]]:
             sev = ev["severity"]
         last = inc.emitted
@@ -136,12 +141,19 @@ class IncidentTracker:
         if last and LADDER.index(action) < LADDER.index(last["mitigation"]):
             action = last["mitigation"]
         prev = last.get("slowdown_pct", pct)
-        changed = (not last or sev != last.get("severity") or cause != last.get("root_cause")
-                   or action != last.get("mitigation")
-                   or abs(pct - prev) > max(0.5 * prev, 5.0))
+        # A page (a new severity) goes out at once; other changes at most once per
+        # min_update_s of event time, so a noisy estimate does not flood the channel.
+        changed = (not last or sev != last.get("severity")
+                   or ts - last.get("ts", -1e300) >= self.min_update_s
+                   and (cause != last.get("root_cause") or action != last.get("mitigation")
+                        or abs(pct - prev) > max(0.5 * prev, 5.0)))
+        extra: dict[str, Any] = {"root_cause": rc_ev, "mitigation_reason": why}
+        if f.lost_s is not None:
+            extra["lost_s"] = round(f.lost_s, 3)
+            extra["gpu_hours_lost"] = round(f.world * f.lost_s / 3600.0, 6)
         ev.update(ts=ts, severity=sev, slowdown_pct=pct, root_cause=cause, mitigation=action,
-                  evidence={**f.evidence, "root_cause": rc_ev, "mitigation_reason": why})
+                  evidence={**f.evidence, **extra})
         if changed:
             inc.emitted = {"severity": sev, "root_cause": cause, "mitigation": action,
-                           "slowdown_pct": pct}
+                           "slowdown_pct": pct, "ts": ts}
         return changed

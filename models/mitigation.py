@@ -48,13 +48,15 @@ class Planner:
                        self.restart_s)
 
     def plan(self, fault: str, root_cause: str, slowdown_pct: float, elapsed_s: float,
-             step_s: float) -> tuple[str, str]:
-        """Return ``(mitigation, reason)`` for an incident so far."""
+             step_s: float, lost_s: float | None = None) -> tuple[str, str]:
+        """Return ``(mitigation, reason)`` for an incident so far. ``lost_s``: the job's
+        measured extra time since the onset (seconds, from step durations); without it
+        (links), slowdown x elapsed time estimates it."""
         if fault == "job_slowdown":
             return "ignore", "whole job slower together (no culprit): information only"
         if slowdown_pct < self.min_pct:
             return "ignore", f"slowdown {slowdown_pct:.1f}% is below {self.min_pct:.0f}%"
-        lost = slowdown_pct / 100.0 * elapsed_s
+        lost = lost_s if lost_s is not None else slowdown_pct / 100.0 * elapsed_s
         first = FIRST.get(fault, "rebalance_microbatches")
         steps = self.pipeline_steps if first == "adjust_pipeline" else self.rebalance_steps
         ladder = [(first, steps * step_s)]
@@ -69,3 +71,9 @@ class Planner:
         if choice != "ignore" and root_cause not in PERSISTENT:
             why += f"; {root_cause} is not fixed by new hardware"
         return choice, why
+
+    def plan_imbalance(self, cost_pct: float, lost_s: float) -> tuple[str, str]:
+        """A steady imbalance (the layout): rebalancing is the only sensible action."""
+        return "rebalance_microbatches", (
+            f"steady imbalance since the start: the job runs {cost_pct:.1f}% longer, "
+            f"{lost_s:.1f} s so far; rebalance micro-batches / stages or move the rank")

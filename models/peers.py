@@ -42,14 +42,23 @@ def lower_half_ref(values: np.ndarray) -> tuple[float, float]:
     return q25 + 0.6745 * sigma, sigma
 
 
+def has_peers(groups: np.ndarray) -> np.ndarray:
+    """Whether each element has another member in its group (same label)."""
+    if groups.size and (groups == groups[0]).all():
+        return np.full(groups.size, groups.size > 1)
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    return counts[inverse] > 1
+
+
 def peer_scores(values: np.ndarray, groups: np.ndarray, floor: float = 0.01,
-                min_group: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+                min_group: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Per-element (rel, z, perf) of ``values`` against the members of its group
     (same label in ``groups``), and the median relative noise sigma of the groups
     (callers smooth it over steps and pass it back as ``floor``: eight peers give
-    a noisy spread). Groups smaller than ``min_group`` are compared with the
-    whole population instead (two peers are no reference). Non-positive
-    references give zero scores."""
+    a noisy spread). Members of groups smaller than ``min_group`` score zero:
+    a rank alone in its pipeline stage has no peer doing the same work, and
+    other stages are heavier or lighter by design (only its own past can judge
+    it). Non-positive references give zero scores."""
     n = values.size
     rel = np.zeros(n)
     z = np.zeros(n)
@@ -64,8 +73,21 @@ def peer_scores(values: np.ndarray, groups: np.ndarray, floor: float = 0.01,
     sigmas = []
     for g in labels:
         idx = np.flatnonzero(inverse == g) if len(labels) > 1 else np.arange(n)
-        ref_vals = values[idx] if g >= 0 else values
+        if g < 0:
+            continue
+        ref_vals = values[idx]
         if ref_vals.size < 2:
+            continue
+        if ref_vals.size == 2:
+            # Two peers: each against the other (the faster of two is no healthy
+            # median: against it, the slower of two identical ranks always looks slow).
+            a, b = float(ref_vals[0]), float(ref_vals[1])
+            if min(a, b) <= 0.0:
+                continue
+            r = np.array([a / b - 1.0, b / a - 1.0])
+            rel[idx] = r
+            z[idx] = r / floor
+            perf[idx] = min(a, b) / np.maximum(values[idx], 1e-12)
             continue
         ref, sigma = lower_half_ref(ref_vals)
         if ref <= 0.0:

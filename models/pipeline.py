@@ -49,7 +49,7 @@ from models.mitigation import Planner
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
 
-STATE_VERSION = 4     # 4: queued telemetry; 3: slotted objects pickled natively
+STATE_VERSION = 5     # 5: windowed evidence; 4: queued telemetry; 3: slotted objects pickled natively
 LINK_PATIENCE_STEPS = 4
 CAUSE_EVERY_STEPS = 3
 TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
@@ -259,8 +259,11 @@ class Detector:
                                          f.data_share, slots)
                 self._causes[(job.job_id, f.key)] = (job.evaluated, cause, rc_ev)
             cause = self.tracker.vote_cause(job.job_id, f.key, cause)
-            action, why = self.planner.plan(f.fault, cause, f.slowdown_pct,
-                                            max(ts - f.onset_ts, 0.0), step_s)
+            if f.imbalance:
+                action, why = self.planner.plan_imbalance(f.slowdown_pct, f.lost_s or 0.0)
+            else:
+                action, why = self.planner.plan(f.fault, cause, f.slowdown_pct,
+                                                max(ts - f.onset_ts, 0.0), step_s, f.lost_s)
             found.append((f, cause, action, why, rc_ev))
         return self.tracker.step(job.job_id, ts, found)
 

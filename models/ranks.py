@@ -37,7 +37,11 @@ class RankState:
     """Baselines and the run of consecutive flagged steps of one rank."""
 
     __slots__ = ("work", "step", "own", "comm", "data", "streak", "cusum", "clear", "onset_ts",
-                 "onset_step", "excess_s", "own_rel", "data_excess_s", "rel", "z", "self_rel")
+                 "onset_step", "excess_s", "own_rel", "data_excess_s", "rel", "z", "self_rel",
+                 "kind", "quiet", "base_job_s", "lost_s", "c_onset_ts", "c_onset_step",
+                 "mean_excess", "mean_z", "mean_n", "recent", "imb", "imb_quiet",
+                 "imb_onset_ts", "imb_onset_step", "imb_rel", "imb_excess_s", "imb_lost_s",
+                 "since_s", "since_n")
 
     def __init__(self) -> None:
         self.work = RollingMedian(BASELINE_WINDOW)
@@ -56,6 +60,27 @@ class RankState:
         self.rel = 0.0
         self.z = 0.0
         self.self_rel = 0.0
+        # An active finding: kind "change" (against its own past) or "far" (far outside
+        # its peers), None while the rank is clean; it ends after ``quiet`` clean steps.
+        self.kind: str | None = None
+        self.quiet = 0             # consecutive steps without evidence
+        self.base_job_s = 0.0      # the job's step time before the onset, seconds
+        self.lost_s = 0.0          # job time lost to it since the onset, seconds
+        self.c_onset_ts = 0.0      # start of the per-step evidence run (cusum > 0)
+        self.c_onset_step = 0
+        self.mean_excess = 0.0     # windowed mean excess (fraction), its z, its window
+        self.mean_z = 0.0
+        self.mean_n = 0
+        self.recent = 0.0          # own work, seconds, smoothed over every step
+        self.imb = False           # a steady imbalance against its peers is recorded
+        self.imb_quiet = 0
+        self.imb_onset_ts = 0.0
+        self.imb_onset_step = 0
+        self.imb_rel = 0.0
+        self.imb_excess_s = 0.0
+        self.imb_lost_s = 0.0
+        self.since_s = 0.0         # the job's step times since the onset: sum, count
+        self.since_n = 0
 
     def observe(self, pos: float, own_s: float, data_s: float, step_s: float,
                 flagged: bool) -> None:

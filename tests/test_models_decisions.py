@@ -115,7 +115,7 @@ def finding(confirmed=True, pct=30.0, fault="slow_rank"):
 
 
 def test_tracker_open_update_resolve_without_flapping():
-    tr = IncidentTracker(resolve_steps=3)
+    tr = IncidentTracker(resolve_steps=3, min_update_s=3.0)
     assert tr.step("j", 11.0, [(finding(confirmed=False), "unknown", "ignore", "", {})]) == []
     opened = tr.step("j", 12.0, [(finding(), "gpu_thermal", "ignore", "why", {})])
     assert [e["status"] for e in opened] == ["open"] and opened[0]["incident_id"] == "j:slow_rank:r5:7"
@@ -145,3 +145,26 @@ def test_severity_rules():
     assert tr.severity("slow_link", 30.0, "unknown") == "info"
     assert tr.severity("slow_rank", 10.0) == "warning"
     assert tr.severity("slow_rank", 25.0) == "critical"
+
+
+def test_updates_are_rate_limited_but_pages_are_not():
+    tr = IncidentTracker(min_update_s=5.0)
+    out = []
+    for k in range(40):       # a slowdown estimate that swings every step, 0.5 s steps
+        pct = 30.0 if k % 2 else 60.0
+        out += tr.step("j", 10.0 + 0.5 * k, [(finding(pct=pct), "gpu_thermal", "ignore", "", {})])
+    ts = [e["ts"] for e in out]
+    assert out[0]["severity"] == "info" and out[1]["severity"] == "critical"
+    assert ts[1] - ts[0] < 5.0                      # the page went out at once
+    assert all(b - a >= 5.0 for a, b in zip(ts[1:], ts[2:], strict=False))
+    assert len(out) <= 2 + 20 / 5
+
+
+def test_a_slowdown_the_planner_ignores_never_pages():
+    tr = IncidentTracker()
+    out = []
+    for k in range(10):
+        f = finding(pct=4.0)
+        f.own_pct = 40.0      # its own work is well above its peers, the job barely slower
+        out += tr.step("j", 10.0 + k, [(f, "unknown", "ignore", "", {})])
+    assert out and {e["severity"] for e in out} == {"info"}

@@ -1,0 +1,365 @@
+"""Evidence that accumulates: a test on each rank's MEAN excess over recent steps.
+
+Per-step scores of own work cannot single out a rank that is steadily 15-50 %
+slower on a noisy job (4 ranks sharing 2 CPU cores: own work varies tens of
+per cent from step to step), yet the mean over a dozen steps does. For every
+rank ``Windows`` keeps the last ``width`` values of a relative-excess series
+(own work over a reference, minus one; NaN where the rank was not judged) and
+``test`` asks, over trailing windows of ``SCALES`` steps, whether the mean
+excess is at least ``delta`` and above ``delta / 2`` by ``z_crit`` standard
+errors of that mean. The standard error is the larger of the per-step noise
+learned from clean steps (``sigma``, many samples) and the window's own sample
+deviation (a fault that comes and goes, a spike inside the window), over
+sqrt(n): a short window needs a large excess, a long one only a moderate one,
+and one spike never confirms anything (its own deviation swamps it).
+
+Everything is numpy over the ranks of a job, once per judged step.
+
+>>> import numpy as np
+>>> w = Windows(width=12)
+>>> rows = w.rows_for([0, 1])
+>>> for k in range(12):
+...     w.push(rows, np.array([0.0, 0.5 + 0.1 * (k % 2)]))
+>>> ok, mean, z, n = w.test(rows, np.array([0.1, 0.1]), delta=0.05, z_crit=4.0)
+>>> ok.tolist(), round(float(mean[1]), 2), int(n[1])
+([False, True], 0.55, 12)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SCALES = (6, 12, 24, 32)     # trailing windows tested, steps
+MIN_FILL = 0.75              # share of a window that must hold values
+# A window's mean may fall this short of ``delta`` and still confirm: a fault of exactly
+# ``delta`` measures within a few per cent of it either way.
+MEAN_FLOOR = 0.9
+RHO_PRIOR, RHO_PRIOR_N, RHO_MAX = 0.3, 20.0, 0.8   # step-to-step correlation prior
+SUSPECT_Z = 2.0              # window z from which a step is not learned
+LEARN_DELAY = 6              # steps a value waits before its noise is learned
+WINSOR = 4.0                 # learned deviations are clipped at this many sigmas
+BLOCK_N = 8                  # steps per block mean whose variance is learned
+LEARN_MIN = 8               # clean steps before a series' noise is trusted
+RHO_ALPHA = 0.03             # noise learning rate (~30 steps of memory)
+UNLEARNED = 2.0              # noise multiplier while none is learned
+POOL_CAP = 1.5               # a rank's noise: at most this times its peers' median
+
+
+class Windows:
+    """The last ``width`` values of one series for every rank of a job."""
+
+    def __init__(self, width: int = 32) -> None:
+        self.width = width
+        self.rows: dict[int, int] = {}
+        self.vals = np.full((0, width), np.nan)
+        # Per row: exponentially weighted mean, variance and lag-1 covariance of the
+        # series over clean steps, and how many steps they learned.
+        self.mom = np.zeros((0, 5))
+
+    def rows_for(self, ranks: list[int]) -> np.ndarray:
+        """Row index of each rank, adding rows for ranks seen for the first time."""
+        new = [r for r in ranks if r not in self.rows]
+        if new:
+            for r in new:
+                self.rows[r] = len(self.rows)
+            grow = np.full((len(self.rows) - self.vals.shape[0], self.width), np.nan)
+            self.vals = np.vstack([self.vals, grow])
+            self.mom = np.vstack([self.mom, np.zeros((grow.shape[0], 5))])
+        return np.fromiter((self.rows[r] for r in ranks), dtype=np.int64, count=len(ranks))
+
+    def push(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """One judged step: ``values`` for ``rows`` (NaN: no value), NaN for the others."""
+        v = self.vals
+        v[:, :-1] = v[:, 1:]
+        v[:, -1] = np.nan
+        v[rows, -1] = values
+
+    def learn(self, rows: np.ndarray, mask: np.ndarray) -> None:
+        """Learn the noise of ``rows`` where ``mask``: its variance, its step-to-step
+        correlation (noise that persists a few steps, a rank that keeps losing the same
+        core, makes a window's mean vary more than independent steps would) and the
+        variance of block means. From the value ``LEARN_DELAY`` steps old: ``mask``
+        says that no drift was suspected since, so a fault's first steps are never
+        taken for noise before the test had a chance to see them."""
+        d = LEARN_DELAY
+        x, y = self.vals[rows, -1 - d], self.vals[rows, -2 - d]
+        ok = mask & ~np.isnan(x) & ~np.isnan(y)
+        r = rows[ok]
+        if not r.size:
+            return
+        m = self.mom[r]
+        a = np.maximum(RHO_ALPHA, 1.0 / (m[:, 3] + 1.0))    # a plain mean while few
+        # Winsorized at WINSOR noise sigmas once known: the first steps of a fault (or a
+        # one-off pause) must not pass for noise and mask the steps that follow.
+        known = m[:, 3] >= LEARN_MIN
+        cap = np.where(known, WINSOR * np.sqrt(np.maximum(m[:, 1], 0.0)), np.inf)
+        dx = np.clip(x[ok] - m[:, 0], -cap, cap)
+        dy = np.clip(y[ok] - m[:, 0], -cap, cap)
+        mu = m[:, 0] + a * dx
+        m[:, 1] += a * (dx ** 2 - m[:, 1])
+        m[:, 2] += a * (dx * dy - m[:, 2])
+        m[:, 0] = mu
+        # The variance of a BLOCK_N-step mean, measured: whatever the correlation
+        # structure of the noise (persistent contention plus white reference noise),
+        # this is what a window's mean really does on a clean rank.
+        cnt, mean, _ = self.stats(r, BLOCK_N, d)
+        full = cnt >= MIN_FILL * BLOCK_N
+        bcap = np.where(known, WINSOR * np.sqrt(np.maximum(m[:, 4], 0.0)), np.inf)
+        db = np.clip(mean - mu, -bcap, bcap)
+        m[:, 4] += np.where(full, a * (db ** 2 - m[:, 4]), 0.0)
+        m[:, 3] += 1
+        self.mom[r] = m
+
+    def inflation(self, rows: np.ndarray, n: int) -> np.ndarray:
+        """Variance of an ``n``-step mean over that of independent steps, for AR(1)
+        noise with each row's learned correlation (shrunk to a prior while few steps
+        were learned): 1 + 2 sum_k (1 - k/n) rho^k."""
+        m = self.mom[rows]
+        rho = np.where(m[:, 1] > 0, m[:, 2] / np.maximum(m[:, 1], 1e-12), 0.0)
+        rho = (m[:, 3] * rho + RHO_PRIOR_N * RHO_PRIOR) / (m[:, 3] + RHO_PRIOR_N)
+        rho = np.clip(rho, 0.0, RHO_MAX)
+        k = np.arange(1, n)
+        return 1.0 + 2.0 * ((1.0 - k / n) * rho[:, None] ** k).sum(axis=1)
+
+    def learned(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each row's noise is known: learned over enough clean steps, its own
+        or (``_pooled``) that of three or more peers."""
+        known = self.mom[:, 3] >= LEARN_MIN
+        return known[rows] | (known.sum() >= 3)
+
+    def _pooled(self, rows: np.ndarray, col: int) -> np.ndarray:
+        """Column ``col`` of the learned moments of ``rows``, at most POOL_CAP times the
+        median over the job's rows: ranks doing the same work have about the same
+        noise, and a fault that slipped into one rank's estimate cannot blind it."""
+        m = self.mom
+        known = m[:, 3] >= LEARN_MIN
+        own = np.where(known[rows], np.maximum(m[rows, col], 0.0), 0.0)
+        if known.sum() >= 3:
+            # A rank whose noise is not learned yet (new, or slow since before it
+            # could be) takes its peers'.
+            pool = float(np.median(m[known, col]))
+            own = np.where(known[rows], np.minimum(own, POOL_CAP ** 2 * pool), pool)
+        return own
+
+    def noise(self, rows: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+        """Per-step noise of the series: the larger of ``sigma`` (robust, from the
+        caller) and the standard deviation learned over clean steps, tails included
+        (a mean feels every spike that a robust sigma ignores). Until one is learned,
+        twice ``sigma``: a robust sigma misses the tails of noisy jobs."""
+        learned = self._pooled(rows, 1)
+        return np.where(learned > 0, np.maximum(sigma, np.sqrt(learned)), UNLEARNED * sigma)
+
+    def mean_se(self, rows: np.ndarray, sigma: np.ndarray, sd: np.ndarray, cnt: np.ndarray,
+                n: int) -> np.ndarray:
+        """Standard error of an ``n``-step mean: per-step noise (``sigma`` or the
+        window's own ``sd``) inflated for step-to-step correlation, or the measured
+        variance of BLOCK_N-step means scaled to n steps, whichever is larger."""
+        se = np.maximum(sigma, sd) * np.sqrt(self.inflation(rows, n) / np.maximum(cnt, 1))
+        return np.maximum(se, np.sqrt(self._pooled(rows, 4) * BLOCK_N / n))
+
+    def stats(self, rows: np.ndarray, n: int, skip: int = 0
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(count, mean, sample std) of the last ``n`` values of ``rows`` (before the
+        newest ``skip``)."""
+        w = self.vals[rows, -n - skip:self.width - skip]
+        ok = ~np.isnan(w)
+        cnt = ok.sum(axis=1)
+        x = np.where(ok, w, 0.0)
+        c = np.maximum(cnt, 1)
+        mean = x.sum(axis=1) / c
+        var = np.where(ok, (w - mean[:, None]) ** 2, 0.0).sum(axis=1) / np.maximum(cnt - 1, 1)
+        return cnt, mean, np.sqrt(var)
+
+    def test(self, rows: np.ndarray, sigma: np.ndarray, delta: float, z_crit: float,
+             scales: tuple[int, ...] = SCALES) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per row: (confirmed, mean excess, z, window) of the best trailing window,
+        ``z = (mean - delta / 2) / (max(sigma, sample std) / sqrt(count))``;
+        confirmed where some window holds mean >= 0.9 delta and z >= z_crit."""
+        k = rows.size
+        best_z = np.full(k, -np.inf)
+        best_m = np.zeros(k)
+        best_n = np.zeros(k, dtype=np.int64)
+        ok = np.zeros(k, dtype=bool)
+        sigma = self.noise(rows, sigma)
+        for n in scales:
+            if n > self.width:
+                break
+            cnt, mean, sd = self.stats(rows, n)
+            se = self.mean_se(rows, sigma, sd, cnt, n)
+            z = np.where(cnt >= MIN_FILL * n, (mean - delta / 2) / np.maximum(se, 1e-9), -np.inf)
+            hit = (z >= z_crit) & (mean >= MEAN_FLOOR * delta)
+            # The confirming window wins over a longer, stronger-looking one that did not.
+            take = (hit & ~ok) | ((hit == ok) & (z > best_z))
+            best_z = np.where(take, z, best_z)
+            best_m = np.where(take, mean, best_m)
+            best_n = np.where(take, n, best_n)
+            ok |= hit
+        return ok, best_m, best_z, best_n
+
+    def present(self, rows: np.ndarray, sigma: np.ndarray, delta: float) -> np.ndarray:
+        """Still there: over the last 8, 16 or 32 steps the mean excess is at least
+        ``delta / 2`` and one standard error above zero. Looser than ``test``, so an
+        open incident outlives noisy steps, and clears once most of a window is clean."""
+        out = np.zeros(rows.size, dtype=bool)
+        sigma = self.noise(rows, sigma)
+        for n in (8, 16, 32):
+            cnt, mean, sd = self.stats(rows, n)
+            se = self.mean_se(rows, sigma, sd, cnt, n)
+            out |= (cnt >= MIN_FILL * n) & (mean >= delta / 2) & (mean >= se)
+        return out
+
+    def onset_back(self, row: int, mean: float) -> int:
+        """Steps back (1 = the newest step) where a shift to ``mean`` most likely began:
+        the start of the suffix maximizing the sum of (value - mean / 2), the classic
+        CUSUM change-point estimate, over the whole window."""
+        v = self.vals[row]
+        gain = np.where(np.isnan(v), 0.0, v - mean / 2)
+        suffix = np.cumsum(gain[::-1])       # suffix[j]: sum of the newest j + 1 values
+        return int(np.argmax(suffix)) + 1
+
+
+@dataclass
+class Verdict:
+    """One step's evidence, arrays over the step's ranks (see ``RankEvidence.judge``)."""
+
+    inc: np.ndarray           # per-step evidence increment (z-units) of the fast path
+    weak: np.ndarray          # weakly above its own past this step
+    confirmed: np.ndarray     # a windowed test confirmed (own past, or far from peers)
+    self_driven: np.ndarray   # the evidence is a change against its own past
+    present: np.ndarray       # evidence still there (keeps a finding alive)
+    suspect: np.ndarray       # possibly drifting: learn nothing from this step
+    back: np.ndarray          # steps back to the estimated onset
+    warm: np.ndarray          # its own past is learned
+    imbalance: np.ndarray     # steadily off its peers with no change of its own
+    imb_present: np.ndarray
+    peer_mean: np.ndarray     # mean excess over peers, the longest window
+    peer_n: np.ndarray
+    mean: np.ndarray          # the best window's mean excess, its z, its length
+    z: np.ndarray
+    n: np.ndarray
+
+
+class RankEvidence:
+    """The evidence of every rank of one job, step after step.
+
+    Two series per rank: ``rel`` (own work over its peers' reference, minus one;
+    peers are the ranks of the same pipeline stage, none for a rank alone in its
+    stage) and ``rel2`` (its position against the job over its own usual, minus
+    one; only once its own past is learned). Three ways to stand out:
+
+    - a change against its own past: the mean of ``rel2`` at least ``min_rel``
+      (``Windows.test``), or per-step z-scores that accumulate fast (a CUSUM,
+      for large excesses: two or three steps);
+    - far outside its peers, whatever step it began: the mean of ``rel`` at
+      least ``far_rel`` (see ``JobConfig``);
+    - a steady imbalance: the mean of ``rel`` at least ``min_rel`` over the
+      whole window with no change against its own past: recorded, never paged.
+
+    A rank whose excess in seconds is under ``min_rel / 2`` of the job's step
+    time cannot have slowed the job by ``min_rel``: a victim whose own work
+    collapsed while it waited (its noise is large against a collapsed
+    reference) never stands out.
+    """
+
+    def __init__(self, cfg: Any, width: int = 32) -> None:
+        self.cfg = cfg
+        self.peer = Windows(width)
+        self.own = Windows(width)
+        self.calm = np.zeros(0, dtype=np.int64)   # per row: steps clean and unsuspected
+
+    def onset_back(self, row: int, lo: float, shift: float | None) -> int:
+        """Steps back to the most likely start of the rank's excess (log ``shift``, or
+        the last 6 steps' mean): on its own-past series where it has one (a change),
+        else on its peer series."""
+        w = self.own if (~np.isnan(self.own.vals[row, -6:])).sum() >= 3 else self.peer
+        if shift is None:
+            _, recent, _ = w.stats(np.array([row]), 6)
+            shift = float(recent[0])
+        return w.onset_back(row, max(shift, lo))
+
+    def judge(self, ranks: list[int], rel: np.ndarray, z: np.ndarray, rel2: np.ndarray,
+              z2: np.ndarray, sig2: np.ndarray, peers: np.ndarray, warm: np.ndarray,
+              early: bool, recent: np.ndarray, job_s: float, floor: float,
+              clean: np.ndarray) -> Verdict:
+        cfg = self.cfg
+        k = cfg.z_min / 2
+        nan = np.nan
+        rows = self.peer.rows_for(ranks)
+        self.own.rows_for(ranks)                    # the same rows: ranks come in order
+        # Per step: only an excess of at least min_rel (far_rel against peers) counts
+        # in full, and one step adds at most z_min, so a confirmation (cusum >= 2 z_min)
+        # always spans two steps or more.
+        sig_p = np.where(warm, sig2, floor)
+        lrel = np.log1p(np.maximum(rel, -0.9))
+        lrel2 = np.log1p(np.maximum(rel2, -0.9))
+        # A step counts in noise units of the larger of the peers' spread and the
+        # rank's own step-to-step spread, tails included (known once its past is).
+        z = np.where(warm, np.minimum(z, lrel / np.maximum(self.peer.noise(rows, sig_p), 1e-9)),
+                     np.minimum(z, k))
+        z2 = np.minimum(z2, lrel2 / np.maximum(self.own.noise(rows, sig2), 1e-9))
+        zp = np.where((rel >= cfg.far_rel) & peers, z, np.minimum(z, k))
+        zs = np.where(rel2 >= cfg.min_rel, z2, np.minimum(z2, k))
+        inc = np.minimum(np.maximum(zp, zs), cfg.z_min + k) - k
+        top = np.maximum(np.maximum(rel, rel2), 0.0)
+        gate = recent * top / (1.0 + top) >= cfg.min_rel / 2 * job_s
+        inc = np.where(gate & (not early), inc, np.minimum(inc, 0.0))
+        # The windows hold log(1 + excess): own work is a product of factors (clock,
+        # contention, input), so its noise is about symmetric in log, not in ratio.
+        self.peer.push(rows, np.where(peers & (not early), lrel, nan))
+        self.own.push(rows, np.where(warm, lrel2, nan))
+
+        def share(m: np.ndarray) -> np.ndarray:
+            m = np.maximum(m, 0.0)
+            return recent * m / (1.0 + m) >= cfg.min_rel / 2 * job_s
+
+        lo, far = math.log1p(cfg.min_rel), math.log1p(cfg.far_rel)
+        zc = cfg.z_min + 1.0       # several windows are tested each step: a stricter bar
+        ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc)
+        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc)
+        # Imbalance never pages: the plain bar, over the whole window.
+        ok_i, m_i, _, n_i = self.peer.test(rows, sig_p, lo, cfg.z_min, scales=(self.peer.width,))
+        m_s, m_f, m_i = np.expm1(m_s), np.expm1(m_f), np.expm1(m_i)
+        ok_s &= share(m_s)
+        ok_f &= share(m_f)
+        ok_i &= self.peer.learned(rows)
+        # Steps where the rank may be drifting away (a window's mean stands two
+        # standard errors above the allowance) teach neither its noise nor its baseline:
+        # a slow fault that has not confirmed yet must not pass for noise.
+        # Only a drift against its own past: a rank always that far from its peers
+        # still has a noise to learn, around its offset.
+        suspect = z_s >= SUSPECT_Z
+        if self.calm.size < len(self.peer.rows):
+            self.calm = np.concatenate([self.calm, np.zeros(len(self.peer.rows) - self.calm.size,
+                                                            dtype=np.int64)])
+        calm = np.where(clean & ~suspect, self.calm[rows] + 1, 0)
+        self.calm[rows] = calm
+        learn = calm > LEARN_DELAY
+        self.peer.learn(rows, learn)
+        self.own.learn(rows, learn)
+        own_present = self.own.present(rows, sig2, lo)
+        present = own_present | self.peer.present(rows, sig_p, far)
+        confirmed = ok_s | ok_f
+        back = np.zeros(rows.size, dtype=np.int64)
+        for i in np.flatnonzero(confirmed | (inc > 0)):
+            # The shift is the confirming window's mean (the last steps' for the fast path).
+            shift = np.log1p(m_s[i]) if ok_s[i] else np.log1p(m_f[i]) if ok_f[i] else None
+            back[i] = self.onset_back(int(rows[i]), lo, shift)
+        mean = np.where(ok_s | ~ok_f, m_s, m_f)
+        # A change against its own past, or a rank that has always been that far out:
+        # over the last steps, is its excess over its own past like that over its peers?
+        _, own4, _ = self.own.stats(rows, 4)
+        _, own32, _ = self.own.stats(rows, self.own.width)   # no change of that size
+        _, peer4, _ = self.peer.stats(rows, 4)
+        self_driven = ok_s | (own4 >= 0.5 * np.maximum(peer4, lo))
+        return Verdict(inc=inc, weak=(rel2 >= cfg.min_rel / 2) & (z2 >= k),
+                       confirmed=confirmed, self_driven=self_driven, present=present,
+                       suspect=suspect,
+                       back=back, warm=warm,
+                       imbalance=ok_i & share(m_i) & warm & ~confirmed & (own32 < MEAN_FLOOR * lo),
+                       imb_present=self.peer.present(rows, sig_p, cfg.min_rel),
+                       peer_mean=m_i, peer_n=n_i, mean=mean,
+                       z=np.where(ok_s | ~ok_f, z_s, z_f), n=np.where(ok_s | ~ok_f, n_s, n_f))

@@ -1,0 +1,133 @@
+"""Localization of one judged step: the ranks that stand out become findings, grouped
+by host (every rank of a multi-rank host -> ``slow_host``, else ``slow_rank``), plus
+the info-level imbalance records (``models.job``: a rank steadily off its peers
+from the start is the layout, not a fail-slow)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from models.alignment import Collective, lags
+from models.findings import Finding
+from models.stats import median
+
+if TYPE_CHECKING:
+    from models.job import JobState
+
+HOLD_STEPS = 4     # how long a possible host fault may hold single-rank verdicts
+IMBALANCE_ADVICE = ("steady since the job's first steps: the layout, not a fail-slow; "
+                    "rebalance micro-batches / stages, or move the rank to a faster GPU")
+
+
+def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.ndarray,
+             ranks: list[int], colls: list[Collective]) -> list[Finding]:
+    """Group present culprits: all ranks of a multi-rank host -> slow_host, else slow_rank."""
+    if not culprits:
+        return []
+    per_host: dict[str, list[int]] = {}
+    for r, h in job.rank_host.items():
+        per_host.setdefault(h, []).append(r)
+    out = []
+    left = set(culprits)
+    for h, members in per_host.items():
+        if len(members) < 2:
+            continue
+        whole = all(m in left for m in members)
+        # A host fault drains from its ranks unevenly: while it was seen lately,
+        # its remaining ranks keep the host finding alive, never open rank ones.
+        draining = not whole and s - job.host_seen.get(h, -10**9) <= 2 * HOLD_STEPS \
+            and any(m in left for m in members)
+        if whole or draining:
+            if whole:
+                job.host_seen[h] = s
+            members = [m for m in members if m in left] if draining else members
+            sts = [job.ranks[m] for m in members]
+            excess = median([st.excess_s for st in sts])
+            data_ex = median([st.data_excess_s for st in sts])
+            out.append(Finding(
+                key=f"slow_host:{h}", fault="slow_host",
+                confirmed=whole and sum(st.streak > 0 for st in sts) * 2 >= len(sts),
+                onset_ts=min(st.onset_ts for st in sts),
+                onset_step=min(st.onset_step for st in sts),
+                slowdown_pct=_pct(excess, job_s), host=h, hosts=[h],
+                own_pct=100.0 * median([st.own_rel for st in sts]),
+                gpus=[(h, job.rank_gpu[m]) for m in members if m in job.rank_gpu],
+                data_share=_share(data_ex, excess),
+                lost_s=max(st.lost_s for st in sts), world=job.world,
+                evidence={"ranks": sorted(members),
+                          "work_excess_s": round(excess, 4),
+                          "rel_to_peers": round(median([st.rel for st in sts]), 3),
+                          "rel_to_own_past": round(median([st.self_rel for st in sts]), 3)}))
+            left -= set(members)
+    # Half or more of a host rising together, not all of it yet: likely a host
+    # fault still spreading over its ranks, so hold the single-rank verdicts for
+    # a few steps.
+    held = {m for members in per_host.values() if len(members) >= 2
+            and 2 * sum(m in left or (m in job.ranks and job.ranks[m].cusum > 0)
+                        for m in members) >= len(members)
+            for m in members if m in left and s - job.ranks[m].onset_step < HOLD_STEPS}
+    pos = {r: i for i, r in enumerate(ranks)}
+    late = lags(colls) if left else {}
+    for r in sorted(left):
+        st = job.ranks[r]
+        rh = job.rank_host.get(r)
+        g = job.rank_gpu.get(r)
+        i = pos.get(r)
+        out.append(Finding(
+            key=f"slow_rank:r{r}", fault="slow_rank",
+            confirmed=st.streak > 0 and r not in held,
+            onset_ts=st.onset_ts, onset_step=st.onset_step,
+            slowdown_pct=job.slowdown_pct(st), own_pct=100.0 * st.own_rel, rank=r,
+            host=rh, gpu=g,
+            hosts=[rh] if rh else [],
+            gpus=[(rh, g)] if rh is not None and g is not None else [],
+            data_share=_share(st.data_excess_s, st.excess_s),
+            lost_s=st.lost_s, world=job.world,
+            evidence={"work_excess_s": round(st.excess_s, 4),
+                      "rel_to_peers": round(st.rel, 3), "z_to_peers": round(st.z, 1),
+                      "rel_to_own_past": round(st.self_rel, 3),
+                      "mean_excess": round(st.mean_excess, 3),
+                      "mean_excess_z": round(st.mean_z, 1),
+                      "mean_excess_steps": st.mean_n,
+                      "evidence": st.kind,
+                      "baseline_step_s": round(st.base_job_s, 4),
+                      "perf_vs_best": round(float(perf[i]), 3) if i is not None else None,
+                      "arrival_lag_s": round(late.get(r, 0.0), 4) if i is not None else None,
+                      "evidence_z": round(st.cusum, 1),
+                      "own_usual_position": round(st.work.median, 4),
+                      "own_usual_s": st.usual()}))
+    return out
+
+
+def imbalances(job: JobState, ranks: list[int], job_s: float) -> list[Finding]:
+    """Info-level records of ranks steadily off their peers since the start."""
+    out = []
+    for r in ranks:
+        st = job.ranks[r]
+        if not st.imb:
+            continue
+        rh = job.rank_host.get(r)
+        g = job.rank_gpu.get(r)
+        cost = _pct(st.imb_excess_s, job_s)
+        out.append(Finding(
+            key=f"imbalance:r{r}", fault="slow_rank", confirmed=True,
+            onset_ts=st.imb_onset_ts, onset_step=st.imb_onset_step,
+            slowdown_pct=cost, own_pct=100.0 * st.imb_rel, rank=r, host=rh, gpu=g,
+            hosts=[rh] if rh else [], gpus=[(rh, g)] if rh is not None and g is not None else [],
+            lost_s=st.imb_lost_s, world=job.world, imbalance=True,
+            evidence={"imbalance": True, "rel_to_peers": round(st.imb_rel, 3),
+                      "work_excess_s": round(st.imb_excess_s, 4),
+                      "cost_pct": round(cost, 2), "advice": IMBALANCE_ADVICE}))
+    return out
+
+
+def _pct(excess_s: float, job_s: float) -> float:
+    """Job step-time increase caused by ``excess_s`` extra seconds on the critical path."""
+    base = job_s - excess_s
+    return 100.0 * excess_s / base if base > 0 and excess_s > 0 else 0.0
+
+
+def _share(part: float, whole: float) -> float:
+    return min(max(part / whole, 0.0), 1.0) if whole > 0 else 0.0
