@@ -30,6 +30,7 @@ from alerting.dispatch import Backoff, Dispatcher
 from alerting.outbox import Outbox
 from alerting.router import Policy, Router
 from schema import Topics, decode_lenient, encode_deadletter
+from schema.kafka_security import client_conf
 
 log = logging.getLogger("failslow.alerting")
 
@@ -71,10 +72,11 @@ class NotifyService:
     def _consumer_config(self) -> dict[str, Any]:
         # Tansu answers JoinGroup after half the session timeout and holds every
         # fetch for the full max wait: keep both short.
-        return {"bootstrap.servers": self.bootstrap, "group.id": self.group_id,
-                "enable.auto.commit": False, "auto.offset.reset": self.offset_reset,
-                "session.timeout.ms": 3000, "heartbeat.interval.ms": 500,
-                "fetch.wait.max.ms": 100, **self.kafka_config}
+        return client_conf(self.bootstrap, {
+            "group.id": self.group_id,
+            "enable.auto.commit": False, "auto.offset.reset": self.offset_reset,
+            "session.timeout.ms": 3000, "heartbeat.interval.ms": 500,
+            "fetch.wait.max.ms": 100, **self.kafka_config})
 
     def run(self, stop: threading.Event) -> None:
         """Consume and deliver until ``stop`` is set; then deliver what is due for up to
@@ -84,7 +86,7 @@ class NotifyService:
         router = Router(self.policy, self.notifiers, outbox.load_incidents())
         dispatcher = Dispatcher(outbox, self.notifiers, self.backoff, clock=self.clock)
         consumer = Consumer(self._consumer_config())
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+        producer = Producer(client_conf(self.bootstrap, {"linger.ms": 5}))
         consumer.subscribe([self.topics.for_kind("incident")])
         pending = outbox.pending()
         if pending:

@@ -43,6 +43,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from collectors.spool import Record, Spool
 from failslow.errors import FailslowError
 from schema import Topics, encode
+from schema.kafka_security import client_conf
 from schema.topics import key_for
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,7 @@ class Publisher:
             raise PublisherError(f"batch_events must be >= 1, not {batch_events}")
         self.topics = topics or Topics()
         self.batch_events = batch_events
-        conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
+        conf: dict[str, Any] = client_conf(bootstrap, {
             "compression.type": compression,
             "linger.ms": linger_ms,
             "message.timeout.ms": int(delivery_timeout_s * 1000),
@@ -96,7 +96,7 @@ class Publisher:
             # librdkafka's own info lines repeat every reconnect while a broker is down;
             # error_cb reports each new problem once instead.
             "log_level": 4,
-        }
+        })
         conf.update(config or {})
         try:
             self._producer = Producer(conf)

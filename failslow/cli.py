@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except FailslowError as exc:
-        print(f"failslow {args.command}: {exc}", file=sys.stderr)
+        from storage.url import mask
+
+        print(f"failslow {args.command}: {mask(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

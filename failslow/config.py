@@ -13,6 +13,10 @@ from pathlib import Path
 
 import orjson
 
+from failslow.errors import ConfigError
+from schema import kafka_security
+from schema.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity, KafkaSecurityError
+
 DEFAULT_PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 STATE_FILE = "stack.json"
 
@@ -27,6 +31,10 @@ class Settings:
     pagerduty_routing_key: str | None = field(default=None, repr=False)
     pagerduty_url: str = DEFAULT_PAGERDUTY_URL
     webhook_url: str | None = field(default=None, repr=False)
+    kafka: KafkaSecurity = field(default_factory=KafkaSecurity)
+    clickhouse_password: str | None = field(default=None, repr=False)
+    clickhouse_ca_file: str | None = None
+    clickhouse_verify: bool = True
 
 
 def add_connection_flags(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +43,36 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--home", help="state of the embedded stack [FAILSLOW_HOME, ~/.failslow]")
     g.add_argument("--bootstrap", help="Kafka bootstrap servers [FAILSLOW_BOOTSTRAP]")
     g.add_argument("--topic-prefix", help="topic prefix [FAILSLOW_TOPIC_PREFIX, failslow.]")
-    g.add_argument("--clickhouse", help="clickhouse://user:pw@host:9000/db or chdb:///folder "
-                   "[FAILSLOW_CLICKHOUSE]")
+    g.add_argument("--clickhouse", help="clickhouse://user@host:9000/db, clickhouses://... "
+                   "(TLS) or chdb:///folder [FAILSLOW_CLICKHOUSE]")
+    g.add_argument("--clickhouse-password-file", metavar="FILE",
+                   help="file holding the ClickHouse password [FAILSLOW_CLICKHOUSE_PASSWORD_FILE; "
+                   "or FAILSLOW_CLICKHOUSE_PASSWORD]")
+    g.add_argument("--clickhouse-ca-file", metavar="FILE",
+                   help="CA bundle for ClickHouse TLS [FAILSLOW_CLICKHOUSE_CA_FILE, system CAs]")
+    g.add_argument("--clickhouse-no-verify", action="store_true", default=None,
+                   help="do not verify the ClickHouse server certificate "
+                   "[FAILSLOW_CLICKHOUSE_VERIFY=0]")
+    k = parser.add_argument_group("Kafka security (flags override FAILSLOW_KAFKA_* variables)")
+    k.add_argument("--kafka-security-protocol", choices=PROTOCOLS, metavar="PROTO",
+                   help="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL "
+                   "[FAILSLOW_KAFKA_SECURITY_PROTOCOL; inferred from the settings below]")
+    k.add_argument("--kafka-ca-file", metavar="FILE",
+                   help="CA bundle for the brokers' certificates; turns TLS on "
+                   "[FAILSLOW_KAFKA_CA_FILE]")
+    k.add_argument("--kafka-cert-file", metavar="FILE",
+                   help="client certificate (PEM) for mutual TLS [FAILSLOW_KAFKA_CERT_FILE]")
+    k.add_argument("--kafka-key-file", metavar="FILE",
+                   help="client private key (PEM) [FAILSLOW_KAFKA_KEY_FILE]")
+    k.add_argument("--kafka-no-verify-hostname", action="store_true", default=None,
+                   help="accept a broker certificate issued for another name "
+                   "[FAILSLOW_KAFKA_VERIFY_HOSTNAME=0]")
+    k.add_argument("--kafka-sasl-mechanism", choices=MECHANISMS, metavar="MECH",
+                   help="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 [FAILSLOW_KAFKA_SASL_MECHANISM]")
+    k.add_argument("--kafka-username", help="SASL user [FAILSLOW_KAFKA_USERNAME]")
+    k.add_argument("--kafka-password-file", metavar="FILE",
+                   help="file holding the SASL password [FAILSLOW_KAFKA_PASSWORD_FILE; "
+                   "or FAILSLOW_KAFKA_PASSWORD]")
 
 
 def read_stack_state(home: Path) -> dict | None:
@@ -60,6 +96,35 @@ def resolve(args: argparse.Namespace | None = None, env: dict[str, str] | None =
         state = read_stack_state(home)
         bootstrap = f"127.0.0.1:{state['port']}" if state else "127.0.0.1:9092"
     clickhouse = pick("clickhouse", "FAILSLOW_CLICKHOUSE") or f"chdb://{home / 'chdb'}"
+
+    def secret(flag: str, var: str) -> str | None:
+        path = pick(flag, var + "_FILE")
+        if path:
+            try:
+                return Path(path).expanduser().read_text().rstrip("\r\n")
+            except OSError as exc:
+                raise ConfigError(f"cannot read {var}_FILE {path}: {exc.strerror}") from None
+        return env.get(var) or None
+
+    def flag_off(flag: str, var: str) -> bool:
+        if args is not None and getattr(args, flag, None):
+            return True
+        return env.get(var, "1").strip().lower() in ("0", "false", "no", "off")
+
+    try:
+        kafka = KafkaSecurity(
+            protocol=pick("kafka_security_protocol", "FAILSLOW_KAFKA_SECURITY_PROTOCOL"),
+            ca_file=pick("kafka_ca_file", "FAILSLOW_KAFKA_CA_FILE"),
+            cert_file=pick("kafka_cert_file", "FAILSLOW_KAFKA_CERT_FILE"),
+            key_file=pick("kafka_key_file", "FAILSLOW_KAFKA_KEY_FILE"),
+            verify_hostname=not flag_off("kafka_no_verify_hostname", "FAILSLOW_KAFKA_VERIFY_HOSTNAME"),
+            sasl_mechanism=pick("kafka_sasl_mechanism", "FAILSLOW_KAFKA_SASL_MECHANISM"),
+            username=pick("kafka_username", "FAILSLOW_KAFKA_USERNAME"),
+            password=secret("kafka_password_file", "FAILSLOW_KAFKA_PASSWORD"))
+    except KafkaSecurityError as exc:
+        raise ConfigError(str(exc)) from None
+    # Every Kafka client of this process builds its configuration from it.
+    kafka_security.use(kafka)
     return Settings(
         home=home,
         bootstrap=bootstrap,
@@ -69,4 +134,30 @@ def resolve(args: argparse.Namespace | None = None, env: dict[str, str] | None =
         pagerduty_routing_key=env.get("FAILSLOW_PAGERDUTY_ROUTING_KEY") or None,
         pagerduty_url=env.get("FAILSLOW_PAGERDUTY_URL") or DEFAULT_PAGERDUTY_URL,
         webhook_url=env.get("FAILSLOW_WEBHOOK_URL") or None,
+        kafka=kafka,
+        clickhouse_password=secret("clickhouse_password_file", "FAILSLOW_CLICKHOUSE_PASSWORD"),
+        clickhouse_ca_file=pick("clickhouse_ca_file", "FAILSLOW_CLICKHOUSE_CA_FILE"),
+        clickhouse_verify=not flag_off("clickhouse_no_verify", "FAILSLOW_CLICKHOUSE_VERIFY"),
     )
+
+
+def clickhouse_url(settings: Settings) -> str:
+    """FAILSLOW_CLICKHOUSE with the TLS and password settings folded in (storage.url
+    reads them back from the query string); the result holds the password: never print it."""
+    from urllib.parse import urlencode, urlsplit
+
+    url = settings.clickhouse
+    if url.startswith("chdb:"):
+        return url
+    extra = {}
+    if settings.clickhouse_password is not None:
+        extra["password"] = settings.clickhouse_password
+    if settings.clickhouse_ca_file:
+        extra["ca_certs"] = settings.clickhouse_ca_file
+    if not settings.clickhouse_verify:
+        extra["verify"] = "0"
+    if not extra:
+        return url
+    sep = "&" if urlsplit(url).query else "?"
+    return url + sep + urlencode(extra)
+

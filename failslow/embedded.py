@@ -16,6 +16,7 @@ from pathlib import Path
 from failslow import stack
 from failslow.config import Settings, read_stack_state
 from schema import Topics
+from storage.url import mask
 
 
 def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> dict:
@@ -26,7 +27,7 @@ def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> di
     try:
         stack.create_topics(broker.bootstrap, Topics(settings.topic_prefix), partitions)
         state = {"pid": broker.pid, "port": broker.port, "topic_prefix": settings.topic_prefix,
-                 "clickhouse": settings.clickhouse, "started_ts": time.time()}
+                 "clickhouse": mask(settings.clickhouse), "started_ts": time.time()}
         stack.write_state(home, state)
         if settings.clickhouse.startswith("chdb://"):
             db_pid = _start_db_owner(settings, broker.bootstrap, home)

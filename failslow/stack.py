@@ -20,6 +20,7 @@ from typing import Any
 
 from failslow.errors import FailslowError
 from schema import Topics
+from schema.kafka_security import client_conf
 
 
 class StackError(FailslowError):
@@ -68,7 +69,7 @@ def wait_for_metadata(bootstrap: str, timeout: float = 20.0) -> None:
     from confluent_kafka.admin import AdminClient
 
     deadline = time.monotonic() + timeout
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 1000})
+    admin = AdminClient(client_conf(bootstrap, {"socket.timeout.ms": 1000}))
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
@@ -85,7 +86,7 @@ def create_topics(bootstrap: str, topics: Topics, partitions: int = 4) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_conf(bootstrap))
     new = [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in topics.all()]
     for name, fut in admin.create_topics(new, operation_timeout=10, request_timeout=15).items():
         try:
@@ -176,9 +177,13 @@ def start_broker(port: int | None = None, log_path: Path | None = None,
 def write_state(home: Path, state: dict) -> None:
     import orjson
 
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = home / "stack.json.tmp"
-    tmp.write_bytes(orjson.dumps(state, option=orjson.OPT_INDENT_2))
+    tmp.unlink(missing_ok=True)
+    # 0600 from the start: the file names the stack's processes and its database.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(orjson.dumps(state, option=orjson.OPT_INDENT_2))
     tmp.replace(home / "stack.json")
 
 

@@ -45,13 +45,15 @@ class Client(Protocol):
     def close(self) -> None: ...
 
 
-def connect(url: str, *, own: bool = False) -> Client:
-    """Open a client for a ``chdb:///folder`` or ``clickhouse://user:pw@host:port/db`` URL."""
+def connect(url: str, *, own: bool = False, settings: dict[str, Any] | None = None) -> Client:
+    """Open a client for a ``chdb:///folder`` or ``clickhouse://user:pw@host:port/db`` URL.
+    ``settings`` go with every query of the server transport (chdb takes them in the SQL:
+    ``storage.guard.readonly_sql``)."""
     parsed = parse(url)
     if parsed.scheme == "clickhouse":
         from storage.native import NativeClient
 
-        return NativeClient(parsed)
+        return NativeClient(parsed, settings=settings)
     assert parsed.path is not None
     if not own and open_path() != parsed.path:
         from storage.serve import RemoteClient, find_owner

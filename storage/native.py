@@ -28,8 +28,10 @@ class NativeClient:
     """clickhouse-driver client for one database; connects lazily on first use."""
 
     def __init__(self, url: ClickHouseURL, connect_timeout_s: float = 5.0,
-                 send_receive_timeout_s: float = 60.0):
+                 send_receive_timeout_s: float = 60.0, settings: dict[str, Any] | None = None):
+        """``settings``: ClickHouse settings sent with every query (``readonly``: 1)."""
         self.url = url
+        self.settings = dict(settings or {})
         self.database = url.database
         self._timeouts = (connect_timeout_s, send_receive_timeout_s)
         self._driver = self._make_driver(url.database)
@@ -38,10 +40,15 @@ class NativeClient:
         from clickhouse_driver import Client
 
         connect_s, io_s = self._timeouts
+        tls: dict[str, Any] = {}
+        if self.url.secure:
+            tls = {"secure": True, "verify": self.url.verify}
+            if self.url.ca_certs:
+                tls["ca_certs"] = self.url.ca_certs
         return Client(host=self.url.host, port=self.url.port, user=self.url.user,
                       password=self.url.password, database=database,
                       connect_timeout=connect_s, send_receive_timeout=io_s,
-                      settings={"server_side_params": True})
+                      settings={"server_side_params": True, **self.settings}, **tls)
 
     def _call(self, sql: str, data: Any = None, **kwargs: Any) -> Any:
         from clickhouse_driver import errors

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from schema import Topics, decode_lenient, encode_deadletter
+from schema.kafka_security import client_conf
 from storage.client import Client
 from storage.errors import StorageError
 from storage.migrations import migrate
@@ -42,10 +43,11 @@ ERROR_LIMIT = 2000  # characters of joined error text kept per dead letter
 def consumer_config(bootstrap: str, group_id: str) -> dict[str, Any]:
     """librdkafka settings that work on Tansu (MEASURED.md): short session (Tansu answers
     JoinGroup after half of it), 100 ms fetch wait (Tansu holds a fetch for the full wait)."""
-    return {"bootstrap.servers": bootstrap, "group.id": group_id,
-            "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "session.timeout.ms": 3000, "heartbeat.interval.ms": 500,
-            "fetch.wait.max.ms": 100, "enable.partition.eof": False}
+    return client_conf(bootstrap, {
+        "group.id": group_id,
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "session.timeout.ms": 3000, "heartbeat.interval.ms": 500,
+        "fetch.wait.max.ms": 100, "enable.partition.eof": False})
 
 
 @dataclass
@@ -177,7 +179,7 @@ class Sink:
         if self._producer is None:
             from confluent_kafka import Producer
 
-            self._producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20})
+            self._producer = Producer(client_conf(self.bootstrap, {"linger.ms": 20}))
         self._producer.produce(self.topics.deadletter, encode_deadletter(error, topic, raw),
                                key=key, headers=[(SOURCE_HEADER, SOURCE)])
         self._producer.poll(0)

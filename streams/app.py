@@ -41,8 +41,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from models.pipeline import Detector
-from schema import Topics, decode_lenient, encode, encode_deadletter
+from schema import Topics, decode_lenient, encode, encode_deadletter, kafka_security
 from schema.fast import all_valid
+from schema.kafka_security import client_conf
 from schema.topics import KIND_TOPIC
 from streams import quiet
 from streams.metrics import Metrics
@@ -130,7 +131,7 @@ def ensure_internal_topics(cfg: WorkerConfig) -> int:
     """Create the internal topics with as many partitions as the incidents topic, with
     their retention (``internal_topic_configs``; a topic that exists is left as it is);
     return N."""
-    admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
+    admin = AdminClient(client_conf(cfg.bootstrap))
     meta = admin.list_topics(timeout=10)
     incidents = meta.topics.get(cfg.topics.for_kind("incident"))
     if incidents is None or not incidents.partitions:
@@ -156,10 +157,10 @@ class HostMapReader(threading.Thread):
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, hostmap: HostMap) -> None:
         super().__init__(name="failslow-hostmap", daemon=True)
-        self._consumer = Consumer({"bootstrap.servers": bootstrap,
-                                   "group.id": f"failslow-hostmap-{os.getpid()}-{id(self)}",
-                                   "enable.auto.commit": False, "fetch.wait.max.ms": 50,
-                                   "logger": quiet.RDKAFKA_LOG})
+        self._consumer = Consumer(client_conf(bootstrap, {
+            "group.id": f"failslow-hostmap-{os.getpid()}-{id(self)}",
+            "enable.auto.commit": False, "fetch.wait.max.ms": 50,
+            "logger": quiet.RDKAFKA_LOG}))
         self._consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.hostmap = hostmap
         self._stop = threading.Event()
@@ -211,6 +212,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         broker_rebalance_timeout=10.0, broker_commit_interval=1.0,
         consumer_auto_offset_reset="earliest", topic_disable_leader=True, stream_wait_empty=False,
         topic_allow_declare=False, datadir=tempfile.mkdtemp(prefix="failslow-worker-"),
+        broker_credentials=kafka_security.current().faust_credentials(),
     )
     t = cfg.topics
     src_kind = {cfg.topics.prefix + topic: kind for kind, topic in KIND_TOPIC.items()

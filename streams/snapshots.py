@@ -24,6 +24,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from failslow.errors import FailslowError
+from schema.kafka_security import client_conf
 from streams.quiet import RDKAFKA_LOG
 
 CHUNK_BYTES = 512 * 1024
@@ -34,10 +35,11 @@ class SnapshotError(FailslowError):
 
 
 def _reader(bootstrap: str) -> Consumer:
-    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"failslow-restore-{uuid.uuid4().hex}",
-                     "enable.auto.commit": False, "fetch.wait.max.ms": 50,
-                     "session.timeout.ms": 6000, "enable.partition.eof": False,
-                     "logger": RDKAFKA_LOG})
+    return Consumer(client_conf(bootstrap, {
+        "group.id": f"failslow-restore-{uuid.uuid4().hex}",
+        "enable.auto.commit": False, "fetch.wait.max.ms": 50,
+        "session.timeout.ms": 6000, "enable.partition.eof": False,
+        "logger": RDKAFKA_LOG}))
 
 
 def scan(bootstrap: str, topic: str, partition: int, start: int = 0,
@@ -65,10 +67,9 @@ class SnapshotStore:
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0,
-                                   "compression.type": "none", "acks": "all",
-                                   "message.max.bytes": 2 * CHUNK_BYTES,
-                                   "logger": RDKAFKA_LOG})
+        self._producer = Producer(client_conf(bootstrap, {
+            "linger.ms": 0, "compression.type": "none", "acks": "all",
+            "message.max.bytes": 2 * CHUNK_BYTES, "logger": RDKAFKA_LOG}))
 
     def write(self, partition: int, snap: dict) -> int:
         """Write one snapshot; returns its size in bytes once the broker holds all of it."""

@@ -17,12 +17,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from failslow.config import resolve
+    from failslow.config import clickhouse_url, resolve
     from storage.client import connect
     from storage.migrations import migrate
 
     settings = resolve(args)
-    client = connect(settings.clickhouse)
+    client = connect(clickhouse_url(settings))
     try:
         versions = migrate(client, ttl_days=args.ttl_days, rollup_ttl_days=args.rollup_ttl_days)
     finally:

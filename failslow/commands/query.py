@@ -1,5 +1,8 @@
 """`failslow query SQL`: run SQL against the configured ClickHouse and print the result.
 
+One statement per call, read-only unless ``--write`` (storage.guard), never a table
+function that reaches files or the network.
+
 With a chdb URL the query goes through the folder's owner (the running sink) when
 there is one, else the folder is opened directly (see storage.client.connect).
 """
@@ -26,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="table (default), json (one object per line) or csv")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="value for a {NAME:Type} placeholder in SQL (repeatable)")
+    parser.add_argument("--write", action="store_true",
+                        help="allow statements that change data or schema (default: the "
+                        "engine's readonly=1; `failslow migrate` is the way to change the schema)")
 
 
 def _params(pairs: list[str]) -> dict[str, str]:
@@ -70,12 +76,20 @@ def render(columns: list[str], rows: list[tuple], fmt: str, out: Any = sys.stdou
 
 
 def run(args: argparse.Namespace) -> int:
-    from failslow.config import resolve
+    from failslow.config import clickhouse_url, resolve
     from storage.client import connect
+    from storage.guard import one_statement, readonly_sql
+    from storage.url import parse
 
-    client = connect(resolve(args).clickhouse)
+    url = clickhouse_url(resolve(args))
+    sql = one_statement(args.sql)
+    params = _params(args.param) or None
+    server = parse(url).scheme == "clickhouse"
+    if not args.write and not server:
+        sql = readonly_sql(sql)
+    client = connect(url, settings=None if args.write or not server else {"readonly": 1})
     try:
-        columns, rows = client.query(args.sql, _params(args.param) or None)
+        columns, rows = client.query(sql, params)
     finally:
         client.close()
     render(columns, rows, args.format)

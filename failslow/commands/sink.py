@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from failslow.config import resolve
+    from failslow.config import clickhouse_url, resolve
     from schema import Topics
     from storage.client import connect
     from storage.embedded import ChdbClient
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = resolve(args)
-    client = connect(settings.clickhouse, own=True)
+    client = connect(clickhouse_url(settings), own=True)
     server = None
     stop = threading.Event()
     try:

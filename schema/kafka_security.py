@@ -1,0 +1,161 @@
+"""Kafka connection security (TLS, SASL), mapped once to both clients in use:
+confluent-kafka (librdkafka property names) and aiokafka (through faust's credentials).
+
+The entry point resolves a ``KafkaSecurity`` from flags / FAILSLOW_KAFKA_* variables and
+calls ``use(security)`` once; every Kafka client of the process then builds its
+configuration with ``client_conf(bootstrap, **extra)`` (confluent-kafka) or
+``faust_credentials()`` (faust/aiokafka), so no client can forget it.
+
+>>> sec = KafkaSecurity(ca_file="/ca.pem", sasl_mechanism="SCRAM-SHA-256",
+...                     username="u", password="hunter2")
+>>> sec.protocol
+'SASL_SSL'
+>>> sorted(sec.confluent())[:3]
+['sasl.mechanism', 'sasl.password', 'sasl.username']
+>>> "hunter2" in repr(sec)
+False
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class KafkaSecurityError(ValueError):
+    """An inconsistent or unsupported Kafka security setting."""
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """How to reach a secured Kafka. ``protocol`` None: inferred (TLS when any TLS file
+    or ``tls`` is given, SASL when a mechanism or username is given)."""
+
+    protocol: str | None = None
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify_hostname: bool = True
+    sasl_mechanism: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        proto = self.protocol.upper() if self.protocol else self._inferred()
+        if proto not in PROTOCOLS:
+            raise KafkaSecurityError(f"unknown Kafka security protocol {self.protocol!r} "
+                                     f"(one of {', '.join(PROTOCOLS)})")
+        object.__setattr__(self, "protocol", proto)
+        if self.uses_sasl:
+            mech = (self.sasl_mechanism or "PLAIN").upper()
+            if mech not in MECHANISMS:
+                raise KafkaSecurityError(f"unknown SASL mechanism {self.sasl_mechanism!r} "
+                                         f"(one of {', '.join(MECHANISMS)})")
+            object.__setattr__(self, "sasl_mechanism", mech)
+            if not self.username or self.password is None:
+                raise KafkaSecurityError("SASL needs a username and a password "
+                                         "(FAILSLOW_KAFKA_USERNAME, FAILSLOW_KAFKA_PASSWORD[_FILE])")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise KafkaSecurityError("a Kafka client certificate needs both a cert file and a key file")
+
+    def _inferred(self) -> str:
+        tls = self.tls or bool(self.ca_file or self.cert_file or self.key_file)
+        sasl = bool(self.sasl_mechanism or self.username)
+        return ("SASL_" if sasl else "") + ("SSL" if tls else "PLAINTEXT")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    def describe(self) -> str:
+        """One line for logs, no secret in it."""
+        parts = [str(self.protocol)]
+        if self.uses_tls:
+            parts.append(f"ca={self.ca_file or 'system'}")
+            if self.cert_file:
+                parts.append(f"cert={self.cert_file}")
+            if not self.verify_hostname:
+                parts.append("hostname-unverified")
+        if self.uses_sasl:
+            parts.append(f"{self.sasl_mechanism} user={self.username}")
+        return " ".join(parts)
+
+    def confluent(self) -> dict[str, Any]:
+        """librdkafka properties."""
+        conf: dict[str, Any] = {"security.protocol": self.protocol}
+        if self.uses_tls:
+            if self.ca_file:
+                conf["ssl.ca.location"] = self.ca_file
+            if self.cert_file:
+                conf["ssl.certificate.location"] = self.cert_file
+                conf["ssl.key.location"] = self.key_file
+            conf["ssl.endpoint.identification.algorithm"] = "https" if self.verify_hostname else "none"
+        if self.uses_sasl:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+            conf["sasl.username"] = self.username
+            conf["sasl.password"] = self.password
+        return conf
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The context aiokafka uses; None without TLS."""
+        if not self.uses_tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        ctx.check_hostname = self.verify_hostname
+        if self.cert_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        return ctx
+
+    def aiokafka(self) -> dict[str, Any]:
+        """aiokafka client keyword arguments."""
+        kw: dict[str, Any] = {"security_protocol": self.protocol}
+        ctx = self.ssl_context()
+        if ctx is not None:
+            kw["ssl_context"] = ctx
+        if self.uses_sasl:
+            kw.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.username,
+                      sasl_plain_password=self.password)
+        return kw
+
+    def faust_credentials(self) -> Any:
+        """``broker_credentials`` for faust.App (faust maps them to the aiokafka
+        arguments above); None for PLAINTEXT."""
+        import faust
+
+        if self.uses_sasl:
+            return faust.SASLCredentials(username=self.username, password=self.password,
+                                         mechanism=self.sasl_mechanism,
+                                         ssl_context=self.ssl_context())
+        if self.uses_tls:
+            return faust.SSLCredentials(self.ssl_context())
+        return None
+
+
+PLAINTEXT = KafkaSecurity()
+_current: list[KafkaSecurity] = [PLAINTEXT]
+
+
+def use(security: KafkaSecurity) -> None:
+    """Set the security every Kafka client of this process uses (entry points only)."""
+    _current[0] = security
+
+
+def current() -> KafkaSecurity:
+    return _current[0]
+
+
+def client_conf(bootstrap: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A confluent-kafka configuration: bootstrap, this process's security, then ``extra``."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap}
+    conf.update(_current[0].confluent())
+    conf.update(extra or {})
+    return conf
