@@ -136,19 +136,23 @@ def stop_pid(pid: int, timeout: float) -> None:
 
 
 def start_broker(port: int | None = None, log_path: Path | None = None,
-                 detach: bool = False, timeout: float = 20.0) -> Broker:
+                 detach: bool = False, timeout: float = 20.0,
+                 advertised_port: int | None = None) -> Broker:
     """Start Tansu on 127.0.0.1 (a free port when ``port`` is None) and wait until it answers.
 
     ``detach`` puts it in its own session so it outlives the caller (``failslow up``).
+    ``advertised_port``: the port Tansu tells clients to connect to (a TLS proxy in front
+    of it); then only the listening port is awaited, the caller checks the rest.
     """
     port = port or free_port()
     if port_open(port):
         raise StackError(f"port {port} on 127.0.0.1 is already taken by another process")
     url = f"tcp://127.0.0.1:{port}"
+    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
     out: Any = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
              "--storage-engine", "memory://tansu/"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=detach,
@@ -166,6 +170,8 @@ def start_broker(port: int | None = None, log_path: Path | None = None,
             broker.stop(1)
             raise StackError(f"broker did not listen on port {port} within {timeout:.0f} s")
         time.sleep(0.05)
+    if advertised_port not in (None, port):
+        return broker
     try:
         wait_for_metadata(broker.bootstrap, timeout)
     except StackError:
