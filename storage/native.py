@@ -12,6 +12,7 @@ LowCardinality); `storage.migrations.migrate` checks the version. Older servers
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +23,9 @@ from storage.errors import QueryError, StorageError
 from storage.url import ClickHouseURL
 
 UNKNOWN_DATABASE = 81
+# The driver logs every failed connect with a traceback before raising; the error we raise
+# says it in one line (the CLI's contract), so only its errors are let through.
+logging.getLogger("clickhouse_driver.connection").setLevel(logging.ERROR)
 
 
 class NativeClient:
