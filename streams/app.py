@@ -46,6 +46,7 @@ from schema.fast import all_valid
 from schema.kafka_security import client_conf
 from schema.topics import KIND_TOPIC
 from streams import quiet
+from streams.limits import InputLimits
 from streams.metrics import Metrics
 from streams.partition import INPUT_KINDS, JobPartition
 from streams.routing import (
@@ -101,6 +102,11 @@ class WorkerConfig:
     telemetry_delay: float = 1.0
     jitter: float = 0.3
     internal_retention_h: float = 6.0
+    max_jobs: int = 1_000
+    max_hosts: int = 16_384
+    max_ranks_per_job: int = 32_768
+    max_groups_per_job: int = 65_536
+    max_hosts_per_job: int = 8_192
     detector_factory: Callable[[], Any] | None = None
     detector_restore: Callable[[Any], Any] | None = None
 
@@ -342,8 +348,10 @@ def build_app(cfg: WorkerConfig) -> faust.App:
             hooks["detector_factory"] = cfg.detector_factory
         if cfg.detector_restore:
             hooks["detector_restore"] = cfg.detector_restore
+        limits = InputLimits(cfg.max_jobs, cfg.max_hosts, cfg.max_ranks_per_job,
+                             cfg.max_groups_per_job, cfg.max_hosts_per_job, partition=p)
         state = JobPartition(p, lateness=cfg.lateness, idle_s=cfg.idle_s, jitter_s=cfg.jitter,
-                             **hooks)
+                             limits=limits, **hooks)
         t0 = time.time()
         snap = await asyncio.to_thread(store.read_latest, p)
         if snap is not None:
@@ -375,6 +383,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                         key=host.encode(), partition=home_partition(host, nparts),
                         value=orjson.dumps({"host": host, "partition": p}))
 
+    capped_seen: dict[tuple[int, str], int] = {}
     counted = (("duplicates", metrics.duplicates), ("late", metrics.late),
                ("late_samples", metrics.late_samples),
                ("detector_errors", metrics.detector_errors))
@@ -383,6 +392,12 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         for name, metric in counted:
             if state.counts[name] != before[name]:
                 metric.inc(state.counts[name] - before[name])
+        if state.counts["capped"] != before["capped"]:
+            for cap, n in state.limits.counts.items():
+                reported = capped_seen.get((state.partition, cap), 0)
+                if n != reported:
+                    metrics.capped.labels(cap).inc(n - reported)
+                    capped_seen[(state.partition, cap)] = n
 
     def foreign(state: JobPartition, key: bytes, p: int, now: float) -> bool:
         """A copy of a host's telemetry sent to every partition (its host was not mapped

@@ -32,6 +32,10 @@ class Metrics:
         self.detector_errors = Counter("failslow_stream_detector_errors_total",
                                        "Events the Detector failed on (skipped, logged): a "
                                        "defect to report", registry=r)
+        self.capped = Counter("failslow_stream_capped_events_total",
+                              "Events dropped by an input cap (streams.limits): more distinct "
+                              "jobs, hosts, or ranks / groups / hosts in one job than allowed",
+                              ["cap"], registry=r)
         self.unmapped = Counter("failslow_stream_unmapped_telemetry_total",
                                 "Telemetry messages sent to every partition: their host's "
                                 "job was not known yet", registry=r)

@@ -10,6 +10,9 @@ is dropped, counted. Emitted incidents are de-duplicated on their full content,
 so a replay after a restart re-creates the same incident events and none is
 emitted twice.
 
+Input caps. Before anything is buffered, ``InputLimits`` (streams.limits) drops the
+events of jobs, hosts, ranks and groups beyond its caps, counted in ``capped``.
+
 Recovery. ``snapshot()`` is small: the Detector's state, the watermark, the
 de-duplication marks and two offsets: ``o_min`` (the oldest message still holding
 an unreleased event: consumption must resume at or before it) and ``o_next``.
@@ -28,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from streams.limits import InputLimits
 from streams.ordering import SOURCE, EventOrder
 
 INPUT_KINDS = ("step", "collective", "gpu", "nic", "host")
@@ -69,14 +73,16 @@ class JobPartition:
     def __init__(self, partition: int, lateness: float = 10.0, idle_s: float = 2.0,
                  detector_factory: Callable[[], Any] = _default_detector_factory,
                  detector_restore: Callable[[Any], Any] = _default_detector_restore,
-                 expect_s: float | None = None, jitter_s: float = 0.3) -> None:
+                 expect_s: float | None = None, jitter_s: float = 0.3,
+                 limits: InputLimits | None = None) -> None:
         self.partition = partition
+        self.limits = limits or InputLimits(partition=partition)
         self.lateness = lateness
         self._restore_detector = detector_restore
         self.detector = detector_factory()
         self.counts = {"events": 0, "late": 0, "duplicates": 0, "late_samples": 0,
                        "detector_errors": 0, "replay_skipped": 0, "incidents": 0,
-                       "incidents_suppressed": 0}
+                       "incidents_suppressed": 0, "capped": 0}
         self.order = EventOrder(lateness, idle_s, expect_s, jitter_s, self._delay, self.counts)
         self._marks: dict[tuple, tuple] = {}
         self.emitted: dict[str, set[bytes]] = {}
@@ -109,8 +115,12 @@ class JobPartition:
         # Replaying below the snapshot's o_next: events up to its watermark are already in
         # the Detector's state; they still tell which sources exist and how far they got.
         skip_ts = self._skip_ts if offset < self._skip_below else -math.inf
-        late = self.order.add(events, offset, now, skip_ts)
         self.counts["events"] += len(events)
+        admitted = self.limits.admit(events)
+        if len(admitted) != len(events):
+            self.counts["capped"] += len(events) - len(admitted)
+            events = admitted
+        late = self.order.add(events, offset, now, skip_ts)
         out = self._feed(late) if late else []
         ready = self.order.advance(now)
         if ready:
@@ -185,8 +195,10 @@ class JobPartition:
         return self.order.o_min(self.next_offset)
 
     def prune(self) -> None:
-        """Forget de-duplication marks of sources silent for 6 x lateness (ended jobs)."""
+        """Forget de-duplication marks and input-cap entries of sources silent for
+        6 x lateness (ended jobs)."""
         horizon = self.wm - 6 * self.lateness
+        self.limits.prune(horizon)
         self._marks = {s: p for s, p in self._marks.items()
                        if (p[0] if isinstance(p, tuple) else p) >= horizon}
 

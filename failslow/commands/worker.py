@@ -64,6 +64,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hours the internal job and snapshot topics keep their data, "
                              "when the worker creates them: a restart after a longer stop "
                              "starts without state [6]")
+    caps = parser.add_argument_group(
+        "input caps (per home partition; events beyond them are dropped, logged once and "
+        "counted in failslow_stream_capped_events_total)")
+    caps.add_argument("--max-jobs", type=int, default=1_000, help="distinct jobs [1000]")
+    caps.add_argument("--max-hosts", type=int, default=16_384,
+                      help="distinct hosts sending telemetry [16384]")
+    caps.add_argument("--max-ranks-per-job", type=int, default=32_768,
+                      help="distinct ranks in one job [32768]")
+    caps.add_argument("--max-groups-per-job", type=int, default=65_536,
+                      help="distinct collective groups in one job [65536]")
+    caps.add_argument("--max-hosts-per-job", type=int, default=8_192,
+                      help="distinct hosts in one job [8192]")
     parser.add_argument("--log-level", default="info", help="faust/worker log level [info]")
     parser.add_argument("--stop-timeout", type=float, default=15.0, metavar="S",
                         help="on SIGTERM/SIGINT, exit after this many seconds even if the "
@@ -83,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--fetch-wait-ms must be between 1 and 10000")
     if not 0 <= args.telemetry_delay < args.lateness:
         raise ConfigError("--telemetry-delay must be >= 0 and below --lateness")
+    if min(args.max_jobs, args.max_hosts, args.max_ranks_per_job, args.max_groups_per_job,
+           args.max_hosts_per_job) < 1:
+        raise ConfigError("--max-* caps must be >= 1")
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         raise ConfigError(f"--metrics-port {args.metrics_port}: not a TCP port")
     settings = resolve(args)
@@ -97,7 +112,11 @@ def run(args: argparse.Namespace) -> int:
                        session_timeout=args.session_timeout,
                        telemetry_delay=args.telemetry_delay, jitter=args.jitter,
                        fetch_wait_ms=args.fetch_wait_ms,
-                       internal_retention_h=args.internal_retention_h)
+                       internal_retention_h=args.internal_retention_h,
+                       max_jobs=args.max_jobs, max_hosts=args.max_hosts,
+                       max_ranks_per_job=args.max_ranks_per_job,
+                       max_groups_per_job=args.max_groups_per_job,
+                       max_hosts_per_job=args.max_hosts_per_job)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(cfg)

@@ -1,0 +1,87 @@
+"""Input caps (streams.limits): a flood of invented jobs, hosts, ranks and groups keeps the
+partition's state bounded, says so (log line, counts), and the real job is judged
+exactly as without the flood. The worker's RSS under a flood: bench/streams_flood.py."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import orjson
+from test_streams_partition import canon, messages, run, trace
+
+from streams.limits import InputLimits
+from streams.partition import JobPartition
+
+CAPS = {"max_jobs": 4, "max_hosts": 8, "max_ranks_per_job": 32, "max_groups_per_job": 16,
+        "max_hosts_per_job": 8}
+
+
+def flood(ts: float, i: int, n: int) -> list[dict]:
+    """``n`` events of each hostile kind around ``ts``: a new job per step event, a new
+    host per gpu sample, and one job that invents ranks, hosts and groups."""
+    out: list[dict] = []
+    for k in range(n):
+        u = i * n + k
+        step = {"v": 1, "kind": "step", "ts": ts, "rank": 0, "world_size": 1, "host": "fh0",
+                "step": u, "duration_s": 1.0}
+        out.append({**step, "job_id": f"flood-{u}"})
+        out.append({**step, "job_id": "hostile", "rank": u, "world_size": 1 << 20,
+                    "host": f"fh{u}"})
+        out.append({"v": 1, "kind": "collective", "ts": ts, "job_id": "hostile", "rank": 0,
+                    "host": "fh0", "group": f"g{u}", "group_size": 2, "op": "allreduce",
+                    "seq": u, "start_ts": ts - 0.01, "duration_s": 0.01, "bytes": 8})
+        out.append({"v": 1, "kind": "gpu", "ts": ts, "host": f"flood-host-{u}", "gpu": 0,
+                    "uuid": f"GPU-{u}"})
+    return out
+
+
+def with_flood(msgs: list[list[dict]], per_msg: int) -> list[list[dict]]:
+    """The flood starts once the real job has sent its first steps (it is "the rest of the
+    cluster": already tracked). A job that starts while a flood holds every slot waits
+    until flood jobs go quiet for the prune horizon."""
+    first_step = next(i for i, m in enumerate(msgs) if any(e["kind"] == "step" for e in m))
+    start = first_step + 40  # every rank of the real job has sent a step by then
+    out = []
+    for i, m in enumerate(msgs):
+        out.append(m)
+        if m and i >= start:
+            out.append(flood(m[-1]["ts"], i, per_msg))
+    return out
+
+
+def test_a_flood_is_capped_and_the_real_job_is_still_judged(caplog):
+    msgs = messages(trace())
+    baseline = run(msgs, JobPartition(0, limits=InputLimits(**CAPS)))
+    assert baseline, "the scenario must open an incident"
+    calm = JobPartition(0, limits=InputLimits(**CAPS))
+    run(msgs, calm)
+
+    flooded = JobPartition(0, limits=InputLimits(**CAPS))
+    with caplog.at_level(logging.WARNING, logger="failslow.worker"):
+        incidents = run(with_flood(msgs, 20), flooded)
+    assert canon([i for i in incidents if i["job_id"] == "job0"]) == canon(baseline)
+
+    lim = flooded.limits
+    assert lim.jobs <= CAPS["max_jobs"] and lim.hosts <= CAPS["max_hosts"]
+    assert all(v > 0 for v in lim.counts.values()), lim.counts
+    assert flooded.counts["capped"] == sum(lim.counts.values())
+    lines = [r.getMessage() for r in caplog.records if "input cap hit" in r.getMessage()]
+    assert len(lines) == len(lim.counts)  # once per cap (per job for per-job caps), not per event
+    assert any("job 'hostile'" in line and "ranks" in line for line in lines)
+
+    # The state stays within 2x of the same run without the flood.
+    size = len(pickle.dumps(flooded.snapshot()))
+    calm_size = len(pickle.dumps(calm.snapshot()))
+    assert size < 2 * calm_size, (size, calm_size)
+
+
+def test_room_frees_when_a_job_goes_quiet():
+    lim = InputLimits(max_jobs=1)
+    step = {"kind": "step", "rank": 0, "host": "h"}
+    assert lim.admit([{**step, "job_id": "a", "ts": 100.0}])
+    assert not lim.admit([{**step, "job_id": "b", "ts": 101.0}])
+    lim.prune(horizon_ts=150.0)
+    assert lim.admit([{**step, "job_id": "b", "ts": 200.0}])
+    assert orjson.dumps(lim.counts) == b'{"jobs":1,"hosts":0,"ranks_per_job":0,' \
+        b'"groups_per_job":0,"hosts_per_job":0}'
