@@ -39,3 +39,21 @@ def test_image_installs_every_package():
     for pkg in ("failslow", "schema", "simulator", "collectors", "models", "streams", "storage",
                 "alerting"):
         assert f"COPY {pkg} {pkg}" in dockerfile
+
+
+def test_compose_publishes_on_loopback_and_has_no_default_password():
+    text = (ROOT / "docker-compose.yml").read_text()
+    services = yaml.safe_load(text)["services"]
+    published = [(name, port) for name, svc in services.items() for port in svc.get("ports", [])]
+    assert published
+    for name, port in published:
+        assert str(port).startswith("${FAILSLOW_BIND:-127.0.0.1}:"), (name, port)
+    ch = services["clickhouse"]["environment"]
+    assert ch["CLICKHOUSE_PASSWORD"].startswith("${CLICKHOUSE_PASSWORD:?")
+    for name in ("worker", "sink", "notify", "migrate"):
+        env = services[name]["environment"]
+        assert "@" in env["FAILSLOW_CLICKHOUSE"] and ":" not in env["FAILSLOW_CLICKHOUSE"].split(
+            "//")[1].split("@")[0], "no password inside the URL"
+        assert env["FAILSLOW_CLICKHOUSE_PASSWORD"].startswith("${CLICKHOUSE_PASSWORD:?")
+        assert "FAILSLOW_KAFKA_SASL_MECHANISM" in env and "FAILSLOW_KAFKA_CA_FILE" in env
+    assert "failslow:failslow@" not in text and "--password failslow" not in text
