@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except FailslowError as exc:
-        from storage.url import mask
+        from failslow.secrets import scrub
 
-        print(f"failslow {args.command}: {mask(str(exc))}", file=sys.stderr)
+        print(f"failslow {args.command}: {scrub(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 
+from failslow import secrets
 from failslow.errors import ConfigError
 from schema import kafka_security
 from schema.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity, KafkaSecurityError
@@ -125,6 +126,10 @@ def resolve(args: argparse.Namespace | None = None, env: dict[str, str] | None =
         raise ConfigError(str(exc)) from None
     # Every Kafka client of this process builds its configuration from it.
     kafka_security.use(kafka)
+    ch_password = secret("clickhouse_password_file", "FAILSLOW_CLICKHOUSE_PASSWORD")
+    secrets.register(kafka.password, ch_password, env.get("FAILSLOW_SLACK_WEBHOOK_URL"),
+                     env.get("FAILSLOW_PAGERDUTY_ROUTING_KEY"), env.get("FAILSLOW_WEBHOOK_URL"))
+    secrets.install()
     return Settings(
         home=home,
         bootstrap=bootstrap,
@@ -135,7 +140,7 @@ def resolve(args: argparse.Namespace | None = None, env: dict[str, str] | None =
         pagerduty_url=env.get("FAILSLOW_PAGERDUTY_URL") or DEFAULT_PAGERDUTY_URL,
         webhook_url=env.get("FAILSLOW_WEBHOOK_URL") or None,
         kafka=kafka,
-        clickhouse_password=secret("clickhouse_password_file", "FAILSLOW_CLICKHOUSE_PASSWORD"),
+        clickhouse_password=ch_password,
         clickhouse_ca_file=pick("clickhouse_ca_file", "FAILSLOW_CLICKHOUSE_CA_FILE"),
         clickhouse_verify=not flag_off("clickhouse_no_verify", "FAILSLOW_CLICKHOUSE_VERIFY"),
     )

@@ -105,6 +105,24 @@ def test_settings_from_variables_flags_and_files(tmp_path):
         resolve(None, {"FAILSLOW_KAFKA_PASSWORD_FILE": str(tmp_path / "missing")})
 
 
+def test_log_lines_mask_the_resolved_secrets(caplog, tmp_path):
+    import logging
+
+    pw = tmp_path / "ch-pw"
+    pw.write_text("ch-secret-from-file")
+    resolve(None, {"FAILSLOW_KAFKA_USERNAME": "u", "FAILSLOW_KAFKA_PASSWORD": "kafka-secret",
+                   "FAILSLOW_CLICKHOUSE_PASSWORD_FILE": str(pw),
+                   "FAILSLOW_PAGERDUTY_ROUTING_KEY": "routing-key-123"})
+    log = logging.getLogger("failslow.test")
+    with caplog.at_level(logging.INFO, logger="failslow.test"):
+        log.info("sasl %s, ch %s, pd %s", "kafka-secret", "ch-secret-from-file", "routing-key-123")
+        log.info("url clickhouse://u:%s@h:9000/db", "inline-pw")
+    text = caplog.text
+    for secret in ("kafka-secret", "ch-secret-from-file", "routing-key-123", "inline-pw"):
+        assert secret not in text
+    assert text.count("***") == 4
+
+
 def test_help_names_the_settings_and_shows_no_secret():
     env = dict(os.environ, FAILSLOW_KAFKA_PASSWORD="hunter2-kafka",
                FAILSLOW_CLICKHOUSE_PASSWORD="hunter2-ch")
