@@ -15,13 +15,16 @@ from pathlib import Path
 
 from failslow import stack
 from failslow.config import Settings, read_stack_state
-from schema import Topics
+from schema import Topics, kafka_security
 from storage.url import mask
 
 
 def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> dict:
     home = settings.home
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The embedded broker is plaintext on loopback (Tansu serves no TLS): the
+    # FAILSLOW_KAFKA_* settings are for a real Kafka, not for it.
+    kafka_security.use(kafka_security.PLAINTEXT)
     broker = stack.start_broker(port, log_path=home / "tansu.log", detach=True)
     state: dict = {}
     try:
@@ -66,7 +69,8 @@ def _wait_for_db_owner(url: str, pid: int, log: Path, timeout: float = 90.0) -> 
 def _start_db_owner(settings: Settings, bootstrap: str, home: Path) -> int:
     """Run `failslow sink` in the background: it migrates and owns the chdb folder."""
     log = open(home / "sink.log", "ab")  # noqa: SIM115 - handed to the child
-    env = dict(os.environ, FAILSLOW_HOME=str(home))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_KAFKA_")}
+    env["FAILSLOW_HOME"] = str(home)
     proc = subprocess.Popen(
         [sys.executable, "-m", "failslow.cli", "sink", "--bootstrap", bootstrap,
          "--clickhouse", settings.clickhouse, "--topic-prefix", settings.topic_prefix,
