@@ -15,7 +15,7 @@ from typing import Any
 
 from models.localize import _pct
 from models.ranks import RankState
-from models.stats import RollingMedian, median
+from models.stats import RollingMedian
 
 JOB_HISTORY = 64   # steps of the job's step time kept for pre-onset baselines
 
@@ -41,10 +41,11 @@ class Attribution:
             st.onset_ts, st.onset_step = st.c_onset_ts, st.c_onset_step
         st.kind = "change" if ev.self_driven[i] else "far"
         before = [d for k, d in self.job_hist if k < st.onset_step][-16:]
-        # An onset estimated late leaves fault steps in ``before``: the job's usual step
-        # time (a rolling median, learned while no rank had a finding) bounds it.
-        st.base_job_s = min(median(before), base) if len(before) >= 4 and base > 0 else \
-            median(before) if len(before) >= 4 else base
+        # The mean, as elapsed time adds up step times. An onset estimated late leaves
+        # fault steps in ``before``: the job's usual step time (a rolling median,
+        # learned while no rank had a finding) bounds it.
+        mean = sum(before) / len(before) if len(before) >= 4 else 0.0
+        st.base_job_s = min(mean, base) if mean > 0 and base > 0 else mean or base
         # The job's extra time since the onset, up to this step.
         since = [d for k, d in self.job_hist if k >= st.onset_step]
         st.lost_s = sum(max(d - st.base_job_s, 0.0) for d in since) if st.kind == "change" \

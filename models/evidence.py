@@ -34,19 +34,21 @@ from typing import Any
 import numpy as np
 
 SCALES = (6, 12, 24, 32)     # trailing windows tested, steps
-MIN_FILL = 0.75              # share of a window that must hold values
+MIN_FILL = 0.5               # share of a window that must hold values
 # A window's mean may fall this short of ``delta`` and still confirm: a fault of exactly
 # ``delta`` measures within a few per cent of it either way.
 MEAN_FLOOR = 0.9
 RHO_PRIOR, RHO_PRIOR_N, RHO_MAX = 0.3, 20.0, 0.8   # step-to-step correlation prior
-SUSPECT_Z = 2.0              # window z from which a step is not learned
-LEARN_DELAY = 6              # steps a value waits before its noise is learned
+WINDOW_Z_EXTRA = 0.0          # the windowed tests' bar over z_min (several windows per step)
+SUSPECT_Z = 2.5              # window z from which a step is not learned
+LEARN_DELAY = 8              # steps a value waits before its noise is learned
 WINSOR = 4.0                 # learned deviations are clipped at this many sigmas
 BLOCK_N = 8                  # steps per block mean whose variance is learned
 LEARN_MIN = 8               # clean steps before a series' noise is trusted
 RHO_ALPHA = 0.03             # noise learning rate (~30 steps of memory)
 UNLEARNED = 2.0              # noise multiplier while none is learned
-POOL_CAP = 1.5               # a rank's noise: at most this times its peers' median
+POOL_CAP = 1.25              # a rank's noise: at most this times its peers' median
+POOL_FLOOR = 0.75            # and at least this times it
 
 
 class Windows:
@@ -87,7 +89,8 @@ class Windows:
         taken for noise before the test had a chance to see them."""
         d = LEARN_DELAY
         x, y = self.vals[rows, -1 - d], self.vals[rows, -2 - d]
-        ok = mask & ~np.isnan(x) & ~np.isnan(y)
+        ok = mask & ~np.isnan(x)
+        pair = ~np.isnan(y[ok])         # the correlation needs the step before, too
         r = rows[ok]
         if not r.size:
             return
@@ -98,17 +101,17 @@ class Windows:
         known = m[:, 3] >= LEARN_MIN
         cap = np.where(known, WINSOR * np.sqrt(np.maximum(m[:, 1], 0.0)), np.inf)
         dx = np.clip(x[ok] - m[:, 0], -cap, cap)
-        dy = np.clip(y[ok] - m[:, 0], -cap, cap)
+        dy = np.clip(np.where(pair, y[ok], m[:, 0]) - m[:, 0], -cap, cap)
         mu = m[:, 0] + a * dx
         m[:, 1] += a * (dx ** 2 - m[:, 1])
-        m[:, 2] += a * (dx * dy - m[:, 2])
+        m[:, 2] += np.where(pair, a * (dx * dy - m[:, 2]), 0.0)
         m[:, 0] = mu
         # The variance of a BLOCK_N-step mean, measured: whatever the correlation
         # structure of the noise (persistent contention plus white reference noise),
         # this is what a window's mean really does on a clean rank.
         cnt, mean, _ = self.stats(r, BLOCK_N, d)
         full = cnt >= MIN_FILL * BLOCK_N
-        bcap = np.where(known, WINSOR * np.sqrt(np.maximum(m[:, 4], 0.0)), np.inf)
+        bcap = np.where(known, WINSOR * np.sqrt(np.maximum(m[:, 1], 0.0)), np.inf)
         db = np.clip(mean - mu, -bcap, bcap)
         m[:, 4] += np.where(full, a * (db ** 2 - m[:, 4]), 0.0)
         m[:, 3] += 1
@@ -121,9 +124,13 @@ class Windows:
         m = self.mom[rows]
         rho = np.where(m[:, 1] > 0, m[:, 2] / np.maximum(m[:, 1], 1e-12), 0.0)
         rho = (m[:, 3] * rho + RHO_PRIOR_N * RHO_PRIOR) / (m[:, 3] + RHO_PRIOR_N)
+        known = self.mom[:, 3] >= LEARN_MIN
+        if known.sum() >= 3:
+            k = self.mom[known]
+            rho = np.maximum(rho, float(np.median(k[:, 2] / np.maximum(k[:, 1], 1e-12))))
         rho = np.clip(rho, 0.0, RHO_MAX)
-        k = np.arange(1, n)
-        return 1.0 + 2.0 * ((1.0 - k / n) * rho[:, None] ** k).sum(axis=1)
+        lag = np.arange(1, n)
+        return 1.0 + 2.0 * ((1.0 - lag / n) * rho[:, None] ** lag).sum(axis=1)
 
     def learned(self, rows: np.ndarray) -> np.ndarray:
         """Whether each row's noise is known: learned over enough clean steps, its own
@@ -132,9 +139,11 @@ class Windows:
         return known[rows] | (known.sum() >= 3)
 
     def _pooled(self, rows: np.ndarray, col: int) -> np.ndarray:
-        """Column ``col`` of the learned moments of ``rows``, at most POOL_CAP times the
-        median over the job's rows: ranks doing the same work have about the same
-        noise, and a fault that slipped into one rank's estimate cannot blind it."""
+        """Column ``col`` of the learned moments of ``rows``, between the median over the
+        job's rows and POOL_CAP times it (in sigma): ranks doing the same work have
+        about the same noise; one whose estimate came out low by chance is not
+        trusted below its peers', and a fault that slipped into one rank's estimate
+        cannot blind it."""
         m = self.mom
         known = m[:, 3] >= LEARN_MIN
         own = np.where(known[rows], np.maximum(m[rows, col], 0.0), 0.0)
@@ -142,7 +151,7 @@ class Windows:
             # A rank whose noise is not learned yet (new, or slow since before it
             # could be) takes its peers'.
             pool = float(np.median(m[known, col]))
-            own = np.where(known[rows], np.minimum(own, POOL_CAP ** 2 * pool), pool)
+            own = np.where(known[rows], np.clip(own, POOL_FLOOR ** 2 * pool, POOL_CAP ** 2 * pool), pool)
         return own
 
     def noise(self, rows: np.ndarray, sigma: np.ndarray) -> np.ndarray:
@@ -298,8 +307,7 @@ class RankEvidence:
         lrel2 = np.log1p(np.maximum(rel2, -0.9))
         # A step counts in noise units of the larger of the peers' spread and the
         # rank's own step-to-step spread, tails included (known once its past is).
-        z = np.where(warm, np.minimum(z, lrel / np.maximum(self.peer.noise(rows, sig_p), 1e-9)),
-                     np.minimum(z, k))
+        z = np.minimum(z, lrel / np.maximum(self.peer.noise(rows, sig_p), 1e-9))
         z2 = np.minimum(z2, lrel2 / np.maximum(self.own.noise(rows, sig2), 1e-9))
         zp = np.where((rel >= cfg.far_rel) & peers, z, np.minimum(z, k))
         zs = np.where(rel2 >= cfg.min_rel, z2, np.minimum(z2, k))
@@ -317,7 +325,7 @@ class RankEvidence:
             return recent * m / (1.0 + m) >= cfg.min_rel / 2 * job_s
 
         lo, far = math.log1p(cfg.min_rel), math.log1p(cfg.far_rel)
-        zc = cfg.z_min + 1.0       # several windows are tested each step: a stricter bar
+        zc = cfg.z_min + WINDOW_Z_EXTRA   # several windows are tested each step
         ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc)
         ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc)
         # Imbalance never pages: the plain bar, over the whole window.
@@ -326,15 +334,18 @@ class RankEvidence:
         ok_s &= share(m_s)
         ok_f &= share(m_f)
         ok_i &= self.peer.learned(rows)
-        # Steps where the rank may be drifting away (a window's mean stands two
-        # standard errors above the allowance) teach neither its noise nor its baseline:
-        # a slow fault that has not confirmed yet must not pass for noise.
+        # Steps where the rank may be drifting away (a window's mean stands three
+        # standard errors above the allowance) do not teach its baseline: a slow fault
+        # that has not confirmed yet must not become its usual.
         # Only a drift against its own past: a rank always that far from its peers
         # still has a noise to learn, around its offset.
         suspect = z_s >= SUSPECT_Z
         if self.calm.size < len(self.peer.rows):
             self.calm = np.concatenate([self.calm, np.zeros(len(self.peer.rows) - self.calm.size,
                                                             dtype=np.int64)])
+        # Noise is learned from steps outside a finding, LEARN_DELAY steps late so that a
+        # fault confirms before it is learned, and not around a strong drift (z >= 3 is
+        # rare enough on a clean rank that its excursions are still learned).
         calm = np.where(clean & ~suspect, self.calm[rows] + 1, 0)
         self.calm[rows] = calm
         learn = calm > LEARN_DELAY

@@ -47,7 +47,9 @@ class JobConfig:
     ``max_behind``: how far before it is judged without ranks that still report, but
     late (a host whose clock is that far ahead sends that much later in ts order);
     ``warm_steps``: samples before an own-past baseline is trusted;
-    ``clean_steps``: steps without evidence before a rank's finding ends.
+    ``clean_steps``: steps without evidence before a rank's finding ends;
+    ``learn_delay``: clean steps that must follow a step before the own-past
+    baseline learns it (``RankState.observe``).
 
     ``far_rel``: how far outside its peers a rank must be to page with no change
     against its own past (a rank slow since the job's first step). Ranks doing the
@@ -63,7 +65,7 @@ class JobConfig:
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  lag_steps: int = 3, warm_steps: int = 10, max_behind: int = 16,
-                 far_rel: float = 0.25, clean_steps: int = 5) -> None:
+                 far_rel: float = 0.25, clean_steps: int = 5, learn_delay: int = 4) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
@@ -73,6 +75,7 @@ class JobConfig:
         self.warm_steps = warm_steps
         self.far_rel = far_rel
         self.clean_steps = clean_steps
+        self.learn_delay = learn_delay
 
 
 class JobState(Attribution):
@@ -253,8 +256,8 @@ class JobState(Attribution):
         pos = work / level if level > 0 else np.ones(n)
         rel2, z2, sig2, warm = self._self_scores(ranks, pos)
         risen = np.flatnonzero((rel2 >= cfg.min_rel) & (z2 >= cfg.z_min / 2))
-        if risen.size > 2 and len({row[ranks[i]]["host"] for i in risen}) > 1:
-            # Many ranks on several hosts rose against their own past at once: a
+        if risen.size > max(2, n // 8) and len({row[ranks[i]]["host"] for i in risen}) > 1:
+            # Many ranks (an eighth or more) on several hosts rose against their own past: a
             # job-wide change (a new phase reaching the stages a step apart), not a
             # culprit. Only peers judge this step.
             rel2 = np.zeros(n)
@@ -331,7 +334,7 @@ class JobState(Attribution):
             # where the rank stands out against its own past, even weakly.
             st.observe(float(pos[i]), float(work[i]), float(data[i]), float(dur[i]),
                        bool(ev_.weak[i] or ev_.suspect[i]) or st.kind is not None
-                       or st.cusum > 0)
+                       or st.cusum > 0, cfg.learn_delay)
             if st.kind is not None and (still or st.streak) or st.kind is None and (
                     ev_.weak[i] or ev_.suspect[i] or st.cusum > 0):
                 present.append(r)        # weakly present: no incident, but located

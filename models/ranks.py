@@ -41,7 +41,7 @@ class RankState:
                  "kind", "quiet", "base_job_s", "lost_s", "c_onset_ts", "c_onset_step",
                  "mean_excess", "mean_z", "mean_n", "recent", "imb", "imb_quiet",
                  "imb_onset_ts", "imb_onset_step", "imb_rel", "imb_excess_s", "imb_lost_s",
-                 "since_s", "since_n")
+                 "since_s", "since_n", "pending")
 
     def __init__(self) -> None:
         self.work = RollingMedian(BASELINE_WINDOW)
@@ -81,12 +81,21 @@ class RankState:
         self.imb_lost_s = 0.0
         self.since_s = 0.0         # the job's step times since the onset: sum, count
         self.since_n = 0
+        self.pending: list[tuple[float, float, float, float]] = []   # steps not learned yet
 
     def observe(self, pos: float, own_s: float, data_s: float, step_s: float,
-                flagged: bool) -> None:
+                flagged: bool, delay: int = 0) -> None:
         """Learn one step (position, own work, input wait and step time, seconds)
-        unless the rank was flagged in it."""
-        if not flagged:
+        unless the rank was flagged in it. With ``delay``, a step is learned only once
+        ``delay`` later steps were not flagged either: a flagged step drops the steps
+        still pending before it (on a noisy rank, a fault's first steps are seldom
+        flagged one by one, but rarely ``delay`` steps in a row pass clean)."""
+        if flagged:
+            self.pending.clear()
+            return
+        self.pending.append((pos, own_s, data_s, step_s))
+        if len(self.pending) > delay:
+            pos, own_s, data_s, step_s = self.pending.pop(0)
             self.work.update(pos)
             self.step.update(step_s)
             self.own.update(own_s)
