@@ -3,24 +3,40 @@
 A producer that invents job ids, hosts, groups or ranks (a bug in someone's collector,
 or someone else's traffic on a shared broker) would otherwise grow the worker's state
 without bound: every new source gets its own ordering slot, de-duplication mark and
-baselines in the Detector. ``InputLimits.admit`` lets through the events of what is
-already tracked, admits new jobs / hosts / ranks / groups while there is room, and
-drops the rest before they reach any state: the jobs already tracked (the rest of the
-cluster) keep being judged. Each cap says once, per job or per partition, that it was
-hit (a log line), and counts every dropped event (``counts``; a metric in the worker).
-Jobs and hosts silent for the ``prune`` horizon leave, freeing their room.
+baselines in the Detector. ``InputLimits.admit`` stands before all of that:
+
+- a new job is on probation until its events span ``probation_s`` of event time or two
+  steps (a training job does within its first steps; a made-up id sending one event
+  never does); its events wait here, in a pool bounded in jobs and events that drops
+  the job heard from least recently. Then it is tracked, up to ``max_jobs``.
+- device samples of a host that no tracked job runs on wait here (the newest few per
+  host, a bounded pool of hosts) and go on once a tracked job's event names the host;
+  at most ``max_hosts`` hosts are tracked.
+- a tracked job may have at most ``max_ranks_per_job`` ranks, ``max_groups_per_job``
+  collective groups and ``max_hosts_per_job`` hosts; events naming more are dropped.
+
+The jobs already tracked (the rest of the cluster) keep being judged. Each cap says once
+(per job for per-job caps) that it was hit, in a log line, and counts what it dropped in
+``counts`` (a metric in the worker). Jobs and hosts silent for the ``prune`` horizon leave,
+freeing their room.
 
 >>> lim = InputLimits(max_jobs=1)
->>> ev = {"kind": "step", "ts": 1.0, "rank": 0, "host": "h"}
->>> [e["job_id"] for e in lim.admit([{**ev, "job_id": "a"}, {**ev, "job_id": "b"}])]
-['a']
->>> lim.counts
-{'jobs': 1, 'hosts': 0, 'ranks_per_job': 0, 'groups_per_job': 0, 'hosts_per_job': 0}
+>>> step = {"kind": "step", "rank": 0, "host": "h"}
+>>> lim.admit([{**step, "job_id": "a", "ts": 1.0, "step": 0}])  # on probation
+[]
+>>> [e["step"] for e in lim.admit([{**step, "job_id": "a", "ts": 2.0, "step": 1}])]
+[0, 1]
+>>> lim.admit([{**step, "job_id": "b", "ts": 2.0, "step": s} for s in (0, 1)])
+[]
+>>> lim.counts["jobs"], lim.jobs
+(0, 1)
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 log = logging.getLogger("failslow.worker")
@@ -37,22 +53,43 @@ class _Job:
     hosts: set = field(default_factory=set)
 
 
+@dataclass
+class _Pending:
+    first_ts: float
+    last_ts: float = -math.inf
+    events: list = field(default_factory=list)
+    steps: set = field(default_factory=set)
+
+
 class InputLimits:
     """The caps of one home partition: distinct jobs (``max_jobs``) and telemetry hosts
     (``max_hosts``), and per job distinct ranks, collective groups and hosts."""
 
     def __init__(self, max_jobs: int = 1_000, max_hosts: int = 16_384,
                  max_ranks_per_job: int = 32_768, max_groups_per_job: int = 65_536,
-                 max_hosts_per_job: int = 8_192, partition: int = 0) -> None:
+                 max_hosts_per_job: int = 8_192, partition: int = 0,
+                 probation_s: float = 1.0, max_pending_jobs: int = 256,
+                 max_pending_events: int = 200_000, max_unknown_hosts: int = 1_024,
+                 held_samples_per_host: int = 2_048, max_held_samples: int = 50_000) -> None:
         self.max_jobs = max_jobs
         self.max_hosts = max_hosts
         self.max_ranks_per_job = max_ranks_per_job
         self.max_groups_per_job = max_groups_per_job
         self.max_hosts_per_job = max_hosts_per_job
         self.partition = partition
+        self.probation_s = probation_s
+        self.max_pending_jobs = max_pending_jobs
+        self.max_pending_events = max_pending_events
+        self.max_unknown_hosts = max_unknown_hosts
+        self.held_samples_per_host = held_samples_per_host
+        self.max_held_samples = max_held_samples
+        self._held_samples = 0
         self.counts = dict.fromkeys(CAPS, 0)
         self._jobs: dict[str, _Job] = {}
-        self._hosts: dict[str, float] = {}  # telemetry host -> newest ts
+        self._hosts: dict[str, float] = {}  # host of a tracked job -> newest ts
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()  # jobs on probation
+        self._pending_events = 0
+        self._unknown: OrderedDict[str, list[dict]] = OrderedDict()  # samples of other hosts
         self._logged: set[tuple[str, str]] = set()
 
     @property
@@ -63,9 +100,9 @@ class InputLimits:
     def hosts(self) -> int:
         return len(self._hosts)
 
-    def _hit(self, cap: str, job_id: str, limit: int) -> None:
-        """Count a dropped event; log the first drop of each cap (per job for per-job caps)."""
-        self.counts[cap] += 1
+    def _hit(self, cap: str, job_id: str, limit: int, dropped: int = 1) -> None:
+        """Count dropped events; log the first hit of each cap (per job for per-job caps)."""
+        self.counts[cap] += dropped
         key = (cap, job_id)
         if key not in self._logged and len(self._logged) < _LOGGED_MAX:
             self._logged.add(key)
@@ -76,44 +113,95 @@ class InputLimits:
                         self.partition, where, limit, cap.replace("_per_job", ""), cap)
 
     def admit(self, events: list[dict]) -> list[dict]:
-        """The events that stay within the caps, in order."""
-        out = []
+        """The events that may go on, in order; events of a job on probation or samples of
+        a host no tracked job runs on are held here and come out once they qualify."""
+        out: list[dict] = []
         for ev in events:
-            if self._admit(ev):
-                out.append(ev)
+            if ev["kind"] in _TELEMETRY:
+                self._sample(ev, out)
+            elif ev["job_id"] in self._jobs:
+                self._job_event(self._jobs[ev["job_id"]], ev, out)
+            else:
+                self._probation(ev, out)
         return out
 
-    def _admit(self, ev: dict) -> bool:
-        kind = ev["kind"]
-        ts = ev["ts"]
-        if kind in _TELEMETRY:
-            host = ev["host"]
-            if host not in self._hosts:
-                if len(self._hosts) >= self.max_hosts:
-                    self._hit("hosts", "", self.max_hosts)
-                    return False
-            self._hosts[host] = max(ts, self._hosts.get(host, ts))
-            return True
+    def track(self, job_id: str, ts: float) -> None:
+        """Count ``job_id`` as tracked without probation (a job restored from a snapshot)."""
+        if job_id not in self._jobs and len(self._jobs) < self.max_jobs:
+            self._jobs[job_id] = _Job(ts)
+
+    def _sample(self, ev: dict, out: list[dict]) -> None:
+        host, ts = ev["host"], ev["ts"]
+        if host in self._hosts:
+            if ts > self._hosts[host]:
+                self._hosts[host] = ts
+            out.append(ev)
+            return
+        held = self._unknown.pop(host, None) or []
+        held.append(ev)
+        self._held_samples += 1
+        if len(held) > self.held_samples_per_host:
+            del held[0]
+            self._held_samples -= 1
+            self._hit("hosts", "", self.max_unknown_hosts)
+        self._unknown[host] = held  # most recently heard from last
+        while self._unknown and (len(self._unknown) > self.max_unknown_hosts
+                                 or self._held_samples > self.max_held_samples):
+            _, dropped = self._unknown.popitem(last=False)
+            self._held_samples -= len(dropped)
+            self._hit("hosts", "", self.max_unknown_hosts, len(dropped))
+
+    def _probation(self, ev: dict, out: list[dict]) -> None:
         job_id = ev["job_id"]
-        job = self._jobs.get(job_id)
-        if job is None:
-            if len(self._jobs) >= self.max_jobs:
-                self._hit("jobs", "", self.max_jobs)
-                return False
-            job = self._jobs[job_id] = _Job(ts)
+        p = self._pending.pop(job_id, None)
+        if p is None:
+            p = _Pending(ev["ts"])
+        self._pending[job_id] = p  # most recently heard from last
+        p.events.append(ev)
+        self._pending_events += 1
+        p.first_ts = min(p.first_ts, ev["ts"])
+        p.last_ts = max(p.last_ts, ev["ts"])
+        if ev["kind"] == "step":
+            p.steps.add(ev["step"])
+        if len(p.steps) >= 2 or p.last_ts - p.first_ts >= self.probation_s:
+            if len(self._jobs) < self.max_jobs:
+                del self._pending[job_id]
+                self._pending_events -= len(p.events)
+                job = self._jobs[job_id] = _Job(p.last_ts)
+                for held in p.events:
+                    self._job_event(job, held, out)
+                return
+            self._hit("jobs", "", self.max_jobs, 0)
+        while self._pending and (len(self._pending) > self.max_pending_jobs
+                                 or self._pending_events > self.max_pending_events):
+            _, dropped = self._pending.popitem(last=False)
+            self._pending_events -= len(dropped.events)
+            self._hit("jobs", "", self.max_pending_jobs, len(dropped.events))
+
+    def _job_event(self, job: _Job, ev: dict, out: list[dict]) -> None:
+        job_id, host = ev["job_id"], ev["host"]
         if not self._member(job, job.ranks, ev["rank"], "ranks_per_job", job_id,
                             self.max_ranks_per_job):
-            return False
-        if not self._member(job, job.hosts, ev["host"], "hosts_per_job", job_id,
+            return
+        if not self._member(job, job.hosts, host, "hosts_per_job", job_id,
                             self.max_hosts_per_job):
-            return False
+            return
         group = ev.get("group")
         if group is not None and not self._member(job, job.groups, group, "groups_per_job",
                                                   job_id, self.max_groups_per_job):
-            return False
-        if ts > job.last_ts:
-            job.last_ts = ts
-        return True
+            return
+        if ev["ts"] > job.last_ts:
+            job.last_ts = ev["ts"]
+        if host not in self._hosts:
+            if len(self._hosts) >= self.max_hosts:
+                self._hit("hosts", "", self.max_hosts, 0)
+            else:
+                # The host's samples count from now on, with those held while it was unknown.
+                self._hosts[host] = ev["ts"]
+                held = self._unknown.pop(host, [])
+                self._held_samples -= len(held)
+                out.extend(held)
+        out.append(ev)
 
     def _member(self, job: _Job, seen: set, value: object, cap: str, job_id: str,
                 limit: int) -> bool:
@@ -126,8 +214,12 @@ class InputLimits:
         return True
 
     def prune(self, horizon_ts: float) -> None:
-        """Forget jobs and telemetry hosts with no event newer than ``horizon_ts``."""
+        """Forget jobs, hosts and held events with nothing newer than ``horizon_ts``."""
         self._jobs = {j: s for j, s in self._jobs.items() if s.last_ts >= horizon_ts}
         self._hosts = {h: t for h, t in self._hosts.items() if t >= horizon_ts}
+        for job_id in [j for j, p in self._pending.items() if p.last_ts < horizon_ts]:
+            self._pending_events -= len(self._pending.pop(job_id).events)
+        for host in [h for h, held in self._unknown.items() if held[-1]["ts"] < horizon_ts]:
+            self._held_samples -= len(self._unknown.pop(host))
         # A partition-wide cap hit again after room was freed is worth a new line.
         self._logged = {k for k in self._logged if k[1] in self._jobs}

@@ -10,8 +10,9 @@ is dropped, counted. Emitted incidents are de-duplicated on their full content,
 so a replay after a restart re-creates the same incident events and none is
 emitted twice.
 
-Input caps. Before anything is buffered, ``InputLimits`` (streams.limits) drops the
-events of jobs, hosts, ranks and groups beyond its caps, counted in ``capped``.
+Input caps. Before anything is buffered, ``InputLimits`` (streams.limits) holds the
+events of new jobs on probation and drops those of jobs, hosts, ranks and groups beyond
+its caps (``capped``: how many it dropped).
 
 Recovery. ``snapshot()`` is small: the Detector's state, the watermark, the
 de-duplication marks and two offsets: ``o_min`` (the oldest message still holding
@@ -116,10 +117,8 @@ class JobPartition:
         # the Detector's state; they still tell which sources exist and how far they got.
         skip_ts = self._skip_ts if offset < self._skip_below else -math.inf
         self.counts["events"] += len(events)
-        admitted = self.limits.admit(events)
-        if len(admitted) != len(events):
-            self.counts["capped"] += len(events) - len(admitted)
-            events = admitted
+        events = self.limits.admit(events)
+        self.counts["capped"] = sum(self.limits.counts.values())
         late = self.order.add(events, offset, now, skip_ts)
         out = self._feed(late) if late else []
         ready = self.order.advance(now)
@@ -217,6 +216,9 @@ class JobPartition:
         # Detector already has is dropped, even before the replay re-marks its source.
         self._marks = {tuple(src): tuple(pos) if type(pos) is list else pos
                        for src, pos in snap.get("marks", ())}
+        for src, pos in self._marks.items():
+            if src[0] in ("step", "collective"):  # its jobs skip probation
+                self.limits.track(src[1], pos[0])
         self._skip_below = snap["o_next"]
         self._skip_ts = self.wm
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import pickle
 
-import orjson
 from test_streams_partition import canon, messages, run, trace
 
 from streams.limits import InputLimits
@@ -79,9 +78,29 @@ def test_a_flood_is_capped_and_the_real_job_is_still_judged(caplog):
 def test_room_frees_when_a_job_goes_quiet():
     lim = InputLimits(max_jobs=1)
     step = {"kind": "step", "rank": 0, "host": "h"}
-    assert lim.admit([{**step, "job_id": "a", "ts": 100.0}])
-    assert not lim.admit([{**step, "job_id": "b", "ts": 101.0}])
+
+    def two_steps(job: str, ts: float) -> list[dict]:
+        return [{**step, "job_id": job, "ts": ts + s, "step": s} for s in (0, 1)]
+
+    assert len(lim.admit(two_steps("a", 100.0))) == 2
+    assert not lim.admit(two_steps("b", 101.0))  # no room: stays on probation
     lim.prune(horizon_ts=150.0)
-    assert lim.admit([{**step, "job_id": "b", "ts": 200.0}])
-    assert orjson.dumps(lim.counts) == b'{"jobs":1,"hosts":0,"ranks_per_job":0,' \
-        b'"groups_per_job":0,"hosts_per_job":0}'
+    assert len(lim.admit(two_steps("b", 200.0))) == 2
+    assert lim.counts["jobs"] == 0  # waiting on probation is not a drop
+
+
+def test_one_shot_ids_never_reach_the_detector_and_held_events_stay_bounded():
+    lim = InputLimits(max_pending_jobs=100, max_unknown_hosts=50)
+    for u in range(10_000):
+        assert not lim.admit([{"kind": "step", "job_id": f"j{u}", "rank": 0, "host": "h",
+                               "ts": 1.0 + u * 1e-6, "step": 0},
+                              {"kind": "gpu", "host": f"x{u}", "ts": 1.0, "gpu": 0}])
+    assert lim.jobs == 0 and len(lim._pending) == 100 and len(lim._unknown) == 50
+    assert lim.counts["jobs"] == 9_900 and lim.counts["hosts"] == 9_950
+    # A real job among them graduates, and its hosts' held samples come with it.
+    out = lim.admit([{"kind": "gpu", "host": "real-h", "ts": 5.0, "gpu": 0},
+                     {"kind": "step", "job_id": "real", "rank": 0, "host": "real-h", "ts": 5.0,
+                      "step": 0},
+                     {"kind": "step", "job_id": "real", "rank": 0, "host": "real-h", "ts": 6.0,
+                      "step": 1}])
+    assert [e["kind"] for e in out] == ["gpu", "step", "step"]
