@@ -17,6 +17,15 @@ time (the dump happens after the collective ends, so this is an upper bound).
 on every rank) and the communicator id the group (``nccl-<id>``, or a name from
 ``groups``). ``rank`` is the rank inside the communicator unless ``rank_of`` maps
 a record to the job's global rank (e.g. by pid).
+
+By default (``grain="comm"``) each ``sample()`` sums what it read into one ``comm``
+record per (rank, host): the window runs from the previous sample (or the earliest op
+end read, if older: records arrive one dump interval late) to now, ``step`` is null
+(NCCL does not know the job's steps), and an op's ``blocked_s`` is its share of the
+union of that rank's op intervals (``collectors.comm_windows.split_blocked``: ops of
+several communicators running at once never double count). NCCL's execution time is
+GPU time, so ``blocked_s`` here is time inside collectives, not time the training
+thread waited. ``grain="collective"`` publishes one ``collective`` event per record.
 """
 
 from __future__ import annotations
@@ -25,7 +34,10 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
+
+from collectors.comm_windows import comm_record, split_blocked, summarize
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +60,8 @@ class InspectorTailer:
 
     from_start: read files that exist at start from their beginning (default: from
     their end, like ``tail -f``, so a restarted collector does not publish history twice).
+    grain: ``comm`` (default: one summary per rank per sample) or ``collective`` (one
+    event per record). clock: wall clock, seconds (tests inject one).
     """
 
     name = "nccl"
@@ -55,8 +69,14 @@ class InspectorTailer:
     def __init__(self, directory: str, job_id: str, host: str | None = None,
                  groups: dict[str, str] | None = None,
                  rank_of: Callable[[dict], int | None] | None = None,
-                 from_start: bool = False) -> None:
+                 from_start: bool = False, grain: str = "comm",
+                 clock: Callable[[], float] = time.time) -> None:
+        if grain not in ("comm", "collective"):
+            raise ValueError(f"grain must be comm or collective, not {grain!r}")
         self.directory = directory
+        self.grain = grain
+        self.clock = clock
+        self._last_sample = clock()
         self.job_id = job_id
         self.host = host
         self.groups = groups or {}
@@ -99,7 +119,25 @@ class InspectorTailer:
                     events.append(ev)
         for gone in set(self._files) - seen:
             del self._files[gone]
+        if self.grain == "comm":
+            return self._summarize(events)
         return events
+
+    def _summarize(self, events: list[dict]) -> list[dict]:
+        now, since = self.clock(), self._last_sample
+        self._last_sample = now
+        by_rank: dict[tuple[int, str], list[dict]] = {}
+        for ev in events:
+            by_rank.setdefault((ev["rank"], ev["host"]), []).append(ev)
+        out = []
+        for (rank, host), evs in by_rank.items():
+            spans = [(ev["start_ts"], ev["ts"]) for ev in evs]
+            out.append(comm_record(self.job_id, rank, host,
+                                   min(since, min(ev["ts"] for ev in evs)),
+                                   max(now, max(ev["ts"] for ev in evs)),
+                                   summarize(evs, split_blocked(spans, [], spans)),
+                                   step=None, step_end=None))
+        return out
 
     def _parse(self, state: _File) -> list[dict]:
         text, pos, out = state.buffer, 0, []

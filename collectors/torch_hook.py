@@ -61,6 +61,7 @@ so the training thread pays only for building a dict. The patches are in
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -76,6 +77,24 @@ from collectors.torch_ops import STEP_TIMEOUT_S, Op, OpTracking, Step
 from collectors.torch_seams import Seams
 
 _FUNCOL_PENDING_MAX = 4096  # functional results never waited on are forgotten past this
+GRAINS = ("comm", "collective", "both")
+
+
+def resolve_grain(grain: str | None = None, window_s: float | None = None) -> tuple[str, float]:
+    """What the hook publishes and its window: argument > ``FAILSLOW_HOOK_GRAIN`` /
+    ``FAILSLOW_HOOK_WINDOW_S`` > ``comm`` every 1 s. Raises ValueError on a bad value."""
+    grain = grain or os.environ.get("FAILSLOW_HOOK_GRAIN") or "comm"
+    if grain not in GRAINS:
+        raise ValueError(f"grain must be one of {', '.join(GRAINS)}, not {grain!r}")
+    if window_s is None:
+        text = os.environ.get("FAILSLOW_HOOK_WINDOW_S") or "1"
+        try:
+            window_s = float(text)
+        except ValueError:
+            raise ValueError(f"FAILSLOW_HOOK_WINDOW_S: not a number: {text!r}") from None
+    if not window_s > 0 or window_s == float("inf"):
+        raise ValueError(f"window_s must be a positive number of seconds, not {window_s}")
+    return grain, float(window_s)
 
 
 class StepScope(contextlib.ContextDecorator):
@@ -110,7 +129,11 @@ class TrainingHook(OpTracking):
                  world_size: int | None = None, host: str | None = None,
                  gpu: int | None = None, flush_interval_s: float = 0.1,
                  dp_rank: int | None = None, pp_rank: int | None = None,
-                 tp_rank: int | None = None) -> None:
+                 tp_rank: int | None = None, grain: str | None = None,
+                 window_s: float | None = None) -> None:
+        self.grain, self.window_s = resolve_grain(grain, window_s)
+        self._raw = self.grain in ("collective", "both")
+        self._comm = self.grain in ("comm", "both")
         self.publisher = publisher
         self.job_id = job_id
         self._rank, self._world_size = rank, world_size
@@ -123,6 +146,10 @@ class TrainingHook(OpTracking):
         self._funcol_groups: dict[str, Any] = {}
         self._seq: dict[str, int] = {}
         self._out: deque[dict] = deque()
+        self._loose: deque[Op] = deque()
+        self._wait_t0 = 0.0  # start of the wait the job is in (perf_counter), 0.0: none
+        self._loose_t0 = time.perf_counter()
+        self._wall_off = time.time() - time.perf_counter()
         self._cuda_pending: deque[tuple[Op, Any]] = deque()
         self._works_pending: dict[int, Op] = {}  # id(op) -> op whose end is polled (1 ms)
         self._works_blocking: dict[int, Op] = {}  # ended by their wait; polled at 0.1 s
@@ -240,8 +267,10 @@ class TrainingHook(OpTracking):
 
     # -- callbacks from the seams ------------------------------------------------------------------
 
-    def _on_issue(self, op: str, pg: Any, nbytes: int, peer: Any, tensor: Any) -> Op:
-        now = time.perf_counter()
+    def _on_issue(self, op: str, pg: Any, nbytes: int, peer: Any, tensor: Any,
+                  now: float | None = None) -> Op:
+        if now is None:
+            now = time.perf_counter()
         if op in ("send", "recv") and peer is not None:
             if pg is not None and pg is not c10d._world.default_pg:
                 peer = dist.get_global_rank(pg, int(peer))
@@ -276,8 +305,7 @@ class TrainingHook(OpTracking):
                 pg = group
             else:  # a ScriptObject from the dispatcher
                 pg = dist.ProcessGroup.unbox(group)
-        h = self._on_issue(op, pg, nbytes, peer, None)
-        h.start = t0
+        h = self._on_issue(op, pg, nbytes, peer, None, t0)
         h.waited = True  # only its wait_tensor blocks the rank
         if h.step is not None:
             with self._lock:
@@ -305,6 +333,7 @@ class TrainingHook(OpTracking):
         s = Step(ev)
         # The wait for this step's batch happened just before it: it belongs to the step.
         s.t0 -= self._carry_data
+        s.win_t0 = s.t0
         s.data, self._carry_data = self._carry_data, 0.0
         self._step = s
 
@@ -356,14 +385,23 @@ class TrainingHook(OpTracking):
         batch = []
         while self._out:
             batch.append(self._out.popleft())
-        now = time.monotonic()
+        now, perf = time.monotonic(), time.perf_counter()
         with self._lock:
             keep = []
             for s in self._steps_open:
                 if s.open_ops and not force and now - s.closed_at < STEP_TIMEOUT_S:
                     keep.append(s)
                     continue
+                if self._comm:
+                    batch += filter(None, [self._comm_window(s, s.t_end, final=True)])
                 batch.append(self._finish_step(s))
             self._steps_open = keep
+            if self._comm:
+                current = self._step
+                # (while DDP's reducer may be waiting, in C++, the window waits for it)
+                if (current is not None and not current.t_end and not self._ddp_queued
+                        and perf - current.win_t0 >= self.window_s):
+                    batch += filter(None, [self._comm_window(current, perf, final=False)])
+                batch += self._loose_windows(perf, force)
         if batch:
             self.publisher.publish(batch)

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from collectors.intervals import BlockedTime
+from collectors.comm_windows import INF, comm_record, in_flight, split_blocked, summarize
+from collectors.intervals import BlockedTime, clip_to_last_issue
 
 STEP_TIMEOUT_S = 30.0  # a step whose collectives never report is published without them
 
@@ -24,7 +25,7 @@ class Step:
     """One open step: its event, clock (perf_counter), ended ops and what blocked it."""
 
     __slots__ = ("event", "t0", "t_end", "data", "open_ops", "closed_at", "ops", "blocked",
-                 "finished")
+                 "finished", "cursor", "win_t0")
 
     def __init__(self, event: dict) -> None:
         self.event = event
@@ -36,6 +37,8 @@ class Step:
         self.ops: list[Op] = []  # ended ops issued in this step
         self.blocked = BlockedTime()
         self.finished = False
+        self.cursor = 0  # ops[:cursor] are in comm windows already closed
+        self.win_t0 = self.t0  # start of the open comm window
 
 
 class Op:
@@ -63,6 +66,18 @@ class OpTracking:
     _funcol_pending: dict[int, Op]
     _ddp_queued: bool
     _ddp_last_issue: float
+    _raw: bool  # publish a ``collective`` event per op
+    _comm: bool  # publish ``comm`` windows
+    _loose: deque[Op]  # ended ops outside any open step, for the step-less comm window
+    _loose_t0: float
+    _wall_off: float  # time.time() - time.perf_counter()
+    _wait_t0: float
+    _world_size: int | None
+    _rank: int | None
+    window_s: float
+    job_id: str
+    host: str
+    gpu: int | None
 
     def _ddp_bucket(self, work: Any) -> None:
         """DDP's reducer waits for its buckets from C++, in a callback autograd runs at the
@@ -148,12 +163,15 @@ class OpTracking:
         ev = h.ev
         ev["duration_s"] = end - h.start
         ev["ts"] = ev["start_ts"] + ev["duration_s"]
-        self._out.append(ev)
+        if self._raw:
+            self._out.append(ev)
         step = h.step
         if step is None or step.finished:  # (a step published without this late op)
             if h.work is not None and self._works.get(id(h.work)) is h:
                 del self._works[id(h.work)]
             h.work = None
+            if self._comm:
+                self._loose.append(h)
         else:
             with self._lock:
                 step.ops.append(h)
@@ -209,3 +227,53 @@ class OpTracking:
         ev["data_s"], ev["comm_s"] = data, comm
         ev["compute_s"] = max(0.0, duration - data - comm)
         return ev
+
+    # -- comm windows (called by the publishing thread, with the lock held) ----------------
+
+    def _comm_window(self, s: Step, t_close: float, final: bool) -> dict | None:
+        """Close ``s``'s open comm window at ``t_close`` (perf_counter): its ``comm`` record,
+        or None when no op ended in it. Each op's ``blocked_s`` is its share of the step's
+        blocked time (``split_blocked``) as known now; the ops open with it are the step's
+        ended ops and those still in flight (issued, not ended)."""
+        ops = s.ops[s.cursor:]
+        earlier = s.ops[:s.cursor]
+        s.cursor = len(s.ops)
+        t0, s.win_t0 = s.win_t0, t_close
+        if not ops:
+            return None
+        issues = sorted(s.blocked.issues)
+        blocked = s.blocked.waits + [clip_to_last_issue(h.start, h.end, issues)
+                                     for h in s.ops if not h.waited]
+        if not final and self._wait_t0:  # the job is inside a wait right now
+            blocked.append((self._wait_t0, t_close))
+        others = [(h.start, h.end) for h in earlier]
+        others += [(t, INF) for t in in_flight(issues, [h.start for h in s.ops])]
+        shares = split_blocked([(h.start, h.end) for h in ops], others, blocked)
+        evs = [h.ev for h in ops]
+        ts = max(self._wall_off + t_close, max(ev["ts"] for ev in evs))
+        ev = s.event
+        return comm_record(self.job_id, ev["rank"], self.host, self._wall_off + t0, ts,
+                           summarize(evs, shares), step=ev["step"], step_end=final,
+                           world_size=ev["world_size"], gpu=self.gpu)
+
+    def _loose_windows(self, now: float, force: bool) -> list[dict]:
+        """Ops that ended outside any open step (before the first step, between steps,
+        late for a step already published), every ``window_s``: one record per step value
+        (None outside steps). No waits are recorded outside steps, so an op's blocked time
+        is its share of the union of these ops' own intervals."""
+        if not force and now - self._loose_t0 < self.window_s:
+            return []
+        t0, self._loose_t0 = self._loose_t0, now
+        by_step: dict[int | None, list[Op]] = {}
+        while self._loose:
+            h = self._loose.popleft()
+            by_step.setdefault(h.ev["step"], []).append(h)
+        out = []
+        for step, hs in by_step.items():
+            spans = [(h.start, h.end) for h in hs]
+            evs = [h.ev for h in hs]
+            ts = max(self._wall_off + now, max(ev["ts"] for ev in evs))
+            out.append(comm_record(self.job_id, evs[0]["rank"], self.host, self._wall_off + t0,
+                                   ts, summarize(evs, split_blocked(spans, [], spans)),
+                                   step=step, world_size=self._world_size, gpu=self.gpu))
+        return out

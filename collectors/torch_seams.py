@@ -105,7 +105,8 @@ class Seams:
     sink methods: ``_on_issue(op, group, nbytes, peer, tensor) -> handle``,
     ``_on_return(handle, work, t0, t1, is_async)``, ``_on_wait(work, t0, t1)``,
     ``_on_funcol(op, group_name, nbytes, peer, tensor, outputs, t0, t1)``,
-    ``_on_funcol_wait(tensor, t0, t1)``.
+    ``_on_funcol_wait(tensor, t0, t1)``; and ``_wait_t0``, set to the start of a wait
+    while one is in progress (0.0 otherwise).
     """
 
     def __init__(self, sink: Any) -> None:
@@ -171,11 +172,12 @@ class Seams:
         sink = self.sink
 
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = sink._wait_t0 = time.perf_counter()  # a wait in progress, for comm windows
             try:
                 return fn(work, *args, **kwargs)
             finally:
                 sink._on_wait(work, t0, time.perf_counter())
+                sink._wait_t0 = 0.0
 
         return wait
 
@@ -238,9 +240,10 @@ class Seams:
         redispatch = opo._handle.redispatch_boxed
 
         def kernel(keyset: Any, tensor: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = sink._wait_t0 = time.perf_counter()
             out = redispatch(keyset & after, tensor)
             sink._on_funcol_wait(tensor, t0, time.perf_counter())
+            sink._wait_t0 = 0.0
             return out
 
         return kernel

@@ -4,15 +4,19 @@
 the bucket all-reduces overlap each other and backward. One rank may do ``factor``
 times the compute from step ``slow_from`` on: real extra matmuls inside forward and
 backward (a chain of layers the size of the model's, on the activations). Each rank
-writes its events with a FilePublisher; the result is every rank's step events, plus
-``comm_sum_s``: what the hook reported before it counted time blocked (the sum of the
-durations of the collectives that ended in the step, capped), for comparison.
+writes its events with a FilePublisher (``grain``: ``both`` by default, so the raw
+``collective`` events sit beside the ``comm`` windows); the result is every rank's step
+events, plus, when raw events were published, ``comm_sum_s``: what the hook reported
+before it counted time blocked (the sum of the durations of the collectives that ended
+in the step, capped), for comparison. ``pad_s`` adds that much sleep to every step (a
+bigger model's compute, to reach ~1 s steps); ``read_events`` gives every event.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 from statistics import median
@@ -54,15 +58,17 @@ def _extra_chain(copies: float) -> list[torch.Tensor]:
 
 
 def _rank_main(rank: int, world: int, port: int, out: str, steps: int, slow_rank: int,
-               slow_from: int, factor: float, batch: int) -> None:
+               slow_from: int, factor: float, batch: int, grain: str, window_s: float,
+               pad_s: float, bucket_mb: float) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     torch.manual_seed(0)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     pub = FilePublisher(Path(out) / f"rank{rank}.jsonl")
-    hook = TrainingHook(pub, job_id="ddp", host=f"host{rank // 2}", dp_rank=rank).install()
+    hook = TrainingHook(pub, job_id="ddp", host=f"host{rank // 2}", dp_rank=rank,
+                        grain=grain, window_s=window_s).install()
     net = _Net()
-    model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=BUCKET_MB)
+    model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=bucket_mb)
     hook.instrument_ddp(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(rank)
@@ -72,6 +78,8 @@ def _rank_main(rank: int, world: int, port: int, out: str, steps: int, slow_rank
         if rank == slow_rank and i == slow_from:
             net.extra = _extra_chain(factor - 1.0)
         with hook.step(i):
+            if pad_s:
+                time.sleep(pad_s)
             loss = torch.nn.functional.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -83,24 +91,34 @@ def _rank_main(rank: int, world: int, port: int, out: str, steps: int, slow_rank
 
 
 def run_ddp(out: Path, world: int = 4, steps: int = 24, slow_rank: int = 2,
-            slow_from: int = 12, factor: float = 1.0, batch: int = 32) -> dict[int, list[dict]]:
-    """Run the job; every rank's step events in step order, each with ``comm_sum_s``."""
+            slow_from: int = 12, factor: float = 1.0, batch: int = 32, grain: str = "both",
+            window_s: float = 1.0, pad_s: float = 0.0,
+            bucket_mb: float = BUCKET_MB) -> dict[int, list[dict]]:
+    """Run the job; every rank's step events in step order (with ``comm_sum_s`` when
+    raw events were published)."""
     out.mkdir(parents=True, exist_ok=True)
     mp.spawn(_rank_main, args=(world, free_port(), str(out), steps, slow_rank, slow_from,
-                               factor, batch), nprocs=world)
+                               factor, batch, grain, window_s, pad_s, bucket_mb), nprocs=world)
     result = {}
-    for rank in range(world):
-        evs = [json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
+    for rank, evs in read_events(out, world).items():
         op_sum: dict[int, float] = defaultdict(float)
+        raw = False
         for ev in evs:
             if ev["kind"] == "collective" and ev["step"] is not None:
                 op_sum[ev["step"]] += ev["duration_s"]
+                raw = True
         stepevs = sorted((e for e in evs if e["kind"] == "step"), key=lambda e: e["step"])
-        for s in stepevs:
+        for s in stepevs if raw else []:
             s["comm_sum_s"] = min(op_sum[s["step"]], s["duration_s"] - s["data_s"])
             s["compute_sum_s"] = s["duration_s"] - s["data_s"] - s["comm_sum_s"]
         result[rank] = stepevs
     return result
+
+
+def read_events(out: Path, world: int) -> dict[int, list[dict]]:
+    """Every event each rank wrote, in file order."""
+    return {rank: [json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
+            for rank in range(world)}
 
 
 def med(steps: list[dict], field: str, lo: int, hi: int) -> float:

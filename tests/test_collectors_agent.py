@@ -36,7 +36,8 @@ def test_nccl_inspector_follows_files(tmp_path):
     dump.mkdir()
     old = dump / "node7-pid4242.log"
     old.write_text(json.dumps(_record(0)) + "\n")
-    tailer = InspectorTailer(str(dump), job_id="job0")  # starts at the end, like tail -f
+    # starts at the end, like tail -f
+    tailer = InspectorTailer(str(dump), job_id="job0", grain="collective")
     assert tailer.sample() == []
     with old.open("a") as f:
         f.write(json.dumps(_record(1)) + "\n")
@@ -59,6 +60,50 @@ def test_nccl_inspector_follows_files(tmp_path):
     assert sorted((e["rank"], e["seq"], e["op"]) for e in events) == [
         (1, 3, "allgather"), (2, 0, "allreduce")]
     assert tailer.bad_records == 1
+
+
+def test_nccl_inspector_summarizes_each_sample_per_rank(tmp_path):
+    """The default grain: one ``comm`` record per (rank, host) per sample, equal to the
+    raw events read in it; concurrent ops of two communicators never double count."""
+    dump = tmp_path / "nccl-inspector"
+    dump.mkdir()
+    lines = [_record(sn, verbose=True) for sn in range(4)]
+    lines += [_record(7, rank=2), _record(8, rank=2, coll="Send")]
+    other = _record(0, verbose=True)  # another communicator, overlapping seq 0 exactly
+    other["header"]["id"] = "0x99"
+    lines.append(other)
+    (dump / "node7-pid4242.log").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    clock = iter([1_700_000_000.0, 1_700_000_001.0, 1_700_000_002.0]).__next__
+    raw = InspectorTailer(str(dump), job_id="job0", from_start=True, grain="collective")
+    tailer = InspectorTailer(str(dump), job_id="job0", from_start=True, clock=clock)
+    want = raw.sample()
+    got = tailer.sample()
+    for ev in got:
+        validate(ev)
+    assert [(e["rank"], e["host"], e["step"]) for e in got] == [(1, "node7", None),
+                                                                 (2, "node7", None)]
+    one = got[0]
+    assert one["window_start_ts"] == 1_700_000_000.0 and one["ts"] == 1_700_000_001.0
+    entries = {(o["group"], o["op"]): o for o in one["ops"]}
+    ar = entries[("nccl-0x7f8c496ae9f661", "allreduce")]
+    assert (ar["n"], ar["bytes"], ar["first_seq"], ar["last_seq"]) == (4, 4 << 20, 0, 3)
+    assert ar["min_s"] == ar["max_s"] == 0.0015
+    assert ar["first_start_ts"] == 1_700_000_000.0
+    # seq 0 of both communicators ran over the same 1.5 ms: 0.75 ms each
+    assert abs(ar["blocked_s"] - (3 * 0.0015 + 0.00075)) < 1e-6  # (µs on epoch floats)
+    assert abs(entries[("nccl-0x99", "allreduce")]["blocked_s"] - 0.00075) < 1e-6
+    n_raw = {(e["rank"], e["op"]): 0 for e in want}
+    for e in want:
+        n_raw[(e["rank"], e["op"])] += 1
+    n_comm = {(r["rank"], o["op"]): 0 for r in got for o in r["ops"]}
+    for r in got:
+        for o in r["ops"]:
+            n_comm[(r["rank"], o["op"])] += o["n"]
+    assert n_comm == n_raw
+    # an op read one dump interval late widens the window back to its end
+    late = got[1]
+    assert late["window_start_ts"] <= min(e["ts"] for e in want if e["rank"] == 2)
+    assert tailer.sample() == []  # nothing new: nothing published
 
 
 class _ListPublisher:
@@ -122,6 +167,23 @@ def test_collect_sigterm_flushes(broker, topics, tmp_path):
     nics = read_events(broker.bootstrap, topics.for_kind("nic"),
                        expect_events=published - cycles)
     assert len(nics) == published - cycles
+
+
+def test_collect_comm_grain_flag(tmp_path):
+    import argparse
+
+    from failslow.commands.collect import add_arguments, build_samplers
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for argv, grain in (([], "comm"), (["--comm-grain", "collective"], "collective")):
+        args = parser.parse_args(["--samplers", "nccl", "--nccl-dir", str(tmp_path),
+                                  "--job-id", "j", *argv])
+        [tailer] = build_samplers(args, "h0")
+        assert isinstance(tailer, InspectorTailer) and tailer.grain == grain
+    proc = _cli("collect", "--comm-grain", "ops", "--bootstrap", "127.0.0.1:1")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--comm-grain" in out
 
 
 def test_collect_rejects_bad_input():

@@ -1,4 +1,5 @@
-"""The training hook in a real 4-rank PyTorch DDP job on CPU (gloo), publishing to Tansu."""
+"""The training hook in a real 4-rank PyTorch DDP job on CPU (gloo), publishing to Tansu
+its default grain: step events and ``comm`` windows."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from fakes.kafka import read_events  # noqa: E402
+from fakes.kafka import read_events, read_messages  # noqa: E402
 
 from collectors.publisher import Publisher  # noqa: E402
 from collectors.torch_hook import TrainingHook  # noqa: E402
@@ -57,7 +58,7 @@ def _rank_main(rank: int, port: int, bootstrap: str, prefix: str) -> None:
     dist.destroy_process_group()
 
 
-def test_ddp_job_slow_rank_visible_with_consistent_seq(broker, topics):
+def test_ddp_job_comm_windows_show_the_slow_rank(broker, topics):
     mp.spawn(_rank_main, args=(free_port(), broker.bootstrap, topics.prefix), nprocs=WORLD)
 
     steps = read_events(broker.bootstrap, topics.for_kind("step"), expect_events=WORLD * STEPS)
@@ -70,38 +71,46 @@ def test_ddp_job_slow_rank_visible_with_consistent_seq(broker, topics):
                                                            for r in range(WORLD)}
 
     # per step: 1 DDP all-reduce; every 5th step an explicit all-reduce; every 10th a
-    # send and a recv; one barrier at the end
-    per_rank = STEPS + STEPS // 5 + 2 * (STEPS // 10) + 1
-    colls = read_events(broker.bootstrap, topics.for_kind("collective"),
-                        expect_events=WORLD * per_rank)
-    assert len(colls) == WORLD * per_rank
-    members = defaultdict(dict)
-    for ev in colls:
+    # send and a recv; one barrier at the end. The default grain sums them per window.
+    n_world = STEPS + STEPS // 5 + 1
+    per_rank = n_world + 2 * (STEPS // 10)
+    msgs = read_messages(broker.bootstrap, topics.for_kind("comm"))
+    assert {key for key, _ in msgs} == {"job-ddp"}
+    comm = [ev for _, evs in msgs for ev in evs]
+    assert {ev["kind"] for ev in comm} == {"comm"}
+    n_ops: dict[int, int] = defaultdict(int)
+    world_seqs: dict[int, set] = defaultdict(set)
+    p2p: dict[int, dict] = defaultdict(dict)
+    grad_blocked: dict[int, dict[int, float]] = defaultdict(dict)
+    for ev in comm:
         validate(ev)
-        members[(ev["group"], ev["seq"])][ev["rank"]] = ev
-    world_ops = {k: v for k, v in members.items() if k[0] == "world"}
-    assert sorted(k[1] for k in world_ops) == list(range(STEPS + STEPS // 5 + 1))
-    for (_, seq), evs in world_ops.items():  # same seq = the same collective on every rank
-        assert sorted(evs) == list(range(WORLD))
-        assert len({(e["op"], e["bytes"], e["step"]) for e in evs.values()}) == 1, seq
-    p2p = {k: v for k, v in members.items() if k[0].startswith("p2p")}
-    for (group, _), evs in p2p.items():  # each send meets its recv under one seq
-        assert sorted(e["op"] for e in evs.values()) == ["recv", "send"], group
-        assert {e["rank"] for e in evs.values()} == {e["peer"] for e in evs.values()}
+        for o in ev["ops"]:
+            n_ops[ev["rank"]] += o["n"]
+            if o["group"] == "world":
+                world_seqs[ev["rank"]] |= set(range(o["first_seq"], o["last_seq"] + 1))
+            if o["op"] in ("send", "recv"):
+                peer, n = p2p[ev["rank"]].get(o["op"], (o["peer"], 0))
+                assert peer == o["peer"]
+                p2p[ev["rank"]][o["op"]] = (peer, n + o["n"])
+            if o["op"] == "allreduce" and ev["step"] is not None:
+                steps_of = grad_blocked[ev["step"]]
+                steps_of[ev["rank"]] = steps_of.get(ev["rank"], 0.0) + o["blocked_s"]
+    assert dict(n_ops) == dict.fromkeys(range(WORLD), per_rank)
+    assert dict(world_seqs) == {r: set(range(n_world)) for r in range(WORLD)}
+    for r in range(WORLD):  # a ring: each rank sends to the next, receives from the previous
+        assert p2p[r] == {"send": ((r + 1) % WORLD, STEPS // 10),
+                          "recv": ((r - 1) % WORLD, STEPS // 10)}
 
     # The slow rank: the most compute per step, and the last to arrive at the gradient
-    # all-reduce (so its own wait there is the shortest).
+    # all-reduce (so its own blocked time there is the shortest).
     def med(rank: int, field: str) -> float:
         return median(by_rank[rank][s][field] for s in range(SLOW_FROM, STEPS))
 
     others = [r for r in range(WORLD) if r != SLOW_RANK]
     assert med(SLOW_RANK, "compute_s") > max(med(r, "compute_s") for r in others) + SLOW_S / 2
-    grad = [evs for (g, _), evs in world_ops.items()
-            if evs[0]["op"] == "allreduce" and evs[0]["bytes"] > 1000
-            and evs[0]["step"] is not None and evs[0]["step"] >= SLOW_FROM]
-    last_in = sum(min(evs.values(), key=lambda e: e["duration_s"])["rank"] == SLOW_RANK
-                  for evs in grad)
-    assert last_in >= 0.8 * len(grad)
+    slow_steps = [grad_blocked[s] for s in range(SLOW_FROM, STEPS)]
+    last_in = sum(min(b, key=b.__getitem__) == SLOW_RANK for b in slow_steps)
+    assert last_in >= 0.8 * len(slow_steps)
     for r in range(WORLD):
         for s in by_rank[r].values():
             parts = s["compute_s"] + s["comm_s"] + s["data_s"]

@@ -1,6 +1,7 @@
 """The training hook sees every collective the INSTALLED torch offers, in a real 2-rank
 gloo job: each public torch.distributed collective / point-to-point function and each
-functional collective runs in its own step, and that step must carry its ops.
+functional collective runs in its own step, and that step's ``comm`` windows (the
+default grain) must carry its ops.
 
 A torch release that adds a public collective fails ``test_every_public_collective_has_a_recipe``
 until it has a recipe here (and the hook sees it)."""
@@ -180,8 +181,8 @@ def test_hook_sees_every_public_collective(tmp_path):
         for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines():
             ev = json.loads(line)
             validate(ev)
-            if ev["kind"] == "collective" and ev["step"] is not None:
-                ops_by_step[ev["step"]].add(ev["op"])
+            if ev["kind"] == "comm" and ev["step"] is not None:  # the default grain
+                ops_by_step[ev["step"]].update(o["op"] for o in ev["ops"])
             elif ev["kind"] == "step":
                 steps[ev["step"]] = ev
         recipes = _recipes(rank)

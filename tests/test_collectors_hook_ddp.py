@@ -3,7 +3,9 @@ gradients in several buckets, so all-reduces overlap each other and backward).
 
 From step 10 on, rank 2 does 2x the compute (real extra matmuls in forward and
 backward). The healthy ranks' ``compute_s`` must not collapse into ``comm_s`` while they
-wait for it (summing op durations made it ~0), and the slow rank's must grow. Margins
+wait for it (summing op durations made it ~0), and the slow rank's must grow. The job
+publishes both grains: each rank-step's ``comm`` windows must hold exactly its raw
+``collective`` events, and in them the slow rank is the one that blocks least. Margins
 are generous: 4 ranks share 2 cores with other work, so no timing is asserted tight."""
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install failslow[torch])")
 
+from collections import defaultdict  # noqa: E402
 from statistics import median  # noqa: E402
 
-from hook_jobs import med, run_ddp, spread  # noqa: E402
+from hook_jobs import med, read_events, run_ddp, spread  # noqa: E402
 
 from schema import validate  # noqa: E402
 
@@ -42,3 +45,46 @@ def test_ddp_healthy_ranks_keep_their_compute_when_a_peer_is_2x(tmp_path):
     slow_after = med(by_rank[SLOW], "compute_s", FROM, STEPS)
     assert slow_after > 1.3 * slow_before, (slow_before, slow_after)
     assert slow_after > 1.2 * max(med(by_rank[r], "compute_s", FROM, STEPS) for r in healthy)
+
+
+def _by_step(evs: list[dict]) -> tuple[dict, dict, dict]:
+    raw: dict[int, list[dict]] = defaultdict(list)
+    comm: dict[int, list[dict]] = defaultdict(list)
+    for ev in evs:
+        if ev["kind"] == "collective" and ev["step"] is not None:
+            raw[ev["step"]].append(ev)
+        elif ev["kind"] == "comm" and ev["step"] is not None:
+            comm[ev["step"]].append(ev)
+    return raw, comm, {ev["step"]: ev for ev in evs if ev["kind"] == "step"}
+
+
+def test_ddp_comm_windows_hold_the_raw_ops_and_show_who_is_waited_for(tmp_path):
+    run_ddp(tmp_path, world=4, steps=STEPS, slow_rank=SLOW, slow_from=FROM, factor=2.0,
+            batch=256)
+    seqs: dict[tuple, set] = defaultdict(set)
+    per_op_blocked: dict[int, list[float]] = {}
+    for rank, evs in read_events(tmp_path, 4).items():
+        raw, comm, steps = _by_step(evs)
+        assert sorted(comm) == list(range(STEPS))
+        blocked = []
+        for step, recs in comm.items():
+            assert 1 <= len(recs) <= 2 and recs[-1]["step_end"]  # ~0.1-0.3 s steps, 1 s windows
+            entries = [o for r in recs for o in r["ops"]]
+            for r in recs:
+                validate(r)
+            assert sum(o["n"] for o in entries) == len(raw[step])
+            assert sum(o["bytes"] for o in entries) == sum(e["bytes"] for e in raw[step])
+            assert min(o["min_s"] for o in entries) == min(e["duration_s"] for e in raw[step])
+            assert max(o["max_s"] for o in entries) == max(e["duration_s"] for e in raw[step])
+            total = sum(o["blocked_s"] for o in entries)
+            assert total <= steps[step]["comm_s"] + 1e-6
+            if step >= FROM:
+                blocked.append(total / sum(o["n"] for o in entries))
+        per_op_blocked[rank] = blocked
+        for e in (e for es in raw.values() for e in es):
+            seqs[(e["group"], e["seq"])].add((e["op"], e["bytes"], e["step"]))
+    assert all(len(v) == 1 for v in seqs.values())  # one seq, one collective on all ranks
+    # the straggler arrives last: it blocks least per all-reduce; its peers wait for it
+    slow = median(per_op_blocked[SLOW])
+    assert all(slow < 0.7 * median(b) for r, b in per_op_blocked.items() if r != SLOW), {
+        r: round(median(b), 4) for r, b in per_op_blocked.items()}

@@ -3,8 +3,9 @@
 FSDP2 (``fully_shard``) all-gathers parameters and reduce-scatters gradients through
 ``dist.all_gather_single`` / ``dist.reduce_scatter_single``; tensor parallel
 (DTensor, ``parallelize_module`` with Colwise/RowwiseParallel) all-reduces through the
-functional collectives. Both must show up as ``collective`` events inside steps, with
-``comm_s > 0``, and the layout read from the DeviceMesh on every step event."""
+functional collectives. Both must show up in the ``comm`` windows (the default grain)
+of steps, with ``comm_s > 0``, and the layout read from the DeviceMesh on every step
+event."""
 
 from __future__ import annotations
 
@@ -104,8 +105,11 @@ def test_fsdp2_all_gathers_and_reduce_scatters_are_seen(tmp_path):
     for rank, evs in _events(tmp_path, world).items():
         steps = [e for e in evs if e["kind"] == "step"]
         assert [s["step"] for s in steps] == list(range(STEPS))
-        in_steps = Counter(e["op"] for e in evs if e["kind"] == "collective"
-                           and e["step"] is not None)
+        in_steps: Counter[str] = Counter()
+        for e in evs:
+            if e["kind"] == "comm" and e["step"] is not None:  # the default grain
+                for o in e["ops"]:
+                    in_steps[o["op"]] += o["n"]
         # per step: an all-gather per layer (forward, again in backward unless kept) and
         # a reduce-scatter per layer
         assert in_steps["allgather"] >= 2 * STEPS and in_steps["reducescatter"] >= 2 * STEPS
@@ -121,11 +125,13 @@ def test_tensor_parallel_functional_collectives_are_seen(tmp_path):
         steps = [e for e in evs if e["kind"] == "step"]
         assert [s["step"] for s in steps] == list(range(STEPS))
         assert all((s["dp_rank"], s["tp_rank"]) == (0, rank) for s in steps)
-        ars = [e for e in evs if e["kind"] == "collective" and e["step"] is not None
-               and e["op"] == "allreduce" and e["group_size"] == 2]
+        ars = [(e["step"], o) for e in evs if e["kind"] == "comm" and e["step"] is not None
+               for o in e["ops"] if o["op"] == "allreduce" and o["group_size"] == 2]
         # RowwiseParallel's partial output, all-reduced in forward
-        assert len(ars) >= STEPS and {e["step"] for e in ars} == set(range(STEPS))
+        assert sum(o["n"] for _, o in ars) >= STEPS
+        assert {step for step, _ in ars} == set(range(STEPS))
         assert all(s["comm_s"] > 0 for s in steps)
-        groups[rank] = {e["group"] for e in ars}
+        assert all(0 < o["blocked_s"] <= o["n"] * o["max_s"] + 1e-9 for _, o in ars)
+        groups[rank] = {o["group"] for _, o in ars}
     # the tp group, named from the mesh, the same on both members
     assert groups[0] == groups[1] == {"tp0"}

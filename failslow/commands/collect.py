@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local GPU index -> global rank of --job-id, e.g. 0:8,1:9,2:10")
     parser.add_argument("--nccl-dir", default=None,
                         help="NCCL_INSPECTOR_DUMP_DIR of the job to follow")
+    parser.add_argument("--comm-grain", choices=("comm", "collective"), default="comm",
+                        help="what the NCCL tailer publishes: one comm summary per rank per "
+                             "--interval (default), or one collective event per NCCL record "
+                             "(debugging, small jobs)")
     parser.add_argument("--spool-dir", default=None,
                         help="on-disk spool while the broker is unreachable "
                              "(default FAILSLOW_HOME/spool/HOST)")
@@ -95,7 +99,8 @@ def build_samplers(args: argparse.Namespace, host: str) -> list:
             raise CollectError("the nccl sampler needs --nccl-dir and --job-id")
         from collectors.nccl_inspector import InspectorTailer
 
-        samplers.append(InspectorTailer(args.nccl_dir, args.job_id, host=host))
+        samplers.append(InspectorTailer(args.nccl_dir, args.job_id, host=host,
+                                        grain=args.comm_grain))
     return samplers
 
 
