@@ -9,7 +9,8 @@ writes its events with a FilePublisher (``grain``: ``both`` by default, so the r
 events, plus, when raw events were published, ``comm_sum_s``: what the hook reported
 before it counted time blocked (the sum of the durations of the collectives that ended
 in the step, capped), for comparison. ``pad_s`` adds that much sleep to every step (a
-bigger model's compute, to reach ~1 s steps); ``read_events`` gives every event.
+bigger model's compute, to reach ~1 s steps), ``extra_ops`` small synchronous
+all-reduces after the optimizer (a real job's op count); ``read_events`` gives every event.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _extra_chain(copies: float) -> list[torch.Tensor]:
 
 def _rank_main(rank: int, world: int, port: int, out: str, steps: int, slow_rank: int,
                slow_from: int, factor: float, batch: int, grain: str, window_s: float,
-               pad_s: float, bucket_mb: float) -> None:
+               pad_s: float, bucket_mb: float, extra_ops: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -84,6 +85,8 @@ def _rank_main(rank: int, world: int, port: int, out: str, steps: int, slow_rank
             opt.zero_grad()
             loss.backward()
             opt.step()
+            for _ in range(extra_ops):
+                dist.all_reduce(torch.ones(256))
     dist.barrier()
     hook.close()
     pub.close()
@@ -92,13 +95,14 @@ def _rank_main(rank: int, world: int, port: int, out: str, steps: int, slow_rank
 
 def run_ddp(out: Path, world: int = 4, steps: int = 24, slow_rank: int = 2,
             slow_from: int = 12, factor: float = 1.0, batch: int = 32, grain: str = "both",
-            window_s: float = 1.0, pad_s: float = 0.0,
-            bucket_mb: float = BUCKET_MB) -> dict[int, list[dict]]:
+            window_s: float = 1.0, pad_s: float = 0.0, bucket_mb: float = BUCKET_MB,
+            extra_ops: int = 0) -> dict[int, list[dict]]:
     """Run the job; every rank's step events in step order (with ``comm_sum_s`` when
     raw events were published)."""
     out.mkdir(parents=True, exist_ok=True)
     mp.spawn(_rank_main, args=(world, free_port(), str(out), steps, slow_rank, slow_from,
-                               factor, batch, grain, window_s, pad_s, bucket_mb), nprocs=world)
+                               factor, batch, grain, window_s, pad_s, bucket_mb, extra_ops),
+             nprocs=world)
     result = {}
     for rank, evs in read_events(out, world).items():
         op_sum: dict[int, float] = defaultdict(float)
