@@ -8,6 +8,9 @@ the cost inside a step (``with hook.step()``), of an async op (future callback),
 the hook's own cost on a do-nothing collective (``hook_own_cost_us``: what the hook
 adds at its seam, ``ProcessGroup.allreduce``, free of gloo's thread hand-off noise, which on a
 busy machine is larger than it). A blocking call also passes the ``Work.wait`` patch.
+``comm_window_close_us_per_op``: what the ``comm`` grain (the default) costs the
+publishing thread per op, closing a window of 2,000 ops (the NullPublisher hides what
+publishing one event per op would cost the ``collective`` grain instead).
 
     .venv/bin/python bench/hook_overhead.py [--ops 20000]
 """
@@ -75,6 +78,24 @@ def wrapper_only_us(n: int, hook: TrainingHook) -> tuple[float, float]:
     return times[0], times[1]
 
 
+def window_cost_us(n: int, sink: NullPublisher) -> float:
+    """The publishing thread's cost per op of the ``comm`` grain: closing a window that
+    holds ``n`` ended all-reduces of one step (blocked time split, entries summed), per op.
+    Off the training thread, but it holds the GIL while it runs."""
+    hook = TrainingHook(sink, job_id="bench", rank=0, world_size=1, grain="comm")
+    hook._begin_step(0, None)
+    step = hook._step
+    assert step is not None
+    for _ in range(n):
+        h = hook._on_issue("allreduce", None, 64, None, None)
+        step.open_ops += 1
+        hook._end_op(h, time.perf_counter())
+    t0 = time.perf_counter()
+    with hook._lock:
+        hook._comm_window(step, time.perf_counter(), final=True)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=20000)
@@ -98,6 +119,8 @@ def main() -> None:
         bare_fn, wrapped_fn = wrapper_only_us(args.ops, hook)
         results.setdefault("wrapper_only", []).append(wrapped_fn - bare_fn)
         hook.close()
+        if "_comm_window" in dir(hook):  # (hooks before the comm grain had no windows)
+            results.setdefault("window_close_per_op", []).append(window_cost_us(2000, sink))
     dist.destroy_process_group()
     med = {k: statistics.median(v) for k, v in results.items()}
     out = {"ops_per_round": args.ops, "rounds": args.rounds,
@@ -106,6 +129,7 @@ def main() -> None:
            "overhead_us_async": round(med["hooked_async"] - med["bare_async"], 2),
            "overhead_us_sync_in_step": round(med["hooked_in_step"] - med["bare"], 2),
            "hook_own_cost_us": round(med["wrapper_only"], 2),
+           "comm_window_close_us_per_op": round(med.get("window_close_per_op", 0.0), 2),
            "events_published": sink.events, "target_us": 20}
     print(json.dumps(out, indent=2))
     path = ROOT / "bench/results/hook_overhead.json"

@@ -20,8 +20,10 @@ wait on an op already done) belongs to no entry.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from collections import Counter
 from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 INF = float("inf")
 
@@ -37,45 +39,55 @@ def split_blocked(mine: Sequence[tuple[float, float]], others: Iterable[tuple[fl
     """
     if not mine:
         return []
-    lo = min(a for a, _ in mine)
-    hi = max(b for _, b in mine)
-    # only what overlaps [lo, hi] matters
-    spans = list(mine) + [(a, b) for a, b in others if b > lo and a < hi]
-    cuts = [(a, b) for a, b in blocked if b > lo and a < hi and b > a]
-    points = sorted({lo, hi, *(max(p, lo) for s in spans for p in s if p <= hi),
-                     *(min(max(p, lo), hi) for c in cuts for p in c)})
-    index = {p: i for i, p in enumerate(points)}
-    opened = [0] * (len(points) + 1)
-    for a, b in spans:
-        opened[index[max(a, lo)]] += 1
-        opened[index[min(b, hi)]] -= 1
-    covered = [0] * (len(points) + 1)
-    for a, b in cuts:
-        covered[index[max(a, lo)]] += 1
-        covered[index[min(b, hi)]] -= 1
-    # cumulative share of blocked time per open op, up to each point
-    acc = [0.0] * len(points)
-    n_open = n_cut = 0
-    for i in range(len(points) - 1):
-        n_open += opened[i]
-        n_cut += covered[i]
-        rate = 1.0 / n_open if n_open > 0 and n_cut > 0 else 0.0
-        acc[i + 1] = acc[i] + rate * (points[i + 1] - points[i])
-    return [acc[index[min(b, hi)]] - acc[index[max(a, lo)]] for a, b in mine]
+    own = np.asarray(mine, dtype=float).reshape(-1, 2)
+    lo, hi = own[:, 0].min(), own[:, 1].max()
+    # only what overlaps [lo, hi] matters, clipped to it
+    rest = np.asarray(list(others), dtype=float).reshape(-1, 2)
+    rest = rest[(rest[:, 1] > lo) & (rest[:, 0] < hi)]
+    cuts = np.asarray(list(blocked), dtype=float).reshape(-1, 2)
+    cuts = cuts[(cuts[:, 1] > lo) & (cuts[:, 0] < hi) & (cuts[:, 1] > cuts[:, 0])]
+    spans = np.clip(np.vstack([own, rest]), lo, hi)
+    cuts = np.clip(cuts, lo, hi)
+    points = np.unique(np.concatenate([spans.ravel(), cuts.ravel()]))
+    size = len(points)
+
+    def count(iv: np.ndarray) -> np.ndarray:  # how many intervals cover each segment
+        delta = (np.bincount(np.searchsorted(points, iv[:, 0]), minlength=size)
+                 - np.bincount(np.searchsorted(points, iv[:, 1]), minlength=size))
+        return np.cumsum(delta)[:-1]
+
+    n_open, n_cut = count(spans), count(cuts)
+    rate = np.where((n_open > 0) & (n_cut > 0), 1.0 / np.maximum(n_open, 1), 0.0)
+    acc = np.concatenate([[0.0], np.cumsum(rate * np.diff(points))])
+    share = acc[np.searchsorted(points, own[:, 1])] - acc[np.searchsorted(points, own[:, 0])]
+    return [float(x) for x in share]
 
 
-def in_flight(issues: Sequence[float], ended_starts: Iterable[float]) -> list[float]:
+def clip_to_issues(spans: Sequence[tuple[float, float]],
+                   issues: Sequence[float]) -> list[tuple[float, float]]:
+    """``collectors.intervals.clip_to_last_issue`` of many async ops at once (``issues``
+    sorted): each starts no earlier than the last issue at or before its end.
+
+    >>> clip_to_issues([(0.0, 1.0), (0.1, 0.2)], [0.0, 0.3, 0.7, 1.2])
+    [(0.7, 1.0), (0.1, 0.2)]
+    """
+    if not spans:
+        return []
+    iv = np.asarray(spans, dtype=float).reshape(-1, 2)
+    marks = np.asarray(issues, dtype=float)
+    i = np.searchsorted(marks, iv[:, 1], side="right")
+    last = np.where(i > 0, marks[np.maximum(i - 1, 0)] if len(marks) else -INF, -INF)
+    start = np.maximum(iv[:, 0], last)
+    return list(zip(start.tolist(), iv[:, 1].tolist(), strict=True))
+
+
+def in_flight(issues: Iterable[float], ended_starts: Iterable[float]) -> list[float]:
     """Issue times with no ended op: the starts of the ops still in flight.
 
     >>> in_flight([1.0, 2.0, 3.0], [2.0])
     [1.0, 3.0]
     """
-    left = sorted(issues)
-    for s in ended_starts:
-        i = bisect_right(left, s) - 1
-        if i >= 0 and left[i] == s:
-            del left[i]
-    return left
+    return sorted((Counter(issues) - Counter(ended_starts)).elements())
 
 
 def summarize(events: Sequence[dict], blocked: Sequence[float]) -> list[dict]:
@@ -90,19 +102,25 @@ def summarize(events: Sequence[dict], blocked: Sequence[float]) -> list[dict]:
         e = entries.get(key)
         if e is None:
             e = entries[key] = {"group": ev["group"], "group_size": ev["group_size"],
-                                "op": ev["op"], "n": 0, "blocked_s": 0.0, "min_s": d,
-                                "max_s": d, "bytes": 0, "first_seq": seq, "last_seq": seq,
-                                "first_start_ts": ev["start_ts"]}
+                                "op": ev["op"], "n": 1, "blocked_s": b, "min_s": d,
+                                "max_s": d, "bytes": ev["bytes"], "first_seq": seq,
+                                "last_seq": seq, "first_start_ts": ev["start_ts"]}
             if peer is not None:
                 e["peer"] = peer
+            continue
         e["n"] += 1
         e["blocked_s"] += b
         e["bytes"] += ev["bytes"]
-        e["min_s"] = min(e["min_s"], d)
-        e["max_s"] = max(e["max_s"], d)
-        e["first_seq"] = min(e["first_seq"], seq)
-        e["last_seq"] = max(e["last_seq"], seq)
-        e["first_start_ts"] = min(e["first_start_ts"], ev["start_ts"])
+        if d < e["min_s"]:
+            e["min_s"] = d
+        elif d > e["max_s"]:
+            e["max_s"] = d
+        if seq < e["first_seq"]:
+            e["first_seq"] = seq
+        elif seq > e["last_seq"]:
+            e["last_seq"] = seq
+        if ev["start_ts"] < e["first_start_ts"]:
+            e["first_start_ts"] = ev["start_ts"]
     return list(entries.values())
 
 

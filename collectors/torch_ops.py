@@ -15,8 +15,15 @@ from typing import Any
 
 import torch
 
-from collectors.comm_windows import INF, comm_record, in_flight, split_blocked, summarize
-from collectors.intervals import BlockedTime, clip_to_last_issue
+from collectors.comm_windows import (
+    INF,
+    clip_to_issues,
+    comm_record,
+    in_flight,
+    split_blocked,
+    summarize,
+)
+from collectors.intervals import BlockedTime
 
 STEP_TIMEOUT_S = 30.0  # a step whose collectives never report is published without them
 
@@ -242,8 +249,8 @@ class OpTracking:
         if not ops:
             return None
         issues = sorted(s.blocked.issues)
-        blocked = s.blocked.waits + [clip_to_last_issue(h.start, h.end, issues)
-                                     for h in s.ops if not h.waited]
+        blocked = s.blocked.waits + clip_to_issues(
+            [(h.start, h.end) for h in s.ops if not h.waited], issues)
         if not final and self._wait_t0:  # the job is inside a wait right now
             blocked.append((self._wait_t0, t_close))
         others = [(h.start, h.end) for h in earlier]

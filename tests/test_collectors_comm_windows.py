@@ -10,8 +10,15 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.comm_windows import INF, comm_record, in_flight, split_blocked, summarize
-from collectors.intervals import union_length
+from collectors.comm_windows import (
+    INF,
+    clip_to_issues,
+    comm_record,
+    in_flight,
+    split_blocked,
+    summarize,
+)
+from collectors.intervals import clip_to_last_issue, union_length
 
 GRID = 60  # intervals on integer ticks, so the grid computation is exact
 
@@ -69,6 +76,14 @@ def test_concurrent_ops_share_the_time_they_block():
     # blocked time while no op is open belongs to none (a wait on an op already done)
     assert split_blocked([(0.0, 1.0)], [], [(0.5, 2.0)]) == [0.5]
     assert split_blocked([], [(0, 1)], [(0, 1)]) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(spans, st.lists(ticks, max_size=8))
+def test_clip_to_issues_is_clip_to_last_issue_of_each(async_ops, issues):
+    issues = sorted(issues)
+    assert clip_to_issues(async_ops, issues) == [clip_to_last_issue(a, b, issues)
+                                                 for a, b in async_ops]
 
 
 def test_in_flight_are_issues_without_an_ended_op():
