@@ -4,6 +4,8 @@ from schema.codec import DeadLetter, decode, decode_lenient, encode, encode_dead
 from schema.events import (
     KINDS,
     CollectiveEvent,
+    CommEvent,
+    CommOp,
     Event,
     GpuEvent,
     HostEvent,
@@ -18,6 +20,8 @@ from schema.topics import Topics
 __all__ = [
     "KINDS",
     "CollectiveEvent",
+    "CommEvent",
+    "CommOp",
     "DeadLetter",
     "Event",
     "GpuEvent",

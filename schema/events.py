@@ -30,9 +30,12 @@ class SchemaError(FailslowError):
 
 
 # Field types: "str", "int" (64-bit), "i32" (32-bit integer), "num" (int or float,
-# finite), "time" (a number of epoch seconds in TIME_MIN..TIME_MAX), "ints" (list of
-# int), "obj" (JSON object), or a tuple of allowed strings (an enum).
+# finite), "time" (a number of epoch seconds in TIME_MIN..TIME_MAX), "bool" (true or
+# false), "ints" (list of int), "obj" (JSON object), "ops" (a list of at most OPS_MAX
+# objects of the NESTED spec "ops", each checked field by field like an event), or a
+# tuple of allowed strings (an enum).
 FieldType = str | tuple[str, ...]
+Spec = tuple[dict[str, FieldType], dict[str, FieldType]]
 
 OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall",
        "barrier", "send", "recv")
@@ -57,6 +60,11 @@ SPECS: dict[str, tuple[dict[str, FieldType], dict[str, FieldType]]] = {
          "group_size": "i32", "op": OPS, "seq": "int", "start_ts": "time", "duration_s": "num",
          "bytes": "int"},
         {"step": "int", "peer": "i32", "gpu": "i32"},
+    ),
+    "comm": (
+        {"ts": "time", "job_id": "str", "rank": "i32", "host": "str", "window_start_ts": "time",
+         "ops": "ops"},
+        {"step": "int", "step_end": "bool", "world_size": "i32", "gpu": "i32"},
     ),
     "gpu": (
         {"ts": "time", "host": "str", "gpu": "i32", "uuid": "str"},
@@ -93,6 +101,25 @@ SPECS: dict[str, tuple[dict[str, FieldType], dict[str, FieldType]]] = {
     ),
 }
 KINDS: tuple[str, ...] = tuple(SPECS)
+
+# One comm record holds one entry per (group, op, peer) of one rank's window: a few
+# dozen on the largest layouts. The bound keeps one record far below a Kafka message.
+OPS_MAX = 1024
+# Specs of the objects inside list fields, by field type: the entries of comm.ops.
+NESTED: dict[str, Spec] = {
+    "ops": (
+        {"group": "str", "group_size": "i32", "op": OPS, "n": "int", "blocked_s": "num",
+         "min_s": "num", "max_s": "num", "bytes": "int"},
+        {"peer": "i32", "first_seq": "int", "last_seq": "int", "first_start_ts": "time"},
+    ),
+}
+# Sanity beyond types, per kind or nested spec: fields with a lower bound, and
+# (low, high) pairs that must hold low <= high when both are present.
+MINIMA: dict[str, dict[str, int]] = {"ops": {"n": 1, "blocked_s": 0, "min_s": 0, "bytes": 0}}
+ORDERED: dict[str, tuple[tuple[str, str], ...]] = {
+    "comm": (("window_start_ts", "ts"),),
+    "ops": (("min_s", "max_s"), ("first_seq", "last_seq")),
+}
 
 
 class _Base(TypedDict):
@@ -131,6 +158,36 @@ class CollectiveEvent(_Base):
     bytes: int
     step: NotRequired[int | None]
     peer: NotRequired[int | None]
+    gpu: NotRequired[int | None]
+
+
+class CommOp(TypedDict):
+    """One entry of ``CommEvent.ops``: the ops of one (group, op, peer) that ended in
+    the window."""
+
+    group: str
+    group_size: int
+    op: str
+    n: int
+    blocked_s: float
+    min_s: float
+    max_s: float
+    bytes: int
+    peer: NotRequired[int | None]
+    first_seq: NotRequired[int | None]
+    last_seq: NotRequired[int | None]
+    first_start_ts: NotRequired[float | None]
+
+
+class CommEvent(_Base):
+    job_id: str
+    rank: int
+    host: str
+    window_start_ts: float
+    ops: list[CommOp]
+    step: NotRequired[int | None]
+    step_end: NotRequired[bool | None]
+    world_size: NotRequired[int | None]
     gpu: NotRequired[int | None]
 
 
@@ -217,7 +274,7 @@ class IncidentEvent(_Base):
     evidence: NotRequired[dict[str, Any] | None]
 
 
-Event = StepEvent | CollectiveEvent | GpuEvent | NicEvent | HostEvent | IncidentEvent
+Event = StepEvent | CollectiveEvent | CommEvent | GpuEvent | NicEvent | HostEvent | IncidentEvent
 
 
 def _type_error(kind: str, name: str, want: str, value: Any) -> SchemaError:
@@ -265,6 +322,19 @@ def _check(kind: str, name: str, ftype: FieldType, value: Any) -> None:
     elif ftype == "obj":
         if type(value) is not dict:
             raise _type_error(kind, name, "an object", value)
+    elif ftype == "bool":
+        if type(value) is not bool:
+            raise _type_error(kind, name, "true or false", value)
+    elif ftype in NESTED:
+        if type(value) is not list:
+            raise _type_error(kind, name, "a list of objects", value)
+        if len(value) > OPS_MAX:
+            raise SchemaError(f"{kind}.{name}: {len(value)} entries, at most {OPS_MAX}")
+        for i, item in enumerate(value):
+            where = f"{kind}.{name}[{i}]"
+            if type(item) is not dict:
+                raise SchemaError(f"{where}: expected an object, got {type(item).__name__}")
+            _check_fields(where, ftype, NESTED[ftype], item)
     elif value not in ftype:
         raise SchemaError(f"{kind}.{name}: {value!r} is not one of {', '.join(ftype)}")
 
@@ -283,14 +353,30 @@ def validate(obj: Any) -> Any:
     spec = SPECS.get(kind) if isinstance(kind, str) else None
     if spec is None or not isinstance(kind, str):
         raise SchemaError(f"event.kind: unknown kind {kind!r} (known: {', '.join(KINDS)})")
+    _check_fields(kind, kind, spec, obj)
+    return obj
+
+
+def _check_fields(where: str, rules: str, spec: Spec, obj: dict[str, Any]) -> None:
+    """Check the fields of ``obj`` (an event, or an entry of a list field) against
+    ``spec`` and the MINIMA/ORDERED rules named ``rules``; errors start with ``where``."""
     required, optional = spec
     for name, ftype in required.items():
         value = obj.get(name)
         if value is None:
-            raise SchemaError(f"{kind}.{name}: required field is missing")
-        _check(kind, name, ftype, value)
+            raise SchemaError(f"{where}.{name}: required field is missing")
+        _check(where, name, ftype, value)
     for name, ftype in optional.items():
         value = obj.get(name)
         if value is not None:
-            _check(kind, name, ftype, value)
-    return obj
+            _check(where, name, ftype, value)
+    for name, low in MINIMA.get(rules, {}).items():
+        value = obj.get(name)
+        if value is not None and value < low:
+            raise SchemaError(f"{where}.{name}: {value!r} is below {low}")
+    for lo, hi in ORDERED.get(rules, ()):
+        a, b = obj.get(lo), obj.get(hi)
+        if a is not None and b is not None and a > b:
+            raise SchemaError(f"{where}: {lo} {a!r} is after {hi} {b!r}"
+                              if lo.endswith("_ts") else
+                              f"{where}: {lo} {a!r} is above {hi} {b!r}")

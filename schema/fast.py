@@ -14,7 +14,19 @@ False
 
 from __future__ import annotations
 
-from schema.events import I32_MAX, I32_MIN, INT_MAX, INT_MIN, SPECS, TIME_MAX, TIME_MIN
+from schema.events import (
+    I32_MAX,
+    I32_MIN,
+    INT_MAX,
+    INT_MIN,
+    MINIMA,
+    NESTED,
+    OPS_MAX,
+    ORDERED,
+    SPECS,
+    TIME_MAX,
+    TIME_MIN,
+)
 
 
 def _field_check(name: str, ftype, optional: bool, pad: str) -> list[str]:
@@ -42,9 +54,34 @@ def _bad(ftype) -> list[str]:
         return ["(type(v) is not list or any(type(x) is not int for x in v))"]
     if ftype == "obj":
         return ["type(v) is not dict"]
+    if ftype == "bool":
+        return ["type(v) is not bool"]
+    if ftype in NESTED:
+        return [f"(type(v) is not list or len(v) > {OPS_MAX} or not nested_{ftype}(v))"]
     if isinstance(ftype, tuple):
         return [f"v not in {ftype!r}"]
     raise ValueError(f"unknown field type {ftype!r}")
+
+
+def _rules(rules: str, pad: str) -> list[str]:
+    """Source lines that ``return False`` unless ``o`` keeps the MINIMA and ORDERED
+    rules named ``rules`` (the fields' types are already checked)."""
+    src = []
+    for name, low in MINIMA.get(rules, {}).items():
+        src += [f"{pad}v = g({name!r})", f"{pad}if v is not None and v < {low!r}: return False"]
+    for lo, hi in ORDERED.get(rules, ()):
+        src += [f"{pad}v = g({lo!r})", f"{pad}w = g({hi!r})",
+                f"{pad}if v is not None and w is not None and v > w: return False"]
+    return src
+
+
+def _spec_lines(rules: str, required, optional, pad: str) -> list[str]:
+    src = []
+    for name, ftype in required.items():
+        src += _field_check(name, ftype, False, pad)
+    for name, ftype in optional.items():
+        src += _field_check(name, ftype, True, pad)
+    return src + _rules(rules, pad)
 
 
 def _compile_all():
@@ -59,11 +96,14 @@ def _compile_all():
            "  k = g('kind')", "  try:"]
     for i, (kind, (required, optional)) in enumerate(SPECS.items()):
         src.append(f"   {'if' if i == 0 else 'elif'} k == {kind!r}:")
-        for name, ftype in required.items():
-            src += _field_check(name, ftype, False, "    ")
-        for name, ftype in optional.items():
-            src += _field_check(name, ftype, True, "    ")
+        src += _spec_lines(kind, required, optional, "    ")
     src += ["   else: return False", "  except KeyError:", "   return False", " return True"]
+    # nested_<type>(items): the same for the entries of a list field (comm.ops)
+    for ftype, (required, optional) in NESTED.items():
+        src += [f"def nested_{ftype}(objs):", " for o in objs:",
+                "  if type(o) is not dict: return False", "  g = o.get", "  try:"]
+        src += _spec_lines(ftype, required, optional, "   ")
+        src += ["  except KeyError:", "   return False", " return True"]
     scope: dict = {"NUM": frozenset((int, float))}
     exec("\n".join(src), scope)  # noqa: S102 - code built from the SPECS table only
     return scope["all_valid"]

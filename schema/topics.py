@@ -11,6 +11,7 @@ KIND_TOPIC = {
     "host": "host",
     "step": "steps",
     "collective": "collectives",
+    "comm": "collectives",
     "incident": "incidents",
 }
 DEADLETTER = "deadletter"
@@ -39,15 +40,16 @@ class Topics:
         return TOPIC_KINDS.get(topic[len(self.prefix):])
 
     def all(self) -> list[str]:
-        return [self.prefix + t for t in (*KIND_TOPIC.values(), DEADLETTER)]
+        return [self.prefix + t for t in (*TOPIC_KINDS, DEADLETTER)]
 
     def inputs(self) -> list[str]:
-        return [self.prefix + t for k, t in KIND_TOPIC.items() if k != "incident"]
+        """The event topics the stream processors read, each once."""
+        return [self.prefix + t for t in TOPIC_KINDS if t != KIND_TOPIC["incident"]]
 
 
 def key_for(event: Any) -> str:
-    """The message key of an event: host for telemetry, job_id for steps and incidents,
-    ``job_id/group`` for collectives."""
+    """The message key of an event: host for telemetry, job_id for steps, comm summaries
+    and incidents, ``job_id/group`` for raw collectives."""
     kind = event["kind"]
     if kind in ("gpu", "nic", "host"):
         return str(event["host"])

@@ -18,7 +18,7 @@ from schema import (
     encode_deadletter,
     validate,
 )
-from schema.events import SPECS
+from schema.events import MINIMA, NESTED, ORDERED, SPECS
 from schema.fast import all_valid
 from schema.topics import key_for
 
@@ -108,18 +108,34 @@ VALUES = {"num": finite | ints64, "int": ints64, "i32": st.integers(-(2**31), 2*
           "time": st.floats(0.0, 1e10, exclude_max=True) | st.integers(0, 10**10 - 1),
           "str": st.text(max_size=12),
           "ints": st.lists(st.integers(0, 200), max_size=3),
-          "obj": st.dictionaries(st.text(max_size=5), ints64, max_size=3)}
+          "obj": st.dictionaries(st.text(max_size=5), ints64, max_size=3),
+          "bool": st.booleans()}
 
 
 def _value(ftype):
+    if ftype in NESTED:
+        return st.lists(_fields(ftype, NESTED[ftype]), max_size=3)
     return VALUES[ftype] if isinstance(ftype, str) else st.sampled_from(ftype)
 
 
+def _sane(obj, rules):
+    """Make random fields keep the MINIMA and ORDERED rules (a valid event)."""
+    def clamp():
+        for name, low in MINIMA.get(rules, {}).items():
+            if obj.get(name) is not None and obj[name] < low:
+                obj[name] = low
+    clamp()
+    for lo, hi in ORDERED.get(rules, ()):
+        if obj.get(lo) is not None and obj.get(hi) is not None and obj[lo] > obj[hi]:
+            obj[lo], obj[hi] = obj[hi], obj[lo]
+    clamp()  # a swapped pair may have brought a value below its minimum
+    return obj
+
+
 @st.composite
-def events(draw):
-    kind = draw(st.sampled_from(sorted(SPECS)))
-    required, optional = SPECS[kind]
-    ev = {"v": 1, "kind": kind}
+def _fields(draw, rules, spec):
+    required, optional = spec
+    ev = {}
     for name, ftype in required.items():
         ev[name] = draw(_value(ftype))
     for name, ftype in optional.items():
@@ -128,7 +144,13 @@ def events(draw):
             ev[name] = None
         elif choice == 2:
             ev[name] = draw(_value(ftype))
-    return ev
+    return _sane(ev, rules)
+
+
+@st.composite
+def events(draw):
+    kind = draw(st.sampled_from(sorted(SPECS)))
+    return {"v": 1, "kind": kind, **draw(_fields(kind, SPECS[kind]))}
 
 
 @settings(max_examples=300, deadline=None)
@@ -201,7 +223,7 @@ def test_events_of_another_kind_than_the_topic_s_are_rejected():
                                   topics.kinds_of(topics.for_kind("step")))
     assert good == [STEP, STEP]
     assert errors == ["1 event(s) of kind 'host' on a topic of step"]
-    assert topics.kinds_of("failslow.collectives") == {"collective"}
+    assert topics.kinds_of("failslow.collectives") == {"collective", "comm"}
     assert topics.kinds_of("other.steps") is None
 
 
