@@ -20,12 +20,31 @@ wait on an op already done) belongs to no entry.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 INF = float("inf")
+GRAINS = ("comm", "collective", "both")
+
+
+def resolve_grain(grain: str | None = None, window_s: float | None = None) -> tuple[str, float]:
+    """What the hook publishes and its window: argument > ``FAILSLOW_HOOK_GRAIN`` /
+    ``FAILSLOW_HOOK_WINDOW_S`` > ``comm`` every 1 s. Raises ValueError on a bad value."""
+    grain = grain or os.environ.get("FAILSLOW_HOOK_GRAIN") or "comm"
+    if grain not in GRAINS:
+        raise ValueError(f"grain must be one of {', '.join(GRAINS)}, not {grain!r}")
+    if window_s is None:
+        text = os.environ.get("FAILSLOW_HOOK_WINDOW_S") or "1"
+        try:
+            window_s = float(text)
+        except ValueError:
+            raise ValueError(f"FAILSLOW_HOOK_WINDOW_S: not a number: {text!r}") from None
+    if not window_s > 0 or window_s == float("inf"):
+        raise ValueError(f"window_s must be a positive number of seconds, not {window_s}")
+    return grain, float(window_s)
 
 
 def split_blocked(mine: Sequence[tuple[float, float]], others: Iterable[tuple[float, float]],

@@ -1,4 +1,12 @@
-"""The training hook: ``step`` and ``collective`` events from inside a PyTorch job.
+"""The training hook: ``step`` events and ``comm`` windows from inside a PyTorch job.
+
+What it publishes is its *grain* (``grain=`` / ``FAILSLOW_HOOK_GRAIN``): ``comm`` (the
+default) sums the ops that ended in a window, one record per rank per window, closed at
+every step end and every ``window_s`` (default 1 s) inside a step (the publishing
+thread's timer), one entry per (group, op, peer) whose ``blocked_s`` shares each blocked
+instant equally among the ops open then (``collectors.comm_windows``), so concurrent ops
+never double count; ``collective`` publishes one event per op (debugging, small jobs);
+``both`` publishes both.
 
 Needs the optional extra ``failslow[torch]``. ``install()`` patches the seams every
 collective passes through (``collectors.torch_seams``): the ``ProcessGroup`` methods
@@ -61,7 +69,6 @@ so the training thread pays only for building a dict. The patches are in
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import threading
 import time
@@ -73,28 +80,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from collectors.comm_windows import resolve_grain
 from collectors.torch_ops import STEP_TIMEOUT_S, Op, OpTracking, Step
 from collectors.torch_seams import Seams
 
 _FUNCOL_PENDING_MAX = 4096  # functional results never waited on are forgotten past this
-GRAINS = ("comm", "collective", "both")
-
-
-def resolve_grain(grain: str | None = None, window_s: float | None = None) -> tuple[str, float]:
-    """What the hook publishes and its window: argument > ``FAILSLOW_HOOK_GRAIN`` /
-    ``FAILSLOW_HOOK_WINDOW_S`` > ``comm`` every 1 s. Raises ValueError on a bad value."""
-    grain = grain or os.environ.get("FAILSLOW_HOOK_GRAIN") or "comm"
-    if grain not in GRAINS:
-        raise ValueError(f"grain must be one of {', '.join(GRAINS)}, not {grain!r}")
-    if window_s is None:
-        text = os.environ.get("FAILSLOW_HOOK_WINDOW_S") or "1"
-        try:
-            window_s = float(text)
-        except ValueError:
-            raise ValueError(f"FAILSLOW_HOOK_WINDOW_S: not a number: {text!r}") from None
-    if not window_s > 0 or window_s == float("inf"):
-        raise ValueError(f"window_s must be a positive number of seconds, not {window_s}")
-    return grain, float(window_s)
 
 
 class StepScope(contextlib.ContextDecorator):
@@ -122,7 +112,10 @@ class TrainingHook(OpTracking):
     job_id: the job's id. rank / world_size / host / gpu: default to torch.distributed's
     view and this host. dp_rank / pp_rank / tp_rank: this rank's place in the parallel
     layout (also ``set_layout`` / ``set_layout_from_mesh``), carried by step events.
-    flush_interval_s: how often the background thread publishes, seconds.
+    flush_interval_s: how often the background thread publishes, seconds (and checks
+    whether a window is due). grain: ``comm`` | ``collective`` | ``both``; window_s: the
+    ``comm`` window inside a step, seconds (defaults: ``FAILSLOW_HOOK_GRAIN``,
+    ``FAILSLOW_HOOK_WINDOW_S``, else ``comm`` and 1.0; ValueError on a bad value).
     """
 
     def __init__(self, publisher: Any, job_id: str, rank: int | None = None,
