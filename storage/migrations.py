@@ -33,7 +33,7 @@ from storage.url import check_identifier
 MIN_SERVER = (23, 3)
 DEFAULT_TTL_DAYS = 30
 DEFAULT_ROLLUP_TTL_DAYS = 365
-RAW_TABLES = ("steps", "collectives", "gpu", "nic", "host")
+RAW_TABLES = ("steps", "collectives", "comm", "gpu", "nic", "host")
 
 _TS = "DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))"
 # DateTime64 rather than DateTime: chdb's Arrow output turns DateTime into bare integers.
@@ -161,6 +161,47 @@ SELECT toStartOfMinute(ts) AS minute, job_id, rank, any(host) AS host,
        max(now64(0)) AS ingest_ts
 FROM {db}.steps GROUP BY minute, job_id, rank"""
 
+# comm summaries (CONTRACT.md), flattened: one row per (window, ops entry), the window's
+# fields repeated on each (LowCardinality and the sort order make that nearly free), so
+# "whom does group X wait for" and "blocked time per rank per step" are a plain GROUP BY
+# with no arrayJoin. A window with no ops is one row with group '' and n 0 (the rank
+# reported, nothing completed). peer is Nullable like every optional field; the sort key
+# uses ifNull(peer, -1) since keys cannot be Nullable.
+_COMM = f"""CREATE TABLE IF NOT EXISTS {{db}}.comm (
+    ts {_TS}, window_start_ts {_TS}, job_id LowCardinality(String), rank Int32,
+    host LowCardinality(String), step Nullable(Int64), step_end Nullable(Bool),
+    world_size Nullable(Int32), gpu Nullable(Int32),
+    `group` LowCardinality(String), group_size Int32, op LowCardinality(String),
+    peer Nullable(Int32), n Int64, blocked_s Float64, min_s Float64, max_s Float64,
+    bytes Int64, first_seq Nullable(Int64), last_seq Nullable(Int64),
+    first_start_ts Nullable(DateTime64(3, 'UTC')),
+    {_INGEST}
+) {_RAW.format(order="job_id, `group`, rank, ts, op, ifNull(peer, -1)")}"""
+
+# Per-minute comm per (job, group, op, rank): months of "who waits for whom" at a
+# fraction of the raw size. min_s_min is the group's transfer floor in that minute.
+_COMM_1M = """CREATE TABLE IF NOT EXISTS {db}.comm_1m (
+    minute DateTime64(0, 'UTC'), job_id LowCardinality(String),
+    `group` LowCardinality(String), op LowCardinality(String), rank Int32,
+    host SimpleAggregateFunction(any, LowCardinality(String)),
+    group_size SimpleAggregateFunction(max, Int32),
+    windows SimpleAggregateFunction(sum, UInt64),
+    n_sum SimpleAggregateFunction(sum, Int64),
+    blocked_s_sum SimpleAggregateFunction(sum, Float64),
+    min_s_min SimpleAggregateFunction(min, Float64),
+    max_s_max SimpleAggregateFunction(max, Float64),
+    bytes_sum SimpleAggregateFunction(sum, Int64),
+    ingest_ts SimpleAggregateFunction(max, DateTime64(0, 'UTC'))
+) ENGINE = AggregatingMergeTree ORDER BY (job_id, `group`, op, rank, minute)
+TTL ingest_ts + INTERVAL {rollup_ttl_days} DAY"""
+
+_COMM_1M_MV = """CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.comm_1m_mv TO {db}.comm_1m AS
+SELECT toStartOfMinute(ts) AS minute, job_id, `group`, op, rank, any(host) AS host,
+       max(group_size) AS group_size, count() AS windows, sum(n) AS n_sum,
+       sum(blocked_s) AS blocked_s_sum, min(min_s) AS min_s_min, max(max_s) AS max_s_max,
+       sum(bytes) AS bytes_sum, max(now64(0)) AS ingest_ts
+FROM {db}.comm WHERE n > 0 GROUP BY minute, job_id, `group`, op, rank"""
+
 _SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
     version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree ORDER BY version"""
@@ -173,6 +214,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (2, "incidents and incidents_current", [_INCIDENTS, _INCIDENTS_CURRENT]),
     (3, "dead letters", [_DEAD_LETTERS]),
     (4, "steps 1-minute rollup", [_STEPS_1M, _STEPS_1M_MV]),
+    (5, "comm summaries and their 1-minute rollup", [_COMM, _COMM_1M, _COMM_1M_MV]),
 ]
 
 

@@ -208,7 +208,7 @@ class Sink:
 
     def _count(self, result: WriteResult) -> None:
         self.stats.rows += result.rows
-        self.stats.events += result.rows - result.tables.get("dead_letters", 0)
+        self.stats.events += result.events - result.tables.get("dead_letters", 0)
 
     def _ack(self, final: bool = False) -> None:
         """Write the buffer (retrying with backoff while ClickHouse fails; once stopping,

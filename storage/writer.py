@@ -36,8 +36,8 @@ from storage.url import check_identifier
 
 log = logging.getLogger(__name__)
 
-KIND_TABLE = {"step": "steps", "collective": "collectives", "gpu": "gpu", "nic": "nic",
-              "host": "host", "incident": "incidents"}
+KIND_TABLE = {"step": "steps", "collective": "collectives", "comm": "comm", "gpu": "gpu",
+              "nic": "nic", "host": "host", "incident": "incidents"}
 DEAD_LETTERS = "dead_letters"
 # ClickHouse's UNKNOWN_TABLE (code 60), as chdb and the native protocol word it.
 _MISSING_TABLE = re.compile(r"UNKNOWN_TABLE|Code: 60\b|Table \S+ does(?:n't| not) exist")
@@ -58,9 +58,11 @@ class WriteResult:
     rows: int = 0
     tables: dict[str, int] = field(default_factory=dict)
     rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    events: int = 0  # records written (a comm record is one, whatever its rows)
 
     def merge(self, other: WriteResult) -> None:
         self.rows += other.rows
+        self.events += other.events
         for t, n in other.tables.items():
             self.tables[t] = self.tables.get(t, 0) + n
         self.rejected.extend(other.rejected)
@@ -105,6 +107,8 @@ def converter_for(chtype: str) -> Converter:
     if base in _INTS:
         itype = _INTS[base]
         return lambda values: pa.array(values, type=itype)
+    if base == "Bool":
+        return lambda values: pa.array(values, type=pa.bool_())
     if base in _FLOATS:
         ftype = _FLOATS[base]
         return lambda values: pa.array(values, type=ftype)
@@ -118,6 +122,21 @@ def converter_for(chtype: str) -> Converter:
         ltype = pa.list_(_INTS[m.group(1)])
         return lambda values: pa.array([v or [] for v in values], type=ltype)
     raise ValueError(f"no converter for ClickHouse type {chtype}")
+
+
+# The row of a comm window with no ops entry: it still says the rank reported.
+_NO_OPS = {"group": "", "group_size": 0, "op": "", "n": 0, "blocked_s": 0.0, "min_s": 0.0,
+           "max_s": 0.0, "bytes": 0}
+
+
+def rows_of(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows an event becomes: itself, or for ``comm`` one row per ``ops`` entry (the
+    window's fields on each; ``_event`` keeps the record for the dead letters)."""
+    if event["kind"] != "comm":
+        return [event]
+    window = {k: v for k, v in event.items() if k != "ops"}
+    window["_event"] = event
+    return [{**window, **entry} for entry in event["ops"] or (_NO_OPS,)]
 
 
 class Writer:
@@ -146,19 +165,20 @@ class Writer:
         return self._pending >= self.max_rows
 
     def add(self, event: dict[str, Any]) -> bool:
-        """Buffer one event; False (and nothing buffered) when the buffer is full."""
-        return self._add(KIND_TABLE[event["kind"]], event)
+        """Buffer one event (a comm record: its rows); False (and nothing buffered) when
+        the buffer is full."""
+        return self._add(KIND_TABLE[event["kind"]], *rows_of(event))
 
     def add_dead_letter(self, row: dict[str, Any]) -> bool:
         """Buffer one dead_letters row: ts (float s), topic, partition, offset, key, error,
         raw, reporter."""
         return self._add(DEAD_LETTERS, row)
 
-    def _add(self, table: str, row: dict[str, Any]) -> bool:
+    def _add(self, table: str, *rows: dict[str, Any]) -> bool:
         if self._pending >= self.max_rows:
             return False
-        self._buffers.setdefault(table, []).append(row)
-        self._pending += 1
+        self._buffers.setdefault(table, []).extend(rows)
+        self._pending += len(rows)
         return True
 
     def flush(self) -> WriteResult:
@@ -176,7 +196,7 @@ class Writer:
         """Write events now (any mix of kinds), bypassing the buffer."""
         groups: dict[str, list[dict[str, Any]]] = {}
         for ev in events:
-            groups.setdefault(KIND_TABLE[ev["kind"]], []).append(ev)
+            groups.setdefault(KIND_TABLE[ev["kind"]], []).extend(rows_of(ev))
         result = WriteResult()
         for table, rows in groups.items():
             result.merge(self._insert(table, rows))
@@ -210,17 +230,23 @@ class Writer:
         try:
             batch = self._convert(table, rows)
         except (pa.ArrowException, ValueError, TypeError, OverflowError):
-            # Some row does not fit; find it one by one rather than lose the batch.
-            good = []
+            # Some row does not fit; find it one by one rather than lose the batch. A
+            # comm record is kept or rejected whole, never written in part.
+            bad: set[int] = set()
             for row in rows:
+                event = row.get("_event", row)
+                if id(event) in bad:
+                    continue
                 try:
                     self._convert(table, [row])
-                    good.append(row)
                 except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
-                    result.rejected.append((row, f"{table}: {' '.join(str(exc).split())}"))
-            batch = self._convert(table, good)
+                    bad.add(id(event))
+                    result.rejected.append((event, f"{table}: {' '.join(str(exc).split())}"))
+            batch = self._convert(table, [r for r in rows if id(r.get("_event", r)) not in bad])
         if batch.num_rows:
             self.client.insert(f"{self.database}.{table}", batch)
         result.rows = batch.num_rows
         result.tables[table] = batch.num_rows
+        result.events = (len({id(r["_event"]) for r in rows}) - len(result.rejected)
+                         if table == KIND_TABLE["comm"] else batch.num_rows)
         return result

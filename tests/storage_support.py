@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from schema.events import SPECS
+from schema.events import NESTED, SPECS
 from storage.client import Client, connect
 from storage.migrations import migrate
 
@@ -60,7 +60,7 @@ def ch() -> Iterator[Client]:
         client.close()
 
 
-def _value(name: str, ftype: Any, i: int) -> Any:
+def _value(name: str, ftype: Any, i: int, full: bool = True) -> Any:
     if name == "ts" or name.endswith("_ts"):
         return 1_700_000_000.25 + i
     if ftype == "num":
@@ -73,6 +73,11 @@ def _value(name: str, ftype: Any, i: int) -> Any:
         return [13, 79 + i]
     if ftype == "obj":
         return {"z": 2.5, "i": i}
+    if ftype == "bool":
+        return i % 2 == 0
+    if ftype in NESTED:  # one entry, all its fields or the required (min_s == max_s)
+        required, optional = NESTED[ftype]
+        return [{n: _value(n, t, i) for n, t in {**required, **(optional if full else {})}.items()}]
     return ftype[i % len(ftype)]
 
 
@@ -88,4 +93,4 @@ def full_event(kind: str, i: int = 0) -> dict[str, Any]:
 def minimal_event(kind: str, i: int = 0) -> dict[str, Any]:
     """An event of ``kind`` with only the required fields."""
     required, _ = SPECS[kind]
-    return {"v": 1, "kind": kind, **{n: _value(n, t, i) for n, t in required.items()}}
+    return {"v": 1, "kind": kind, **{n: _value(n, t, i, False) for n, t in required.items()}}
