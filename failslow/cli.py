@@ -24,7 +24,7 @@ COMMANDS: dict[str, str] = {
     "sink": "Kafka -> ClickHouse writer",
     "notify": "incidents -> Slack / PagerDuty / webhook",
     "replay": "publish a JSON Lines trace to the broker in ts order",
-    "detect": "offline detection over a JSON Lines trace; prints incidents as JSON Lines",
+    "detect": "offline detection over JSON Lines traces; prints incidents as JSON Lines",
     "query": "run SQL against the configured ClickHouse",
     "simulate": "write a simulated trace and its ground truth",
     "migrate": "apply the ClickHouse schema (idempotent)",

@@ -1,22 +1,34 @@
-"""`failslow detect FILE` — offline detection over a JSON Lines trace.
+"""`failslow detect FILE...` — offline detection over JSON Lines traces.
 
 Runs the very same ``models.pipeline.Detector`` the stream workers run, with no
 broker or database, and prints every incident event (open / update /
 resolved) as one JSON line. Invalid lines are skipped with a one-line warning
-on stderr naming the line; a count of them ends the run.
+on stderr naming the line; a count of them ends the run. A run that read no
+valid event at all (an empty input, every line invalid) is an error.
+
+Input order: the detector needs events in ``ts`` order. Like ``failslow replay``,
+detect holds back ``REORDER_WINDOW`` events and feeds them in ``ts`` order, so a
+trace out of order by less than that (``cat rank*.jsonl`` of a small job, ranks
+written by separate processes) gives the same incidents as the same events sorted.
+Several FILEs are merged by ``ts`` first (one file per rank, each in rough ``ts``
+order, needs no window at all). An event further out of order than the window is an
+error: merging it late would judge steps on partial data without a word.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import heapq
 import sys
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from itertools import islice
 from pathlib import Path
 
 import orjson
 
+from failslow.commands.replay import REORDER_WINDOW
 from failslow.errors import FailslowError
 from models.pipeline import Detector
 from schema import SchemaError, validate
@@ -24,7 +36,7 @@ from schema.fast import all_valid
 
 loads = orjson.loads
 
-HELP = "offline detection over a JSON Lines trace; prints incidents as JSON Lines"
+HELP = "offline detection over JSON Lines traces; prints incidents as JSON Lines"
 # Lines per chunk. A decoded event is ~1 KB: a chunk that fits the core's L2 cache
 # stays there from decode through validation to the detector; 4096 (4 MB) made
 # every pass read it back from L3 (+60% time on a 1,024-rank job).
@@ -36,13 +48,23 @@ class DetectError(FailslowError):
     """The trace cannot be read."""
 
 
+class OutOfOrderError(DetectError):
+    """An event arrived further out of ``ts`` order than the reorder window."""
+
+
 def check(obj):
     """``schema.validate`` for one orjson-decoded object, fast when it is plainly valid."""
     return obj if all_valid((obj,)) else validate(obj)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="JSON Lines trace ('-' for stdin)")
+    parser.add_argument(
+        "file", metavar="FILE", nargs="+",
+        help="JSON Lines trace ('-' for stdin). Several files (e.g. one per rank) are "
+             "merged by ts. Events are put in ts order within a window of "
+             f"{REORDER_WINDOW:,} events, as `failslow replay` does, so `cat rank*.jsonl` "
+             "gives the incidents of the sorted trace; an event further out of order "
+             "is an error (exit 2): sort the trace or pass the files separately")
     parser.add_argument("--out", metavar="FILE", help="write incidents here instead of stdout")
     parser.add_argument("--telemetry-delay", type=float, default=1.0, metavar="S",
                         help="seconds device samples may trail the step events (the "
@@ -70,17 +92,49 @@ def _fewer_collections():
         gc.unfreeze()
 
 
-def detect_lines(lines, det: Detector, write, warn) -> tuple[int, int, int]:
-    """Feed decoded, validated events to ``det`` in batches; ``write(incident)`` each
-    incident; ``warn(line_no, reason)`` each invalid line. Returns
-    (events, invalid lines, incidents)."""
+class Counts:
+    """What a run read: valid events and invalid lines."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.bad = 0
+
+
+def detect_lines(lines, det: Detector, write, warn,
+                 window: int = REORDER_WINDOW) -> tuple[int, int, int]:
+    """Feed decoded, validated events of one stream of lines to ``det`` in ts order
+    (within ``window`` events); ``write(incident)`` each incident; ``warn(line_no,
+    reason)`` each invalid line. Returns (events, invalid lines, incidents)."""
+    return detect_sources([lines], det, write, lambda _src, no, why: warn(no, why), window)
+
+
+def detect_sources(sources: list[Iterable], det: Detector, write, warn,
+                   window: int = REORDER_WINDOW) -> tuple[int, int, int]:
+    """``detect_lines`` over several streams of lines merged by ts; ``warn(source
+    index, line_no, reason)``."""
+    counts = Counts()
     with _fewer_collections():
-        return _detect_lines(lines, det, write, warn)
+        streams = [_events(src, i, warn, counts) for i, src in enumerate(sources)]
+        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_ts)
+        n_inc = 0
+        ordered = in_ts_order(merged, window)
+        while batch := list(islice(ordered, BATCH)):
+            for inc in det.process_batch(batch):
+                write(inc)
+                n_inc += 1
+        for inc in det.flush():
+            write(inc)
+            n_inc += 1
+    return counts.events, counts.bad, n_inc
 
 
-def _detect_lines(lines, det: Detector, write, warn) -> tuple[int, int, int]:
+def _ts(ev: dict) -> float:
+    return ev["ts"]
+
+
+def _events(lines, src: int, warn, counts: Counts) -> Iterator[dict]:
+    """Valid events of one stream, in its order; invalid lines warned and counted."""
     it = iter(lines)
-    n_events = n_bad = n_inc = 0
     first = 1
     while chunk := list(islice(it, BATCH)):
         try:
@@ -90,17 +144,45 @@ def _detect_lines(lines, det: Detector, write, warn) -> tuple[int, int, int]:
             if not all_valid(batch):
                 raise SchemaError("a line needs the full validation")
         except (orjson.JSONDecodeError, SchemaError):
-            batch, bad = _line_by_line(chunk, first, warn)
-            n_bad += bad
+            batch, bad = _line_by_line(chunk, first, lambda no, why: warn(src, no, why))
+            counts.bad += bad
         first += len(chunk)
-        n_events += len(batch)
-        for inc in det.process_batch(batch):
-            write(inc)
-            n_inc += 1
-    for inc in det.flush():
-        write(inc)
-        n_inc += 1
-    return n_events, n_bad, n_inc
+        counts.events += len(batch)
+        yield from batch
+
+
+def in_ts_order(events: Iterable[dict], window: int) -> Iterator[dict]:
+    """``events`` in (ts, rank, host) order, holding back ``window`` of them.
+
+    Ties in ``ts`` go by rank and host, then input order, so ranks' events that share
+    a timestamp come out the same whichever order the ranks' files were read in.
+    Sorting chunks of held events (timsort: the input is runs already sorted) costs
+    less than a heap operation per event. Raises ``OutOfOrderError`` for an event
+    earlier than one already handed on."""
+    held: list[tuple] = []
+    last: tuple | None = None
+    full = window + max(window // 4, 1)   # at most a quarter more held than the window
+    for seq, ev in enumerate(events):
+        rank = ev.get("rank")
+        key = (ev["ts"], -1 if rank is None else rank, ev.get("host") or "", seq)
+        if last is not None and key < last:
+            raise OutOfOrderError(
+                f"event ts {ev['ts']:.6f} ({ev['kind']}, rank {rank}) is "
+                f"{last[0] - ev['ts']:.3f} s earlier than an event already processed, "
+                f"more than {window:,} events out of order; sort the trace by ts or "
+                "pass each rank's file as its own FILE")
+        held.append((key, ev))
+        if len(held) >= full:
+            held.sort(key=_first)
+            last = held[len(held) - window - 1][0]
+            yield from (ev for _, ev in held[:len(held) - window])
+            del held[:len(held) - window]
+    held.sort(key=_first)
+    yield from (ev for _, ev in held)
+
+
+def _first(item: tuple) -> tuple:
+    return item[0]
 
 
 def _line_by_line(chunk: list, first: int, warn) -> tuple[list, int]:
@@ -123,37 +205,44 @@ def _line_by_line(chunk: list, first: int, warn) -> tuple[list, int]:
 def run(args: argparse.Namespace) -> int:
     if args.telemetry_delay < 0:
         raise DetectError("--telemetry-delay must be >= 0")
-    if args.file == "-":
-        src = sys.stdin.buffer
-    else:
+    files: list[str] = args.file
+    if files.count("-") > 1:
+        raise DetectError("stdin ('-') can be read once")
+    with ExitStack() as stack:
+        sources = []
+        for name in files:
+            if name == "-":
+                sources.append(sys.stdin.buffer)
+                continue
+            try:
+                sources.append(stack.enter_context(Path(name).open("rb")))
+            except OSError as exc:
+                raise DetectError(f"cannot read {name}: {exc.strerror}") from None
         try:
-            src = Path(args.file).open("rb")
+            out = stack.enter_context(Path(args.out).open("wb")) if args.out \
+                else sys.stdout.buffer
         except OSError as exc:
-            raise DetectError(f"cannot read {args.file}: {exc.strerror}") from None
-    try:
-        out = Path(args.out).open("wb") if args.out else sys.stdout.buffer
-    except OSError as exc:
-        raise DetectError(f"cannot write {args.out}: {exc.strerror}") from None
-    warned = 0
+            raise DetectError(f"cannot write {args.out}: {exc.strerror}") from None
+        warned = 0
 
-    def warn(no: int, reason: str) -> None:
-        nonlocal warned
-        warned += 1
-        if warned <= MAX_WARNINGS:
-            print(f"failslow detect: line {no}: {reason}", file=sys.stderr)
+        def warn(src: int, no: int, reason: str) -> None:
+            nonlocal warned
+            warned += 1
+            if warned <= MAX_WARNINGS:
+                where = f"{files[src]} line {no}" if len(files) > 1 else f"line {no}"
+                print(f"failslow detect: {where}: {reason}", file=sys.stderr)
 
-    def write(inc: dict) -> None:
-        out.write(orjson.dumps(inc) + b"\n")
+        def write(inc: dict) -> None:
+            out.write(orjson.dumps(inc) + b"\n")
 
-    det = Detector(telemetry_delay_s=args.telemetry_delay)
-    try:
-        n_events, n_bad, n_inc = detect_lines(src, det, write, warn)
-    finally:
-        if src is not sys.stdin.buffer:
-            src.close()
-        out.flush()
-        if args.out:
-            out.close()
+        det = Detector(telemetry_delay_s=args.telemetry_delay)
+        try:
+            n_events, n_bad, n_inc = detect_sources(sources, det, write, warn, REORDER_WINDOW)
+        finally:
+            out.flush()
+    if n_events == 0:
+        what = f"all {n_bad} line(s) invalid" if n_bad else "empty input"
+        raise DetectError(f"no valid event read ({what}); nothing to detect")
     tail = f"; {n_bad} invalid line(s) skipped" if n_bad else ""
     if det.errors:
         tail += f"; {det.errors} event(s) the detector failed on ({det.last_error})"
