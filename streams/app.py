@@ -54,7 +54,7 @@ from streams.routing import (
     PART_MAX_BYTES,
     HostMap,
     home_partition,
-    job_of_collective_key,
+    job_of_key,
     pack,
     split_value,
     unpack,
@@ -221,8 +221,11 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         broker_credentials=kafka_security.current().faust_credentials(),
     )
     t = cfg.topics
-    src_kind = {cfg.topics.prefix + topic: kind for kind, topic in KIND_TOPIC.items()
-                if kind in INPUT_KINDS}
+    # topic -> its first kind (the collectives topic: "collective", it also carries comm)
+    src_kind: dict[str, str] = {}
+    for kind, topic in KIND_TOPIC.items():
+        if kind in INPUT_KINDS:
+            src_kind.setdefault(cfg.topics.prefix + topic, kind)
     inputs = app.topic(*t.inputs(), value_serializer="raw", key_serializer="raw")
     job_topic = app.topic(cfg.internal("job"), value_serializer="raw", key_serializer="raw")
     hostmap_topic = app.topic(cfg.internal("hostmap"), value_serializer="raw")
@@ -295,7 +298,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                               msg.topic, msg.key, msg.value)
             return
         if kind in ("step", "collective"):
-            job = (job_of_collective_key(key) if kind == "collective" else key) or None
+            # the collectives topic carries comm (keyed job_id) and collective (job_id/group)
+            job = (job_of_key(key, msg.value or b"") if kind == "collective" else key) or None
             job = job or job_from_value(msg.value)
             if job is None:
                 await dead_letter("no job_id in the key or the value", msg.topic, msg.key,

@@ -186,10 +186,13 @@ class InputLimits:
         if not self._member(job, job.hosts, host, "hosts_per_job", job_id,
                             self.max_hosts_per_job):
             return
-        group = ev.get("group")
-        if group is not None and not self._member(job, job.groups, group, "groups_per_job",
-                                                  job_id, self.max_groups_per_job):
-            return
+        # a comm record names its groups in its ops entries
+        for group in ((e["group"] for e in ev["ops"]) if ev["kind"] == "comm"
+                      else (ev.get("group"),)):
+            if group is not None and not self._member(job, job.groups, group,
+                                                      "groups_per_job", job_id,
+                                                      self.max_groups_per_job):
+                return
         if ev["ts"] > job.last_ts:
             job.last_ts = ev["ts"]
         if host not in self._hosts:

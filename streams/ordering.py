@@ -49,6 +49,7 @@ _EV_TS = itemgetter("ts")
 SOURCE = {
     "step": itemgetter("kind", "job_id", "rank"),
     "collective": itemgetter("kind", "job_id", "group", "rank"),
+    "comm": itemgetter("kind", "job_id", "rank"),
     "gpu": itemgetter("kind", "host", "gpu"),
     "nic": itemgetter("kind", "host", "nic", "port"),
     "host": itemgetter("kind", "host"),

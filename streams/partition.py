@@ -3,7 +3,7 @@ de-duplication, the Detector, and the incidents already emitted. Pure Python, no
 I/O, no asyncio.
 
 De-duplication. Each source (a rank's steps, a rank's collectives in one
-group, one GPU / NIC port / host) produces in order and Kafka keeps per-key
+group, a rank's comm windows, one GPU / NIC port / host) produces in order and Kafka keeps per-key
 order, so a source's ``(ts, step|seq)`` only grows: an event that does not
 advance its source's mark is a duplicate (an at-least-once producer retry) and
 is dropped, counted. Emitted incidents are de-duplicated on their full content,
@@ -35,13 +35,15 @@ import orjson
 from streams.limits import InputLimits
 from streams.ordering import SOURCE, EventOrder
 
-INPUT_KINDS = ("step", "collective", "gpu", "nic", "host")
+INPUT_KINDS = ("step", "collective", "comm", "gpu", "nic", "host")
 _EV_TS = itemgetter("ts")
 
 # kind -> (source id getter, position getter): a source's position only grows.
 _MARK = {
     "step": (SOURCE["step"], itemgetter("ts", "step")),
     "collective": (SOURCE["collective"], itemgetter("ts", "seq")),
+    # a rank's windows follow each other: (end, start) only grows
+    "comm": (SOURCE["comm"], itemgetter("ts", "window_start_ts")),
     "gpu": (SOURCE["gpu"], _EV_TS),
     "nic": (SOURCE["nic"], _EV_TS),
     "host": (SOURCE["host"], _EV_TS),
@@ -50,7 +52,8 @@ _MARK = {
 
 def source_mark(ev: dict) -> tuple[tuple, Any]:
     """(source id, position) of an input event; positions of one source only grow
-    (``(ts, step|seq)`` for steps and collectives, ``ts`` for telemetry)."""
+    (``(ts, step|seq)`` for steps and collectives, ``(ts, window_start_ts)`` for comm
+    windows, ``ts`` for telemetry)."""
     src, pos = _MARK[ev["kind"]]
     return src(ev), pos(ev)
 
@@ -217,7 +220,7 @@ class JobPartition:
         self._marks = {tuple(src): tuple(pos) if type(pos) is list else pos
                        for src, pos in snap.get("marks", ())}
         for src, pos in self._marks.items():
-            if src[0] in ("step", "collective"):  # its jobs skip probation
+            if src[0] in ("step", "collective", "comm"):  # its jobs skip probation
                 self.limits.track(src[1], pos[0])
         self._skip_below = snap["o_next"]
         self._skip_ts = self.wm

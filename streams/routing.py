@@ -1,8 +1,8 @@
 """Where each event is processed: a job's home partition and the host -> partitions map.
 
 Every job has one *home partition* ``crc32(job_id) % N`` of the internal job topic
-(and of the incidents topic: N is the incidents topic's partition count). Step
-and collective messages are forwarded there unchanged (raw bytes, no re-encode);
+(and of the incidents topic: N is the incidents topic's partition count). Step,
+comm and collective messages are forwarded there unchanged (raw bytes, no re-encode);
 telemetry, keyed by host, is forwarded to the home partitions of the jobs
 running on that host, which the job stage learns from step events and
 announces on the internal host-map topic.
@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import orjson
@@ -26,6 +27,39 @@ import orjson
 def home_partition(job_id: str, partitions: int) -> int:
     """The partition (0..N-1) on which all of ``job_id``'s events meet."""
     return zlib.crc32(job_id.encode()) % partitions
+
+
+# The lead of a value whose first event starts with "v" and "kind", as every failslow
+# producer writes it (orjson keeps insertion order): `{"v":1,"kind":"comm"` or `[{...`.
+_LEAD_KIND = re.compile(rb'\s*\[?\s*\{\s*"v"\s*:\s*1\s*,\s*"kind"\s*:\s*"(\w+)"')
+
+
+def lead_kind(value: bytes) -> str | None:
+    """The kind of a message's first event when the value leads with ``v`` and ``kind``
+    (no decode); None otherwise (the caller decodes).
+
+    >>> lead_kind(b'[{"v":1,"kind":"comm","ts":1.0}]'), lead_kind(b'{"ts":1,"v":1}')
+    ('comm', None)
+    """
+    m = _LEAD_KIND.match(value)
+    return m.group(1).decode() if m else None
+
+
+def job_of_key(key: str, value: bytes) -> str | None:
+    """``job_id`` of a job message (steps or collectives topic) from its key, which is
+    ``job_id/group`` for ``collective`` events and ``job_id`` for ``comm`` and ``step``:
+    the two kinds of the collectives topic are told apart by the value's lead. None when
+    the key is empty or the lead is not known: the caller reads the value.
+
+    >>> job_of_key("team/j7", b'[{"v":1,"kind":"comm"}]'), job_of_key("team/j7/dp0", b'{"v":1,"kind":"collective"}')
+    ('team/j7', 'team/j7')
+    """
+    kind = lead_kind(value)
+    if kind == "collective":
+        return job_of_collective_key(key) or None
+    if kind in ("comm", "step"):
+        return key or None
+    return None
 
 
 def job_of_collective_key(key: str) -> str:
