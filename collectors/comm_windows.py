@@ -21,10 +21,11 @@ wait on an op already done) belongs to no entry.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from schema.events import OPS_MAX
 
 INF = float("inf")
 GRAINS = ("comm", "collective", "both")
@@ -100,15 +101,6 @@ def clip_to_issues(spans: Sequence[tuple[float, float]],
     return list(zip(start.tolist(), iv[:, 1].tolist(), strict=True))
 
 
-def in_flight(issues: Iterable[float], ended_starts: Iterable[float]) -> list[float]:
-    """Issue times with no ended op: the starts of the ops still in flight.
-
-    >>> in_flight([1.0, 2.0, 3.0], [2.0])
-    [1.0, 3.0]
-    """
-    return sorted((Counter(issues) - Counter(ended_starts)).elements())
-
-
 def summarize(events: Sequence[dict], blocked: Sequence[float]) -> list[dict]:
     """The ``ops`` entries of a ``comm`` record from ``collective`` events (``group``,
     ``group_size``, ``op``, ``peer``, ``seq``, ``start_ts``, ``duration_s``, ``bytes``)
@@ -150,3 +142,16 @@ def comm_record(job_id: str, rank: int, host: str, window_start_ts: float, ts: f
     return {"v": 1, "kind": "comm", "ts": ts, "job_id": job_id, "rank": rank, "host": host,
             "window_start_ts": min(window_start_ts, ts), "ops": ops, "step": step,
             "step_end": step_end, "world_size": world_size, "gpu": gpu}
+
+
+def comm_records(job_id: str, rank: int, host: str, window_start_ts: float, ts: float,
+                 ops: list[dict], step: int | None = None, step_end: bool | None = False,
+                 world_size: int | None = None, gpu: int | None = None) -> list[dict]:
+    """``comm_record``, split into several records of the same window when it has more
+    entries than a record may hold (``schema.events.OPS_MAX``); only the last carries
+    ``step_end``. No record when ``ops`` is empty."""
+    parts = [ops[i:i + OPS_MAX] for i in range(0, len(ops), OPS_MAX)]
+    not_last = None if step_end is None else False
+    return [comm_record(job_id, rank, host, window_start_ts, ts, part, step,
+                        step_end if i == len(parts) - 1 else not_last, world_size, gpu)
+            for i, part in enumerate(parts)]

@@ -37,7 +37,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from collectors.comm_windows import comm_record, split_blocked, summarize
+from collectors.comm_windows import comm_records, split_blocked, summarize
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +132,11 @@ class InspectorTailer:
         out = []
         for (rank, host), evs in by_rank.items():
             spans = [(ev["start_ts"], ev["ts"]) for ev in evs]
-            out.append(comm_record(self.job_id, rank, host,
-                                   min(since, min(ev["ts"] for ev in evs)),
-                                   max(now, max(ev["ts"] for ev in evs)),
-                                   summarize(evs, split_blocked(spans, [], spans)),
-                                   step=None, step_end=None))
+            out.extend(comm_records(self.job_id, rank, host,
+                                    min(since, min(ev["ts"] for ev in evs)),
+                                    max(now, max(ev["ts"] for ev in evs)),
+                                    summarize(evs, split_blocked(spans, [], spans)),
+                                    step=None, step_end=None))
         return out
 
     def _parse(self, state: _File) -> list[dict]:

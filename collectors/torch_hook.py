@@ -303,6 +303,7 @@ class TrainingHook(OpTracking):
         if h.step is not None:
             with self._lock:
                 h.step.blocked.wait(t0, t1)
+                h.step.in_flight[id(h)] = h
         pending = self._funcol_pending
         for out in outputs:
             if isinstance(out, torch.Tensor):
@@ -386,7 +387,7 @@ class TrainingHook(OpTracking):
                     keep.append(s)
                     continue
                 if self._comm:
-                    batch += filter(None, [self._comm_window(s, s.t_end, final=True)])
+                    batch += self._comm_window(s, s.t_end, final=True)
                 batch.append(self._finish_step(s))
             self._steps_open = keep
             if self._comm:
@@ -394,7 +395,7 @@ class TrainingHook(OpTracking):
                 # (while DDP's reducer may be waiting, in C++, the window waits for it)
                 if (current is not None and not current.t_end and not self._ddp_queued
                         and perf - current.win_t0 >= self.window_s):
-                    batch += filter(None, [self._comm_window(current, perf, final=False)])
+                    batch += self._comm_window(current, perf, final=False)
                 batch += self._loose_windows(perf, force)
         if batch:
             self.publisher.publish(batch)

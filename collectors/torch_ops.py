@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from itertools import chain
 from typing import Any
 
 import torch
@@ -18,8 +19,7 @@ import torch
 from collectors.comm_windows import (
     INF,
     clip_to_issues,
-    comm_record,
-    in_flight,
+    comm_records,
     split_blocked,
     summarize,
 )
@@ -32,7 +32,8 @@ class Step:
     """One open step: its event, clock (perf_counter), ended ops and what blocked it."""
 
     __slots__ = ("event", "t0", "t_end", "data", "open_ops", "closed_at", "ops", "blocked",
-                 "finished", "cursor", "win_t0")
+                 "finished", "cursor", "win_t0", "in_flight", "kept", "wait_cursor",
+                 "issue_cursor")
 
     def __init__(self, event: dict) -> None:
         self.event = event
@@ -46,6 +47,13 @@ class Step:
         self.finished = False
         self.cursor = 0  # ops[:cursor] are in comm windows already closed
         self.win_t0 = self.t0  # start of the open comm window
+        # for the next comm windows: ops issued and not ended (id -> op), ended ops that
+        # may still overlap a later window's ops, waits / issues before these cursors
+        # cannot matter any more
+        self.in_flight: dict[int, Op] = {}
+        self.kept: list[Op] = []
+        self.wait_cursor = 0
+        self.issue_cursor = 0
 
 
 class Op:
@@ -116,6 +124,7 @@ class OpTracking:
         if step is not None:
             with self._lock:
                 step.open_ops += 1
+                step.in_flight[id(h)] = h
             if t1 - t0 > 1e-4:  # a backend that blocks inside the call
                 step.blocked.wait(t0, t1)
         if work is None:
@@ -183,6 +192,7 @@ class OpTracking:
             with self._lock:
                 step.ops.append(h)
                 step.open_ops -= 1
+                step.in_flight.pop(id(h), None)
 
     def _drop_op(self, h: Op) -> None:
         if self._works.get(id(h.work)) is h:
@@ -191,6 +201,7 @@ class OpTracking:
         if h.step is not None:
             with self._lock:
                 h.step.open_ops -= 1
+                h.step.in_flight.pop(id(h), None)
 
     def _track_cuda(self, h: Op, work: Any) -> None:
         end = torch.cuda.Event(enable_timing=True)
@@ -237,31 +248,45 @@ class OpTracking:
 
     # -- comm windows (called by the publishing thread, with the lock held) ----------------
 
-    def _comm_window(self, s: Step, t_close: float, final: bool) -> dict | None:
-        """Close ``s``'s open comm window at ``t_close`` (perf_counter): its ``comm`` record,
-        or None when no op ended in it. Each op's ``blocked_s`` is its share of the step's
+    def _comm_window(self, s: Step, t_close: float, final: bool) -> list[dict]:
+        """Close ``s``'s open comm window at ``t_close`` (perf_counter): its ``comm``
+        record (several past ``OPS_MAX`` entries), none when no op ended in it. Each op's ``blocked_s`` is its share of the step's
         blocked time (``split_blocked``) as known now; the ops open with it are the step's
         ended ops and those still in flight (issued, not ended)."""
         ops = s.ops[s.cursor:]
-        earlier = s.ops[:s.cursor]
         s.cursor = len(s.ops)
         t0, s.win_t0 = s.win_t0, t_close
         if not ops:
-            return None
-        issues = sorted(s.blocked.issues)
-        blocked = s.blocked.waits + clip_to_issues(
-            [(h.start, h.end) for h in s.ops if not h.waited], issues)
+            return []
+        lo = min(h.start for h in ops)  # what ended before this cannot overlap the window
+        flying = list(s.in_flight.values())
+        earlier = [h for h in s.kept if h.end > lo]
+        issues = sorted(s.blocked.issues[s.issue_cursor:])
+        blocked = [w for w in s.blocked.waits[s.wait_cursor:] if w[1] > lo] + clip_to_issues(
+            [(h.start, h.end) for h in chain(earlier, ops) if not h.waited], issues)
         if not final and self._wait_t0:  # the job is inside a wait right now
             blocked.append((self._wait_t0, t_close))
-        others = [(h.start, h.end) for h in earlier]
-        others += [(t, INF) for t in in_flight(issues, [h.start for h in s.ops])]
+        others = [(h.start, h.end) for h in earlier] + [(h.start, INF) for h in flying]
+        self._prune(s, min([t_close] + [h.start for h in flying]), ops)
         shares = split_blocked([(h.start, h.end) for h in ops], others, blocked)
         evs = [h.ev for h in ops]
         ts = max(self._wall_off + t_close, max(ev["ts"] for ev in evs))
         ev = s.event
-        return comm_record(self.job_id, ev["rank"], self.host, self._wall_off + t0, ts,
+        return comm_records(self.job_id, ev["rank"], self.host, self._wall_off + t0, ts,
                            summarize(evs, shares), step=ev["step"], step_end=final,
                            world_size=ev["world_size"], gpu=self.gpu)
+
+    @staticmethod
+    def _prune(s: Step, horizon: float, ops: list[Op]) -> None:
+        """Later windows hold ops that were in flight at this close or are issued after
+        it, so they begin at or after ``horizon``: what ended before it is dropped from
+        their view (a step's later closes cost its new ops, not all its ops)."""
+        s.kept = [h for h in chain(s.kept, ops) if h.end > horizon]
+        waits, issues = s.blocked.waits, s.blocked.issues
+        while s.wait_cursor < len(waits) and waits[s.wait_cursor][1] <= horizon:
+            s.wait_cursor += 1
+        while s.issue_cursor + 1 < len(issues) and issues[s.issue_cursor + 1] <= horizon:
+            s.issue_cursor += 1  # (the last issue before the horizon still clips)
 
     def _loose_windows(self, now: float, force: bool) -> list[dict]:
         """Ops that ended outside any open step (before the first step, between steps,
@@ -280,7 +305,7 @@ class OpTracking:
             spans = [(h.start, h.end) for h in hs]
             evs = [h.ev for h in hs]
             ts = max(self._wall_off + now, max(ev["ts"] for ev in evs))
-            out.append(comm_record(self.job_id, evs[0]["rank"], self.host, self._wall_off + t0,
+            out.extend(comm_records(self.job_id, evs[0]["rank"], self.host, self._wall_off + t0,
                                    ts, summarize(evs, split_blocked(spans, [], spans)),
                                    step=step, world_size=self._world_size, gpu=self.gpu))
         return out

@@ -14,11 +14,13 @@ from collectors.comm_windows import (
     INF,
     clip_to_issues,
     comm_record,
-    in_flight,
+    comm_records,
     split_blocked,
     summarize,
 )
 from collectors.intervals import clip_to_last_issue, union_length
+from schema import validate
+from schema.events import OPS_MAX
 
 GRID = 60  # intervals on integer ticks, so the grid computation is exact
 
@@ -86,10 +88,6 @@ def test_clip_to_issues_is_clip_to_last_issue_of_each(async_ops, issues):
                                                  for a, b in async_ops]
 
 
-def test_in_flight_are_issues_without_an_ended_op():
-    assert in_flight([3.0, 1.0, 2.0, 2.0], [2.0, 9.0]) == [1.0, 2.0, 3.0]
-
-
 def _raw(seq, op="allreduce", group="dp0", duration=0.01, nbytes=100, peer=None, start=10.0):
     return {"v": 1, "kind": "collective", "ts": start + duration, "job_id": "j", "rank": 0,
             "host": "h", "group": group, "group_size": 4, "op": op, "seq": seq,
@@ -114,3 +112,17 @@ def test_entries_equal_the_raw_events_they_summarize():
     assert (send["n"], send["bytes"], send["max_s"], send["peer"]) == (2, 107, 0.5, 1)
     rec = comm_record("j", 0, "h", 9.0, 11.0, list(entries.values()), step=3, step_end=True)
     assert rec["kind"] == "comm" and rec["window_start_ts"] == 9.0 and rec["step_end"]
+
+
+
+def test_a_window_with_more_entries_than_a_record_holds_is_split():
+    evs = [_raw(0, group=f"p2p0-{i}", op="send", peer=i) for i in range(1, OPS_MAX + 3)]
+    entries = summarize(evs, [0.001] * len(evs))
+    recs = comm_records("j", 0, "h", 9.0, 11.0, entries, step=3, step_end=True)
+    assert [len(r["ops"]) for r in recs] == [OPS_MAX, 2]
+    assert [r["step_end"] for r in recs] == [False, True]
+    for r in recs:
+        validate(r)
+    assert comm_records("j", 0, "h", 9.0, 11.0, [], step=3, step_end=True) == []
+    tailer = comm_records("j", 0, "h", 9.0, 11.0, entries, step=None, step_end=None)
+    assert [r["step_end"] for r in tailer] == [None, None]

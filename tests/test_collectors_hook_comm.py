@@ -9,11 +9,14 @@ import time
 from collections import defaultdict
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install failslow[torch])")
 
 import torch.distributed as dist  # noqa: E402
 
+from collectors.comm_windows import split_blocked  # noqa: E402
 from collectors.torch_hook import TrainingHook, resolve_grain  # noqa: E402
 from failslow.stack import free_port  # noqa: E402
 from schema import validate  # noqa: E402
@@ -149,3 +152,41 @@ def test_grain_from_argument_or_environment(world1, monkeypatch):
 
 
 INF = float("inf")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 20)), min_size=1, max_size=12),
+       st.lists(st.integers(0, 80), max_size=6),
+       st.lists(st.tuples(st.integers(0, 80), st.integers(1, 15)), max_size=5))
+def test_windows_share_as_if_every_op_were_known_at_once(ops, closes, waits):
+    """Ops issued, ended and cut into windows in time order (a window closes at each
+    ``closes`` tick and at the step's end): with the rank's waits known, each op gets the
+    part it would get with all ops known at once, so nothing is counted twice across
+    windows, and the pruning between closes loses nothing."""
+    hook = TrainingHook(_Sink(), job_id="j", rank=0, world_size=1, grain="comm")
+    hook._begin_step(0, None)
+    s = hook._step
+    for a, d in waits:
+        s.blocked.wait(float(a), float(a + d))
+    timeline = []
+    for i, (a, d) in enumerate(ops):
+        timeline += [(a, 1, i), (a + d, 0, i)]  # at a tick: ends, then issues, then closes
+    timeline += [(t, 2, -1) for t in closes]
+    handles, entries = {}, {}
+    for t, what, i in sorted(timeline):
+        if what == 1:
+            h = handles[i] = hook._on_issue("allreduce", None, 8, None, None, float(t))
+            h.ev["group"], h.waited = f"g{i}", True
+            s.open_ops += 1
+            s.in_flight[id(h)] = h
+        elif what == 0:
+            hook._end_op(handles[i], float(t))
+        else:
+            for rec in hook._comm_window(s, float(t), final=False):
+                entries.update({e["group"]: e for e in rec["ops"]})
+    for rec in hook._comm_window(s, 100.0, final=True):
+        entries.update({e["group"]: e for e in rec["ops"]})
+    spans = [(float(a), float(a + d)) for a, d in ops]
+    want = split_blocked(spans, [], s.blocked.waits)
+    got = [entries[f"g{i}"]["blocked_s"] for i in range(len(ops))]
+    assert all(abs(g - w) < 1e-9 for g, w in zip(got, want, strict=True)), (got, want)
