@@ -97,7 +97,7 @@ SPECS: dict[str, tuple[dict[str, FieldType], dict[str, FieldType]]] = {
          "slowdown_pct": "num"},
         {"rank": "i32", "host": "str", "gpu": "i32", "peer_rank": "i32", "peer_host": "str",
          "resolved_ts": "time", "root_cause": ROOT_CAUSES, "mitigation": MITIGATIONS,
-         "evidence": "obj"},
+         "evidence": "obj", "gpu_hours_lost": "num"},
     ),
 }
 KINDS: tuple[str, ...] = tuple(SPECS)
@@ -272,6 +272,7 @@ class IncidentEvent(_Base):
     root_cause: NotRequired[str | None]
     mitigation: NotRequired[str | None]
     evidence: NotRequired[dict[str, Any] | None]
+    gpu_hours_lost: NotRequired[float | None]
 
 
 Event = StepEvent | CollectiveEvent | CommEvent | GpuEvent | NicEvent | HostEvent | IncidentEvent

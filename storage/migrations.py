@@ -202,11 +202,16 @@ SELECT toStartOfMinute(ts) AS minute, job_id, `group`, op, rank, any(host) AS ho
        sum(bytes) AS bytes_sum, max(now64(0)) AS ingest_ts
 FROM {db}.comm WHERE n > 0 GROUP BY minute, job_id, `group`, op, rank"""
 
+# CONTRACT.md's incident.gpu_hours_lost, which the Detector sends and the table lacked.
+_INCIDENTS_GPU_HOURS = ("ALTER TABLE {db}.incidents ADD COLUMN IF NOT EXISTS "
+                        "gpu_hours_lost Nullable(Float64) AFTER slowdown_pct")
+
 _SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
     version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree ORDER BY version"""
 
 _CREATES = re.compile(r"CREATE (?:MATERIALIZED )?(?:TABLE|VIEW) IF NOT EXISTS \{db\}\.(\w+)")
+_ADDS = re.compile(r"ALTER TABLE \{db\}\.(\w+) ADD COLUMN IF NOT EXISTS (\w+)")
 
 # (version, name, statements). Append new migrations; never edit an applied one.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
@@ -215,6 +220,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (3, "dead letters", [_DEAD_LETTERS]),
     (4, "steps 1-minute rollup", [_STEPS_1M, _STEPS_1M_MV]),
     (5, "comm summaries and their 1-minute rollup", [_COMM, _COMM_1M, _COMM_1M_MV]),
+    (6, "incidents.gpu_hours_lost", [_INCIDENTS_GPU_HOURS]),
 ]
 
 
@@ -270,14 +276,24 @@ def _objects(statements: list[str]) -> list[str]:
     return [m.group(1) for sql in statements for m in _CREATES.finditer(sql)]
 
 
+def _columns_added(statements: list[str]) -> list[tuple[str, str]]:
+    """(table, column) of the columns a migration adds."""
+    return [(m.group(1), m.group(2)) for sql in statements for m in _ADDS.finditer(sql)]
+
+
 def _incomplete(client: Client, db: str) -> set[int]:
-    """Versions recorded as applied whose tables or views are gone (dropped by hand, a
-    partial restore): applied again, since every statement is idempotent."""
+    """Versions recorded as applied whose tables, views or added columns are gone
+    (dropped by hand, a partial restore, a table recreated by an earlier migration):
+    applied again, in order, since every statement is idempotent."""
     _, rows = client.query("SELECT name FROM system.tables WHERE database = {db:String}",
                            {"db": db})
     present = {r[0] for r in rows}
+    _, rows = client.query("SELECT table, name FROM system.columns WHERE database = "
+                           "{db:String}", {"db": db})
+    columns = {(r[0], r[1]) for r in rows}
     return {version for version, _, statements in MIGRATIONS
-            if not set(_objects(statements)) <= present}
+            if not set(_objects(statements)) <= present
+            or not set(_columns_added(statements)) <= columns}
 
 
 def _set_ttl(client: Client, db: str, days: int) -> None:
