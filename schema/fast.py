@@ -29,67 +29,65 @@ from schema.events import (
 )
 
 
-def _field_check(name: str, ftype, optional: bool, pad: str) -> list[str]:
-    """Source lines that ``return False`` unless field ``name`` of ``o`` has
-    type ``ftype`` (a SPECS field type; the field may be absent or null when
-    ``optional``)."""
+def _field_check(name: str, ftype, optional: bool, low, pad: str) -> list[str]:
+    """Source lines that ``return False`` unless field ``name`` of ``o`` has type
+    ``ftype`` (a SPECS field type; the field may be absent or null when ``optional``)
+    and is at least ``low`` (None: no bound). The value stays in the local ``f_<name>``
+    for the ORDERED checks."""
+    var = f"f_{name}"
+    bad = " or ".join(_bad(ftype, var) + ([f"{var} < {low!r}"] if low is not None else []))
     if optional:
-        return [f"{pad}v = g({name!r})", *(f"{pad}if v is not None and {c}: return False"
-                                           for c in _bad(ftype))]
-    return [f"{pad}v = o[{name!r}]", *(f"{pad}if {c}: return False" for c in _bad(ftype))]
+        return [f"{pad}{var} = g({name!r})",
+                f"{pad}if {var} is not None and ({bad}): return False"]
+    return [f"{pad}{var} = o[{name!r}]", f"{pad}if {bad}: return False"]
 
 
-def _bad(ftype) -> list[str]:
+def _bad(ftype, v: str) -> list[str]:
     if ftype == "num":
-        return ["type(v) not in NUM"]
+        return [f"type({v}) not in NUM"]
     if ftype == "time":
-        return [f"(type(v) not in NUM or not {TIME_MIN!r} <= v < {TIME_MAX!r})"]
+        return [f"type({v}) not in NUM", f"not {TIME_MIN!r} <= {v} < {TIME_MAX!r}"]
     if ftype == "int":
-        return [f"(type(v) is not int or not {INT_MIN} <= v <= {INT_MAX})"]
+        return [f"type({v}) is not int", f"not {INT_MIN} <= {v} <= {INT_MAX}"]
     if ftype == "i32":
-        return [f"(type(v) is not int or not {I32_MIN} <= v <= {I32_MAX})"]
+        return [f"type({v}) is not int", f"not {I32_MIN} <= {v} <= {I32_MAX}"]
     if ftype == "str":
-        return ["type(v) is not str"]
+        return [f"type({v}) is not str"]
     if ftype == "ints":
-        return ["(type(v) is not list or any(type(x) is not int for x in v))"]
+        return [f"type({v}) is not list",
+                f"any(type(x) is not int or not {INT_MIN} <= x <= {INT_MAX} for x in {v})"]
     if ftype == "obj":
-        return ["type(v) is not dict"]
+        return [f"type({v}) is not dict"]
     if ftype == "bool":
-        return ["type(v) is not bool"]
+        return [f"type({v}) is not bool"]
     if ftype in NESTED:
-        return [f"(type(v) is not list or len(v) > {OPS_MAX} or not nested_{ftype}(v))"]
+        return [f"type({v}) is not list", f"len({v}) > {OPS_MAX}", f"not nested_{ftype}({v})"]
     if isinstance(ftype, tuple):
-        return [f"v not in {ftype!r}"]
+        return [f"{v} not in {ftype!r}"]
     raise ValueError(f"unknown field type {ftype!r}")
 
 
-def _rules(rules: str, pad: str) -> list[str]:
-    """Source lines that ``return False`` unless ``o`` keeps the MINIMA and ORDERED
-    rules named ``rules`` (the fields' types are already checked)."""
-    src = []
-    for name, low in MINIMA.get(rules, {}).items():
-        src += [f"{pad}v = g({name!r})", f"{pad}if v is not None and v < {low!r}: return False"]
-    for lo, hi in ORDERED.get(rules, ()):
-        src += [f"{pad}v = g({lo!r})", f"{pad}w = g({hi!r})",
-                f"{pad}if v is not None and w is not None and v > w: return False"]
-    return src
-
-
 def _spec_lines(rules: str, required, optional, pad: str) -> list[str]:
+    """The checks of one spec (an event kind, or the entries of a list field) and of
+    the MINIMA and ORDERED rules named ``rules``."""
+    lows = MINIMA.get(rules, {})
     src = []
     for name, ftype in required.items():
-        src += _field_check(name, ftype, False, pad)
+        src += _field_check(name, ftype, False, lows.get(name), pad)
     for name, ftype in optional.items():
-        src += _field_check(name, ftype, True, pad)
-    return src + _rules(rules, pad)
+        src += _field_check(name, ftype, True, lows.get(name), pad)
+    for lo, hi in ORDERED.get(rules, ()):
+        maybe = [f"f_{n} is not None and " for n in (lo, hi) if n in optional]
+        src.append(f"{pad}if {''.join(maybe)}f_{lo} > f_{hi}: return False")
+    return src
 
 
 def _compile_all():
     """``all_valid(objs)``: True when every object decoded by orjson certainly
     passes ``schema.validate``. One generated function with the SPECS table
     inlined (the way dataclasses builds ``__init__``): no Python call per
-    event. Numbers are checked by type and range (orjson never yields a non-finite
-    float). False sends the caller to
+    event (one per event with a list field, for its entries). Numbers are checked by
+    type and range (orjson never yields a non-finite float). False sends the caller to
     ``validate``, which names the offending field."""
     src = ["def all_valid(objs):", " for o in objs:", "  if type(o) is not dict: return False",
            "  g = o.get", "  v = g('v')", "  if type(v) is not int or v != 1: return False",

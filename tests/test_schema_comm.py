@@ -139,3 +139,11 @@ def test_mutated_records_are_accepted_or_refused_cleanly_and_the_fast_path_agree
         assert good == [ev] and errors == []
     else:
         assert good == [] and len(errors) == 1
+
+
+def test_the_fast_path_checks_the_range_of_list_integers():
+    # orjson decodes integers up to 2**64 - 1: the fast path must not vouch for one
+    gpu = {"v": 1, "kind": "gpu", "ts": 1.0, "host": "h", "gpu": 0, "uuid": "u", "xid": [2**63]}
+    with pytest.raises(SchemaError, match=r"gpu\.xid: integer .* 64-bit"):
+        validate(gpu)
+    assert not all_valid([gpu]) and all_valid([dict(gpu, xid=[2**63 - 1])])
