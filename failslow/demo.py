@@ -164,7 +164,8 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
             "SELECT incident_id, status, fault, severity, rank, host, peer_host, root_cause, "
             "mitigation, slowdown_pct, onset_ts, detected_ts FROM incidents_current "
             "ORDER BY detected_ts")
-        raw = client.query("SELECT count() FROM steps")
+        raw = client.query("SELECT (SELECT count() FROM steps), (SELECT count() FROM comm), "
+                           "(SELECT count() FROM collectives)")
         _summary(out, truth, rows, raw, sink, notify, published, time.monotonic() - t0,
                  folder, threads.errors)
         return 1 if threads.errors else 0
@@ -247,8 +248,10 @@ def _summary(out: TextIO, truth: dict, rows: Any, raw: Any, sink: Any, notify: A
     cols, data = rows
     incidents = [dict(zip(cols, r, strict=True)) for r in data]
     _say(out, f"\nsummary ({elapsed:.0f} s wall):")
-    _say(out, f"  events published {published:,}; step rows in ClickHouse {raw[1][0][0]:,}; "
-              f"incident changes {notify.stats['incidents']}, notifications {notify.stats['queued']}")
+    steps, comm, collectives = raw[1][0]
+    _say(out, f"  events published {published:,}; rows in ClickHouse: steps {steps:,}, comm "
+              f"{comm:,}, collectives {collectives:,}; incident changes "
+              f"{notify.stats['incidents']}, notifications {notify.stats['queued']}")
     _say(out, f"  incidents ({len(incidents)}):")
     for inc in incidents:
         where = (f"rank {inc['rank']}" if inc["rank"] is not None else "") + \
@@ -273,6 +276,12 @@ def _summary(out: TextIO, truth: dict, rows: Any, raw: Any, sink: Any, notify: A
     _say(out, f"  failslow query --clickhouse chdb://{folder} "
               "\"SELECT rank, avg(duration_s) FROM failslow.steps GROUP BY rank "
               "ORDER BY 2 DESC LIMIT 5\"")
+    if comm:  # whom each group waits for: its member blocked least (docs/contract.md)
+        _say(out, f"  failslow query --clickhouse chdb://{folder} "
+                  "\"SELECT \\`group\\`, argMin(rank, b) AS waited_for, min(b), max(b) FROM "
+                  "(SELECT \\`group\\`, rank, sum(blocked_s) AS b FROM failslow.comm "
+                  "GROUP BY \\`group\\`, rank) GROUP BY \\`group\\` ORDER BY max(b) - min(b) "
+                  "DESC LIMIT 5\"")
 
 
 def _matches(f: dict, inc: dict) -> bool:
