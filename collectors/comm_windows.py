@@ -21,7 +21,7 @@ wait on an op already done) belongs to no entry.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,8 +48,10 @@ def resolve_grain(grain: str | None = None, window_s: float | None = None) -> tu
     return grain, float(window_s)
 
 
-def split_blocked(mine: Sequence[tuple[float, float]], others: Iterable[tuple[float, float]],
-                  blocked: Iterable[tuple[float, float]]) -> list[float]:
+Spans = Sequence[tuple[float, float]] | np.ndarray  # [start, end] pairs, or an (n, 2) array
+
+
+def split_blocked(mine: Spans, others: Spans, blocked: Spans) -> list[float]:
     """Blocked seconds of each op of ``mine`` (``[start, end]``): every blocked instant
     (in the union of ``blocked``) split equally among the ops open at that instant, those
     of ``mine`` and ``others`` (ops reported elsewhere, or still in flight: ``end`` INF).
@@ -57,14 +59,14 @@ def split_blocked(mine: Sequence[tuple[float, float]], others: Iterable[tuple[fl
     >>> split_blocked([(0, 4)], [(2, INF)], [(1, 3)])   # [1,2] alone, [2,3] shared
     [1.5]
     """
-    if not mine:
-        return []
     own = np.asarray(mine, dtype=float).reshape(-1, 2)
+    if not len(own):
+        return []
     lo, hi = own[:, 0].min(), own[:, 1].max()
     # only what overlaps [lo, hi] matters, clipped to it
-    rest = np.asarray(list(others), dtype=float).reshape(-1, 2)
+    rest = np.asarray(others, dtype=float).reshape(-1, 2)
     rest = rest[(rest[:, 1] > lo) & (rest[:, 0] < hi)]
-    cuts = np.asarray(list(blocked), dtype=float).reshape(-1, 2)
+    cuts = np.asarray(blocked, dtype=float).reshape(-1, 2)
     cuts = cuts[(cuts[:, 1] > lo) & (cuts[:, 0] < hi) & (cuts[:, 1] > cuts[:, 0])]
     spans = np.clip(np.vstack([own, rest]), lo, hi)
     cuts = np.clip(cuts, lo, hi)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_right
 from collections import deque
 from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 
 from collectors.comm_windows import (
@@ -250,9 +252,9 @@ class OpTracking:
 
     def _comm_window(self, s: Step, t_close: float, final: bool) -> list[dict]:
         """Close ``s``'s open comm window at ``t_close`` (perf_counter): its ``comm``
-        record (several past ``OPS_MAX`` entries), none when no op ended in it. Each op's ``blocked_s`` is its share of the step's
-        blocked time (``split_blocked``) as known now; the ops open with it are the step's
-        ended ops and those still in flight (issued, not ended)."""
+        record (several past ``OPS_MAX`` entries), none when no op ended in it. Each op's
+        ``blocked_s`` is its share of the step's blocked time (``split_blocked``) as known
+        now; the ops open with it are the step's ended ops and those still in flight."""
         ops = s.ops[s.cursor:]
         s.cursor = len(s.ops)
         t0, s.win_t0 = s.win_t0, t_close
@@ -268,13 +270,14 @@ class OpTracking:
             blocked.append((self._wait_t0, t_close))
         others = [(h.start, h.end) for h in earlier] + [(h.start, INF) for h in flying]
         self._prune(s, min([t_close] + [h.start for h in flying]), ops)
-        shares = split_blocked([(h.start, h.end) for h in ops], others, blocked)
+        mine = np.column_stack([np.array([h.start for h in ops]), np.array([h.end for h in ops])])
+        shares = split_blocked(mine, others, blocked)
         evs = [h.ev for h in ops]
         ts = max(self._wall_off + t_close, max(ev["ts"] for ev in evs))
         ev = s.event
         return comm_records(self.job_id, ev["rank"], self.host, self._wall_off + t0, ts,
-                           summarize(evs, shares), step=ev["step"], step_end=final,
-                           world_size=ev["world_size"], gpu=self.gpu)
+                            summarize(evs, shares), step=ev["step"], step_end=final,
+                            world_size=ev["world_size"], gpu=self.gpu)
 
     @staticmethod
     def _prune(s: Step, horizon: float, ops: list[Op]) -> None:
@@ -282,11 +285,12 @@ class OpTracking:
         it, so they begin at or after ``horizon``: what ended before it is dropped from
         their view (a step's later closes cost its new ops, not all its ops)."""
         s.kept = [h for h in chain(s.kept, ops) if h.end > horizon]
-        waits, issues = s.blocked.waits, s.blocked.issues
-        while s.wait_cursor < len(waits) and waits[s.wait_cursor][1] <= horizon:
-            s.wait_cursor += 1
-        while s.issue_cursor + 1 < len(issues) and issues[s.issue_cursor + 1] <= horizon:
-            s.issue_cursor += 1  # (the last issue before the horizon still clips)
+        # (both lists grow in time order, but threads may interleave: an entry misplaced
+        # here is at worst a wait missed, an under-count, never an op counted twice)
+        s.wait_cursor = bisect_right(s.blocked.waits, horizon, lo=s.wait_cursor,
+                                     key=lambda w: w[1])
+        s.issue_cursor = max(s.issue_cursor,  # the last issue before the horizon still clips
+                             bisect_right(s.blocked.issues, horizon, lo=s.issue_cursor) - 1)
 
     def _loose_windows(self, now: float, force: bool) -> list[dict]:
         """Ops that ended outside any open step (before the first step, between steps,
@@ -306,6 +310,6 @@ class OpTracking:
             evs = [h.ev for h in hs]
             ts = max(self._wall_off + now, max(ev["ts"] for ev in evs))
             out.extend(comm_records(self.job_id, evs[0]["rank"], self.host, self._wall_off + t0,
-                                   ts, summarize(evs, split_blocked(spans, [], spans)),
-                                   step=step, world_size=self._world_size, gpu=self.gpu))
+                                    ts, summarize(evs, split_blocked(spans, [], spans)),
+                                    step=step, world_size=self._world_size, gpu=self.gpu))
         return out
