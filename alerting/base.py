@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from failslow.errors import FailslowError
+from schema.errors import FailslowError
 
 # What a notification announces about its incident.
 OPEN, ESCALATE, RESOLVE, SUMMARY = "open", "escalate", "resolve", "summary"

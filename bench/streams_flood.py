@@ -31,9 +31,9 @@ from streams_throughput import processed, publish_sliced
 
 from collectors.publisher import Publisher
 from failslow.stack import create_topics, free_port, start_broker
+from failslow.worker_process import WorkerProcess
 from schema import Topics
 from simulator import SCENARIOS, simulate
-from streams.runner import WorkerProcess
 
 RESULTS = Path(__file__).parent / "results"
 SIZED = ["--max-jobs", "16", "--max-hosts", "64", "--max-ranks-per-job", "64",

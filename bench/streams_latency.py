@@ -39,9 +39,9 @@ from confluent_kafka import Consumer
 
 from collectors.publisher import Publisher
 from failslow.stack import create_topics, free_port, start_broker
+from failslow.worker_process import WorkerProcess
 from schema import Topics
 from simulator import FaultSpec, JobSpec, Scenario, simulate
-from streams.runner import WorkerProcess
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -22,9 +22,9 @@ from pathlib import Path
 from streams_throughput import processed, publish_sliced  # noqa: I001 - bench/ is on sys.path
 
 from failslow.stack import create_topics, free_port, start_broker
+from failslow.worker_process import WorkerProcess
 from schema import Topics
 from simulator import SCENARIOS, simulate
-from streams.runner import WorkerProcess
 
 RESULTS = Path(__file__).parent / "results"
 

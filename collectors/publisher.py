@@ -41,8 +41,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from collectors.spool import Record, Spool
-from failslow.errors import FailslowError
 from schema import Topics, encode
+from schema.errors import FailslowError
 from schema.kafka_security import client_conf
 from schema.topics import key_for
 

@@ -1,8 +1,9 @@
-"""The project's exception root: every package's errors derive from FailslowError."""
+"""Errors of the command line; the project's root error lives in ``schema.errors`` (the
+bottom of the import graph) and is re-exported here."""
 
+from schema.errors import FailslowError
 
-class FailslowError(Exception):
-    """Base of every error failslow raises on purpose (bad input, bad config, unreachable service)."""
+__all__ = ["ConfigError", "FailslowError"]
 
 
 class ConfigError(FailslowError):

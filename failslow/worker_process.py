@@ -1,5 +1,5 @@
-"""Run ``failslow worker`` as a child process and read what it produced: for the demo,
-the tests and the benchmarks.
+"""Run ``failslow worker`` as a child process and read what it produced: for the tests
+and the benchmarks (it lives in ``failslow/`` because it starts the command line).
 
 >>> w = WorkerProcess("127.0.0.1:9092", Topics("failslow."))   # doctest: +SKIP
 >>> w.stop()                                                   # doctest: +SKIP

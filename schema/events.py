@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, NotRequired, TypedDict
 
-from failslow.errors import FailslowError
+from schema.errors import FailslowError
 
 VERSION = 1
 # The ranges of the ClickHouse columns the fields land in (storage/migrations.py), so

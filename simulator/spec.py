@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from failslow.errors import FailslowError
+from schema.errors import FailslowError
 
 
 class SimulatorError(FailslowError):

@@ -1,6 +1,6 @@
 """Errors of the storage package, rooted in FailslowError."""
 
-from failslow.errors import FailslowError
+from schema.errors import FailslowError
 
 
 class StorageError(FailslowError):

@@ -5,7 +5,7 @@ Entry points: ``streams.app.WorkerConfig`` + ``streams.app.build_app`` (used by
 ``failslow worker``); the per-partition logic is ``streams.partition.JobPartition``.
 """
 
-from failslow.errors import FailslowError
+from schema.errors import FailslowError
 
 
 class StreamsError(FailslowError):

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from failslow.errors import FailslowError
+from schema.errors import FailslowError
 from schema.kafka_security import client_conf
 from streams.quiet import RDKAFKA_LOG
 

@@ -153,7 +153,7 @@ def test_a_worker_on_comm_grain_matches_offline_detection(broker, topics):
     from confluent_kafka import Producer
     from test_streams_worker import brief, canon, publish, scenario_events
 
-    from streams.runner import WorkerProcess, wait_for_incidents
+    from failslow.worker_process import WorkerProcess, wait_for_incidents
     from streams.snapshots import scan
 
     events, ref = [], []

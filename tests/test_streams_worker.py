@@ -12,10 +12,10 @@ from confluent_kafka import Producer
 
 from collectors.publisher import Publisher
 from failslow.stack import free_port
+from failslow.worker_process import WorkerProcess, read_incidents, wait_for_incidents
 from models.pipeline import Detector
 from schema import Topics
 from simulator import SCENARIOS, simulate
-from streams.runner import WorkerProcess, read_incidents, wait_for_incidents
 from streams.snapshots import scan
 
 
