@@ -9,6 +9,8 @@ same words everywhere.
 ...       "detected_ts": 8.0, "ts": 8.0}
 >>> headline(ev, "open")
 '[CRITICAL] slow_rank in job0: rank 5 (host h0, GPU 5), cause gpu_thermal, job +31.2%'
+>>> headline({**ev, "gpu_hours_lost": 3.456}, "open")[-38:]
+'job +31.2%, 3.46 GPU-hours lost so far'
 """
 
 from __future__ import annotations
@@ -80,8 +82,18 @@ def mitigation(ev: dict[str, Any]) -> str | None:
     return f"{name} ({reason})" if reason else name
 
 
+def cost(ev: dict[str, Any]) -> str | None:
+    """``3.46 GPU-hours lost so far`` (CONTRACT.md gpu_hours_lost), None when not priced."""
+    lost = ev.get("gpu_hours_lost")
+    if lost is None:
+        return None
+    lost = float(lost)
+    shown = f"{lost:.2f}" if lost >= 0.01 else f"{lost:.4f}"
+    return f"{shown} GPU-hours lost{'' if ev.get('status') == 'resolved' else ' so far'}"
+
+
 def headline(ev: dict[str, Any], action: str) -> str:
-    """One line: state, fault, job, culprit, cause, slowdown."""
+    """One line: state, fault, job, culprit, cause, slowdown, cost."""
     if action == RESOLVE or ev.get("status") == "resolved":
         tag = "RESOLVED"
     elif action == ESCALATE:
@@ -89,8 +101,10 @@ def headline(ev: dict[str, Any], action: str) -> str:
     else:
         tag = str(ev.get("severity", "?")).upper()
     cause = ev.get("root_cause") or "unknown"
-    return (f"[{tag}] {ev.get('fault')} in {ev.get('job_id')}: {where(ev)}, cause {cause}, "
+    text = (f"[{tag}] {ev.get('fault')} in {ev.get('job_id')}: {where(ev)}, cause {cause}, "
             f"job +{float(ev.get('slowdown_pct') or 0.0):.1f}%")
+    priced = cost(ev)
+    return f"{text}, {priced}" if priced else text
 
 
 def timeline(ev: dict[str, Any]) -> str:

@@ -20,7 +20,16 @@ from alerting.base import (
     SendResult,
     redact_url,
 )
-from alerting.format import console_line, headline, mitigation, summary_text, timeline, utc, where
+from alerting.format import (
+    console_line,
+    cost,
+    headline,
+    mitigation,
+    summary_text,
+    timeline,
+    utc,
+    where,
+)
 from alerting.transport import HttpNotifier
 
 SLACK, PAGERDUTY, WEBHOOK, CONSOLE = "slack", "pagerduty", "webhook", "console"
@@ -50,6 +59,9 @@ class SlackNotifier(HttpNotifier):
         lines = [f"*Where:* {where(ev)}",
                  f"*Root cause:* {ev.get('root_cause') or 'unknown'}",
                  f"*Job slowdown:* +{float(ev.get('slowdown_pct') or 0.0):.1f}%"]
+        priced = cost(ev)
+        if priced:
+            lines.append(f"*Cost:* {priced} (world size x extra step time)")
         fix = mitigation(ev)
         if fix and note.action != RESOLVE:
             lines.append(f"*Mitigation:* {fix}")

@@ -162,7 +162,8 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
         threads.join(15)
         rows = client.query(
             "SELECT incident_id, status, fault, severity, rank, host, peer_host, root_cause, "
-            "mitigation, slowdown_pct, onset_ts, detected_ts FROM incidents_current "
+            "mitigation, slowdown_pct, gpu_hours_lost, onset_ts, detected_ts "
+            "FROM incidents_current "
             "ORDER BY detected_ts")
         raw = client.query("SELECT (SELECT count() FROM steps), (SELECT count() FROM comm), "
                            "(SELECT count() FROM collectives)")
@@ -259,7 +260,10 @@ def _summary(out: TextIO, truth: dict, rows: Any, raw: Any, sink: Any, notify: A
                 (f" <-> {inc['peer_host']}" if inc["peer_host"] else "")
         _say(out, f"    {inc['status']:<8} {inc['severity']:<8} {inc['fault']:<12} "
                   f"{where.strip():<22} cause={inc['root_cause'] or '-':<15} "
-                  f"action={inc['mitigation'] or '-':<22} {inc['slowdown_pct']:.0f} %")
+                  f"action={inc['mitigation'] or '-':<22} {inc['slowdown_pct']:.0f} %"
+                  + _lost(inc["gpu_hours_lost"]))
+    _say(out, f"  GPU-hours lost to fail-slows: "
+              f"{sum(i['gpu_hours_lost'] or 0.0 for i in incidents):.3f}")
     found = 0
     for f in truth["faults"]:
         hit = any(_matches(f, inc) for inc in incidents)
@@ -271,8 +275,10 @@ def _summary(out: TextIO, truth: dict, rows: Any, raw: Any, sink: Any, notify: A
         _say(out, f"  error: {e}")
     _say(out, "\nwhere to look (the data stays in the folder):")
     _say(out, f"  failslow query --clickhouse chdb://{folder} "
-              "\"SELECT fault, rank, host, root_cause, mitigation, slowdown_pct "
-              "FROM failslow.incidents_current\"")
+              "\"SELECT fault, rank, host, root_cause, mitigation, slowdown_pct, "
+              "gpu_hours_lost FROM failslow.incidents_current\"")
+    _say(out, f"  failslow query --clickhouse chdb://{folder} --list-presets   "
+              "(ready-made questions: slowest ranks, throttled GPUs, cost per job)")
     _say(out, f"  failslow query --clickhouse chdb://{folder} "
               "\"SELECT rank, avg(duration_s) FROM failslow.steps GROUP BY rank "
               "ORDER BY 2 DESC LIMIT 5\"")
@@ -282,6 +288,10 @@ def _summary(out: TextIO, truth: dict, rows: Any, raw: Any, sink: Any, notify: A
                   "(SELECT \\`group\\`, rank, sum(blocked_s) AS b FROM failslow.comm "
                   "GROUP BY \\`group\\`, rank) GROUP BY \\`group\\` ORDER BY max(b) - min(b) "
                   "DESC LIMIT 5\"")
+
+
+def _lost(gpu_hours: float | None) -> str:
+    return "" if gpu_hours is None else f", {gpu_hours:.3f} GPU-h lost"
 
 
 def _matches(f: dict, inc: dict) -> bool:

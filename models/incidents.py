@@ -153,6 +153,8 @@ class IncidentTracker:
             extra["gpu_hours_lost"] = round(f.world * f.lost_s / 3600.0, 6)
         ev.update(ts=ts, severity=sev, slowdown_pct=pct, root_cause=cause, mitigation=action,
                   evidence={**f.evidence, **extra})
+        if "gpu_hours_lost" in extra:      # CONTRACT.md: top-level, current with every change
+            ev["gpu_hours_lost"] = extra["gpu_hours_lost"]
         if changed:
             inc.emitted = {"severity": sev, "root_cause": cause, "mitigation": action,
                            "slowdown_pct": pct, "ts": ts}

@@ -206,11 +206,51 @@ FROM {db}.comm WHERE n > 0 GROUP BY minute, job_id, `group`, op, rank"""
 _INCIDENTS_GPU_HOURS = ("ALTER TABLE {db}.incidents ADD COLUMN IF NOT EXISTS "
                         "gpu_hours_lost Nullable(Float64) AFTER slowdown_pct")
 
+# incidents_current again, with the incident's cost (its latest gpu_hours_lost).
+_INCIDENTS_CURRENT_COST = """CREATE OR REPLACE VIEW {db}.incidents_current AS
+SELECT incident_id, s.1 AS job_id, s.2 AS status, s.3 AS fault, s.4 AS severity,
+       s.5 AS rank, s.6 AS host, s.7 AS gpu, s.8 AS peer_rank, s.9 AS peer_host,
+       s.10 AS root_cause, s.11 AS mitigation, s.12 AS slowdown_pct, s.13 AS onset_ts,
+       s.14 AS detected_ts, s.15 AS resolved_ts, s.16 AS evidence, s.17 AS gpu_hours_lost,
+       last_ts AS updated_ts, first_ts AS first_seen_ts, changes
+FROM (
+    SELECT incident_id,
+           argMax(tuple(job_id, status, fault, severity, rank, host, gpu, peer_rank,
+                        peer_host, root_cause, mitigation, slowdown_pct, onset_ts,
+                        detected_ts, resolved_ts, evidence, gpu_hours_lost),
+                  tuple(ts, status = 'resolved')) AS s,
+           max(ts) AS last_ts, min(ts) AS first_ts,
+           uniqExact(ts, status, slowdown_pct, severity) AS changes
+    FROM {db}.incidents
+    GROUP BY incident_id
+)"""
+
+# GPU-hours lost per job per UTC day. gpu_hours_lost is cumulative per incident, so a
+# day is billed what the incident's running total grew that day (its highest value
+# that day minus its highest before); a plain view, exact with no wait for merges
+# (incidents are few rows: one per change).
+_GPU_HOURS_DAILY = """CREATE VIEW IF NOT EXISTS {db}.gpu_hours_lost_daily AS
+SELECT day, job_id, sum(grew) AS gpu_hours_lost, uniqExact(incident_id) AS incidents,
+       groupUniqArray(host) AS hosts
+FROM (
+    SELECT day, job_id, incident_id, host,
+           total - lagInFrame(total, 1, 0.) OVER (PARTITION BY incident_id ORDER BY day
+               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS grew
+    FROM (
+        SELECT incident_id, toDate(ts) AS day, any(job_id) AS job_id,
+               anyIf(host, host IS NOT NULL) AS host,
+               max(ifNull(gpu_hours_lost, 0.)) AS total
+        FROM {db}.incidents GROUP BY incident_id, day
+    )
+)
+GROUP BY day, job_id"""
+
 _SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
     version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree ORDER BY version"""
 
-_CREATES = re.compile(r"CREATE (?:MATERIALIZED )?(?:TABLE|VIEW) IF NOT EXISTS \{db\}\.(\w+)")
+_CREATES = re.compile(r"CREATE (?:OR REPLACE )?(?:MATERIALIZED )?(?:TABLE|VIEW) "
+                      r"(?:IF NOT EXISTS )?\{db\}\.(\w+)")
 _ADDS = re.compile(r"ALTER TABLE \{db\}\.(\w+) ADD COLUMN IF NOT EXISTS (\w+)")
 
 # (version, name, statements). Append new migrations; never edit an applied one.
@@ -221,6 +261,8 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (4, "steps 1-minute rollup", [_STEPS_1M, _STEPS_1M_MV]),
     (5, "comm summaries and their 1-minute rollup", [_COMM, _COMM_1M, _COMM_1M_MV]),
     (6, "incidents.gpu_hours_lost", [_INCIDENTS_GPU_HOURS]),
+    (7, "incidents_current.gpu_hours_lost and gpu_hours_lost_daily",
+     [_INCIDENTS_CURRENT_COST, _GPU_HOURS_DAILY]),
 ]
 
 
