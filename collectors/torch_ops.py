@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from bisect import bisect_right
 from collections import deque
 from itertools import chain
 from typing import Any
@@ -285,12 +284,16 @@ class OpTracking:
         it, so they begin at or after ``horizon``: what ended before it is dropped from
         their view (a step's later closes cost its new ops, not all its ops)."""
         s.kept = [h for h in chain(s.kept, ops) if h.end > horizon]
-        # (both lists grow in time order, but threads may interleave: an entry misplaced
-        # here is at worst a wait missed, an under-count, never an op counted twice)
-        s.wait_cursor = bisect_right(s.blocked.waits, horizon, lo=s.wait_cursor,
-                                     key=lambda w: w[1])
-        s.issue_cursor = max(s.issue_cursor,  # the last issue before the horizon still clips
-                             bisect_right(s.blocked.issues, horizon, lo=s.issue_cursor) - 1)
+        # Both lists grow in time order (one pass over each per step, in all); the cursors
+        # stop at the first entry that may still matter, whatever comes after it.
+        waits, n, i = s.blocked.waits, len(s.blocked.waits), s.wait_cursor
+        while i < n and waits[i][1] <= horizon:
+            i += 1
+        s.wait_cursor = i
+        issues, n, i = s.blocked.issues, len(s.blocked.issues), s.issue_cursor
+        while i + 1 < n and issues[i + 1] <= horizon:
+            i += 1  # (the last issue before the horizon still clips)
+        s.issue_cursor = i
 
     def _loose_windows(self, now: float, force: bool) -> list[dict]:
         """Ops that ended outside any open step (before the first step, between steps,
