@@ -1,5 +1,9 @@
 """`failslow query SQL`: run SQL against the configured ClickHouse and print the result.
 
+`failslow query --preset NAME [--param K=V ...]` runs one of the ready-made questions
+of storage.presets (its parameters checked and bound, never pasted into the SQL);
+`--list-presets` names them.
+
 One statement per call, read-only unless ``--write`` (storage.guard), never a table
 function that reaches files or the network.
 
@@ -23,12 +27,17 @@ HELP = "run SQL against the configured ClickHouse"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sql", help="one SQL statement; unqualified tables are in the "
-                        "configured database, e.g. \"SELECT * FROM incidents_current\"")
+    parser.add_argument("sql", nargs="?", help="one SQL statement; unqualified tables are "
+                        "in the configured database, e.g. \"SELECT * FROM incidents_current\"")
+    parser.add_argument("--preset", metavar="NAME",
+                        help="run a ready-made query instead of SQL (--list-presets)")
+    parser.add_argument("--list-presets", action="store_true",
+                        help="name each preset with its parameters, one line each, and exit")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
                         help="table (default), json (one object per line) or csv")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="value for a {NAME:Type} placeholder in SQL (repeatable)")
+                        help="value for a {NAME:Type} placeholder in SQL, or a preset's "
+                        "parameter (repeatable)")
     parser.add_argument("--write", action="store_true",
                         help="allow statements that change data or schema (default: the "
                         "engine's readonly=1; `failslow migrate` is the way to change the schema)")
@@ -75,15 +84,43 @@ def render(columns: list[str], rows: list[tuple], fmt: str, out: Any = sys.stdou
         render_table(columns, rows, out)
 
 
+def list_presets(out: Any = sys.stdout) -> None:
+    from storage.presets import PRESETS
+
+    width = max(len(name) for name in PRESETS)
+    for p in PRESETS.values():
+        args = " ".join(f"{x.name}=" + ("..." if x.default is None else f"[{x.default}]")
+                        for x in p.params)
+        out.write(f"{p.name:<{width}}  {p.summary}  ({args})\n")
+
+
+def _statement(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
+    from storage.presets import bind, get
+
+    if args.preset:
+        if args.sql:
+            raise ConfigError("give SQL or --preset, not both")
+        if args.write:
+            raise ConfigError("presets only read: --write does not apply")
+        preset = get(args.preset)
+        return preset.sql.strip(), bind(preset, _params(args.param))
+    if not args.sql:
+        raise ConfigError("give one SQL statement, --preset NAME or --list-presets")
+    return args.sql, _params(args.param) or None
+
+
 def run(args: argparse.Namespace) -> int:
     from failslow.config import clickhouse_url, resolve
     from storage.client import connect
     from storage.guard import one_statement, readonly_sql
     from storage.url import parse
 
+    if args.list_presets:
+        list_presets()
+        return 0
     url = clickhouse_url(resolve(args))
-    sql = one_statement(args.sql)
-    params = _params(args.param) or None
+    text, params = _statement(args)
+    sql = one_statement(text)
     server = parse(url).scheme == "clickhouse"
     if not args.write and not server:
         sql = readonly_sql(sql)

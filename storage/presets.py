@@ -1,0 +1,292 @@
+"""Ready-made questions for ``failslow query --preset NAME [--param K=V ...]``.
+
+Each preset is one read-only SELECT over the failslow tables (unqualified names: the
+connection's database) with ClickHouse's own ``{name:Type}`` placeholders, so values
+travel as query parameters on both transports and are never pasted into the SQL text.
+Before that, ``bind`` checks every value against the parameter's kind here (an int is
+an int, a time is a time), names the unknown and the missing ones, and fills defaults.
+
+Times (``since``, ``until``) are ISO 8601 (``2026-11-24T08:00``, UTC unless it says
+otherwise), seconds since the epoch, ``now``, or relative: ``-24h``, ``-30m``, ``-7d``.
+The SQL runs unchanged on chdb and on a ClickHouse server (>= 23.3).
+
+>>> sorted(bind(PRESETS["slowest_ranks"], {"job": "j0", "limit": "5"},
+...             now=1e9).items())  # doctest: +NORMALIZE_WHITESPACE
+[('job', 'j0'), ('limit', 5), ('since', 999913600.0), ('until', 1000000000.0)]
+>>> bind(PRESETS["slowest_ranks"], {"job": "j0", "limit": "5; DROP"})
+Traceback (most recent call last):
+...
+storage.errors.QueryError: --param limit: want a whole number >= 0, got '5; DROP'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from storage.errors import QueryError
+
+# Parameter kinds: how the text is checked and converted, and the ClickHouse type.
+KINDS = {"str": "String", "count": "UInt32", "int": "Int32", "num": "Float64",
+         "time": "Float64"}
+_REL = re.compile(r"-(\d+(?:\.\d+)?)([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str                 # a key of KINDS
+    help: str
+    default: str | None = None  # None: required
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    summary: str              # one line for --list-presets
+    sql: str
+    params: tuple[Param, ...]
+
+
+def _time(text: str, now: float) -> float:
+    text = text.strip()
+    if text == "now":
+        return now
+    m = _REL.fullmatch(text)
+    if m:
+        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise QueryError("want ISO 8601, epoch seconds, now or -N[smhd]") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed.timestamp()
+    if not math.isfinite(value) or not 0 <= value < 1e10:
+        raise QueryError("epoch seconds out of range")
+    return value
+
+
+def _convert(param: Param, text: str, now: float) -> Any:
+    try:
+        if param.kind == "str":
+            if not text or len(text) > 512:
+                raise QueryError("want 1 to 512 characters")
+            return text
+        if param.kind in ("count", "int"):
+            low, high = (0, 2**32 - 1) if param.kind == "count" else (-2**31, 2**31 - 1)
+            if not re.fullmatch(r"-?\d{1,10}", text.strip()):
+                raise QueryError("want a whole number" + (" >= 0" if low == 0 else ""))
+            value = int(text)
+            if not low <= value <= high:
+                raise QueryError(f"want a whole number in {low}..{high}")
+            return value
+        if param.kind == "num":
+            number = float(text)
+            if not math.isfinite(number):
+                raise QueryError("want a finite number")
+            return number
+        return _time(text, now)
+    except QueryError as exc:
+        raise QueryError(f"--param {param.name}: {exc}, got {text!r}") from None
+    except ValueError:
+        raise QueryError(f"--param {param.name}: want a number, got {text!r}") from None
+
+
+def bind(preset: Preset, given: dict[str, str], now: float | None = None) -> dict[str, Any]:
+    """The query parameters for ``preset`` from ``--param`` texts, checked and typed."""
+    known = {p.name: p for p in preset.params}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise QueryError(f"preset {preset.name} has no parameter {', '.join(unknown)} "
+                         f"(it takes {', '.join(known) or 'none'})")
+    missing = [p.name for p in preset.params if p.default is None and p.name not in given]
+    if missing:
+        raise QueryError(f"preset {preset.name} needs --param {'=... --param '.join(missing)}=...")
+    clock = time.time() if now is None else now
+    out = {}
+    for p in preset.params:
+        text = given.get(p.name, p.default)
+        assert text is not None
+        out[p.name] = _convert(p, text, clock)
+    return out
+
+
+def get(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise QueryError(f"no preset {name!r} (failslow query --list-presets names them)") \
+            from None
+
+
+_JOB = Param("job", "str", "job id")
+_SINCE = Param("since", "time", "start of the time range", "-24h")
+_UNTIL = Param("until", "time", "end of the time range", "now")
+_LIMIT = Param("limit", "count", "rows at most", "20")
+_RANGE = ("ts >= toDateTime64({since:Float64}, 3, 'UTC') "
+          "AND ts < toDateTime64({until:Float64}, 3, 'UTC')")
+# A rank's own work in a step: compute + input wait when reported, else the step less
+# the time blocked in collectives (everyone's step time is the slowest member's).
+_OWN = "ifNull(compute_s + ifNull(data_s, 0.), duration_s - ifNull(comm_s, 0.))"
+
+_SLOWEST_RANKS = f"""
+SELECT rank, any(host) AS host, count() AS steps,
+       round(median({_OWN}), 4) AS own_s_median,
+       round(own_s_median / nullIf((SELECT median({_OWN}) FROM steps
+             WHERE job_id = {{job:String}} AND {_RANGE}), 0), 3) AS vs_job,
+       round(median(duration_s), 4) AS step_s_median,
+       round(quantile(0.99)(duration_s), 4) AS step_s_p99
+FROM steps
+WHERE job_id = {{job:String}} AND {_RANGE}
+GROUP BY rank
+ORDER BY own_s_median DESC, rank
+LIMIT {{limit:UInt32}}"""
+
+_RANK_VS_PEERS = f"""
+SELECT step, max(ts) AS step_end_ts,
+       round(anyIf({_OWN}, rank = {{rank:Int32}}), 4) AS rank_own_s,
+       round(medianIf({_OWN}, rank != {{rank:Int32}}), 4) AS peers_own_s_median,
+       round(rank_own_s / nullIf(peers_own_s_median, 0), 3) AS ratio,
+       round(anyIf(duration_s, rank = {{rank:Int32}}), 4) AS step_s,
+       countIf(rank != {{rank:Int32}}) AS peers
+FROM steps
+WHERE job_id = {{job:String}} AND {_RANGE}
+  AND ifNull(pp_rank, -1) = (SELECT any(ifNull(pp_rank, -1)) FROM steps
+                             WHERE job_id = {{job:String}} AND rank = {{rank:Int32}}
+                               AND {_RANGE})
+GROUP BY step
+HAVING countIf(rank = {{rank:Int32}}) > 0
+ORDER BY step"""
+
+_INCIDENTS_BY_CAUSE = """
+SELECT ifNull(root_cause, 'unknown') AS cause, count() AS incidents,
+       countIf(status = 'open') AS open, countIf(severity = 'critical') AS critical,
+       groupUniqArray(fault) AS faults, uniqExact(job_id) AS jobs,
+       round(sum(ifNull(gpu_hours_lost, 0.)), 3) AS lost_gpu_hours,
+       round(max(slowdown_pct), 1) AS worst_slowdown_pct,
+       argMax(incident_id, slowdown_pct) AS worst_incident
+FROM incidents_current
+WHERE updated_ts >= toDateTime64({since:Float64}, 3, 'UTC')
+  AND detected_ts < toDateTime64({until:Float64}, 3, 'UTC')
+GROUP BY cause
+ORDER BY incidents DESC, lost_gpu_hours DESC, cause"""
+
+# NVML clocks-event reason bits (CONTRACT.md gpu.clocks_event_reasons).
+_REASONS = [(0x20, "sw_thermal"), (0x40, "hw_thermal"), (0x04, "sw_power_cap"),
+            (0x80, "hw_power_brake"), (0x08, "hw_slowdown"), (0x02, "app_clocks"),
+            (0x100, "display_clocks"), (0x10, "sync_boost")]
+_DECODE = "arrayFilter(x -> x != '', [" + ", ".join(
+    f"if(bitAnd(bits, {bit}) != 0, '{name}', '')" for bit, name in _REASONS) + "])"
+
+_LOW = "sm_clock_mhz < (1 - {min_drop_pct:Float64} / 100.) * ref_mhz"
+_GPU_CLOCK_DROPS = f"""
+SELECT host, gpu, gpu_job AS job_id, gpu_rank AS rank, samples, low_samples,
+       round(100. * low_samples / samples, 1) AS low_pct,
+       round(max_clock_mhz) AS max_clock_mhz, round(low_clock_mhz) AS min_clock_mhz,
+       round(100. * (1 - low_clock_mhz / max_clock_mhz), 1) AS drop_pct,
+       round(temp_c_max, 1) AS temp_c_max, round(power_w_low, 1) AS power_w_while_low,
+       {_DECODE} AS reasons, bits AS reason_bits
+FROM (
+    SELECT host, gpu, anyIf(job_id, job_id IS NOT NULL) AS gpu_job,
+           anyIf(rank, rank IS NOT NULL) AS gpu_rank, count() AS samples,
+           max(ref_mhz) AS max_clock_mhz, countIf({_LOW}) AS low_samples,
+           minIf(sm_clock_mhz, {_LOW}) AS low_clock_mhz, max(temp_c) AS temp_c_max,
+           avgIf(power_w, {_LOW}) AS power_w_low,
+           groupBitOrIf(ifNull(clocks_event_reasons, 0), {_LOW}) AS bits
+    FROM (
+        SELECT *, ifNull(max_sm_clock_mhz, max(sm_clock_mhz)
+                         OVER (PARTITION BY host, gpu)) AS ref_mhz
+        FROM gpu
+        WHERE {_RANGE} AND sm_clock_mhz IS NOT NULL
+    )
+    GROUP BY host, gpu
+)
+WHERE low_samples >= {{min_samples:UInt32}}
+ORDER BY low_samples DESC, drop_pct DESC, host, gpu
+LIMIT {{limit:UInt32}}"""
+
+
+def _grown(col: str) -> str:
+    """What a cumulative counter grew over the rows of the group (a decrease is a reset:
+    the new value is what it grew since)."""
+    vals = f"arrayMap(x -> x.2, arraySort(groupArray((ts, ifNull({col}, 0)))))"
+    return f"arraySum(arrayMap((d, v) -> if(d < 0, v, d), arrayDifference({vals}), {vals}))"
+
+
+_NIC_STORMS = f"""
+SELECT host, nic, port, samples, seconds,
+       round(pause / seconds, 1) AS pause_per_s, round(cnp / seconds, 1) AS cnp_per_s,
+       round(ecn / seconds, 1) AS ecn_per_s,
+       round(8 * (tx + rx) / seconds / 1e9, 3) AS gbps, speed_gbps
+FROM (
+    SELECT host, nic, port, count() AS samples,
+           greatest(dateDiff('millisecond', min(ts), max(ts)) / 1000., 1e-3) AS seconds,
+           {_grown('tx_pause_total')} + {_grown('rx_pause_total')} AS pause,
+           {_grown('cnp_sent_total')} + {_grown('cnp_handled_total')} AS cnp,
+           {_grown('ecn_marked_total')} AS ecn,
+           {_grown('tx_bytes_total')} AS tx, {_grown('rx_bytes_total')} AS rx,
+           max(speed_gbps) AS speed_gbps
+    FROM nic
+    WHERE {_RANGE}
+    GROUP BY host, nic, port
+    HAVING samples >= 2
+)
+WHERE pause_per_s >= {{min_per_s:Float64}} OR cnp_per_s >= {{min_per_s:Float64}}
+ORDER BY pause_per_s + cnp_per_s DESC, host, nic, port
+LIMIT {{limit:UInt32}}"""
+
+_IN_RANGE = """updated_ts >= toDateTime64({since:Float64}, 3, 'UTC')
+  AND detected_ts < toDateTime64({until:Float64}, 3, 'UTC')"""
+
+_GPU_HOURS_BY_JOB = f"""
+SELECT job_id, round(sum(ifNull(gpu_hours_lost, 0.)), 4) AS lost_gpu_hours,
+       count() AS incidents, countIf(status = 'open') AS open,
+       groupUniqArrayIf(host, host IS NOT NULL) AS hosts,
+       argMax(incident_id, ifNull(gpu_hours_lost, 0.)) AS costliest_incident
+FROM incidents_current
+WHERE {_IN_RANGE}
+GROUP BY job_id
+ORDER BY lost_gpu_hours DESC, job_id
+LIMIT {{limit:UInt32}}"""
+
+_GPU_HOURS_BY_HOST = f"""
+SELECT ifNull(host, '(job-wide)') AS host,
+       round(sum(ifNull(gpu_hours_lost, 0.)), 4) AS lost_gpu_hours,
+       count() AS incidents, countIf(status = 'open') AS open,
+       groupUniqArray(job_id) AS jobs, groupUniqArray(ifNull(root_cause, 'unknown')) AS causes
+FROM incidents_current
+WHERE {_IN_RANGE}
+GROUP BY host
+ORDER BY lost_gpu_hours DESC, host
+LIMIT {{limit:UInt32}}"""
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("slowest_ranks", "a job's ranks by their own work per step (compute + input), "
+           "slowest first", _SLOWEST_RANKS, (_JOB, _SINCE, _UNTIL, _LIMIT)),
+    Preset("rank_vs_peers", "one rank's work per step vs the median of its peers "
+           "(same pipeline stage)", _RANK_VS_PEERS,
+           (_JOB, Param("rank", "int", "the rank"), _SINCE, _UNTIL)),
+    Preset("incidents_by_cause", "incidents active in the range (default last 24 h) "
+           "by root cause, with their cost", _INCIDENTS_BY_CAUSE, (_SINCE, _UNTIL)),
+    Preset("gpu_clock_drops", "GPUs whose SM clock fell below max by min_drop_pct, "
+           "with the throttle reasons seen then", _GPU_CLOCK_DROPS,
+           (_SINCE, _UNTIL, Param("min_drop_pct", "num", "percent under max clock", "10"),
+            Param("min_samples", "count", "low samples at least", "3"), _LIMIT)),
+    Preset("nic_storms", "NIC ports with PFC pause or CNP storms (frames per second)",
+           _NIC_STORMS, (_SINCE, _UNTIL,
+                         Param("min_per_s", "num", "pause or CNP frames/s at least",
+                               "1000"), _LIMIT)),
+    Preset("gpu_hours_by_job", "GPU-hours lost per job to incidents active in the range",
+           _GPU_HOURS_BY_JOB, (_SINCE, _UNTIL, _LIMIT)),
+    Preset("gpu_hours_by_host", "GPU-hours lost per culprit host to incidents active "
+           "in the range", _GPU_HOURS_BY_HOST, (_SINCE, _UNTIL, _LIMIT)),
+)}
