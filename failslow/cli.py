@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "detect": "offline detection over JSON Lines traces; prints incidents as JSON Lines",
     "query": "run SQL against the configured ClickHouse",
     "simulate": "write a simulated trace and its ground truth",
+    "report": "one incident or one job as a self-contained HTML page with plots",
     "migrate": "apply the ClickHouse schema (idempotent)",
 }
 
