@@ -2,7 +2,8 @@
 
 Events travel as plain dicts (that is what orjson gives and what the hot paths
 want); the ``TypedDict`` classes below are their static types, and ``SPECS``
-is the single table the validator reads. Fields may be added to the contract,
+is the single table the validator reads (tests/test_schema_types.py keeps the two in
+agreement: same fields, required-ness and types). Fields may be added to the contract,
 never renamed or re-typed: unknown extra fields are kept, not rejected.
 
 >>> validate({"v": 1, "kind": "host", "ts": 1.5, "host": "h0"})["host"]
@@ -191,67 +192,67 @@ class CommEvent(_Base):
     gpu: NotRequired[int | None]
 
 
-class GpuEvent(_Base, total=False):
+class GpuEvent(_Base):
     host: str
     gpu: int
     uuid: str
-    sm_clock_mhz: float | None
-    max_sm_clock_mhz: float | None
-    mem_clock_mhz: float | None
-    util_pct: float | None
-    mem_util_pct: float | None
-    power_w: float | None
-    power_limit_w: float | None
-    temp_c: float | None
-    clocks_event_reasons: int | None
-    pcie_gen: int | None
-    pcie_width: int | None
-    pcie_max_gen: int | None
-    pcie_max_width: int | None
-    pcie_tx_bytes_s: float | None
-    pcie_rx_bytes_s: float | None
-    pcie_replay_total: int | None
-    ecc_sbe_total: int | None
-    ecc_dbe_total: int | None
-    xid: list[int] | None
-    nvlink_crc_errors_total: int | None
-    mem_used_bytes: int | None
-    job_id: str | None
-    rank: int | None
+    sm_clock_mhz: NotRequired[float | None]
+    max_sm_clock_mhz: NotRequired[float | None]
+    mem_clock_mhz: NotRequired[float | None]
+    util_pct: NotRequired[float | None]
+    mem_util_pct: NotRequired[float | None]
+    power_w: NotRequired[float | None]
+    power_limit_w: NotRequired[float | None]
+    temp_c: NotRequired[float | None]
+    clocks_event_reasons: NotRequired[int | None]
+    pcie_gen: NotRequired[int | None]
+    pcie_width: NotRequired[int | None]
+    pcie_max_gen: NotRequired[int | None]
+    pcie_max_width: NotRequired[int | None]
+    pcie_tx_bytes_s: NotRequired[float | None]
+    pcie_rx_bytes_s: NotRequired[float | None]
+    pcie_replay_total: NotRequired[int | None]
+    ecc_sbe_total: NotRequired[int | None]
+    ecc_dbe_total: NotRequired[int | None]
+    xid: NotRequired[list[int] | None]
+    nvlink_crc_errors_total: NotRequired[int | None]
+    mem_used_bytes: NotRequired[int | None]
+    job_id: NotRequired[str | None]
+    rank: NotRequired[int | None]
 
 
-class NicEvent(_Base, total=False):
+class NicEvent(_Base):
     host: str
     nic: str
     port: int
     tx_bytes_total: int
     rx_bytes_total: int
-    state: Literal["up", "down"] | None
-    speed_gbps: float | None
-    tx_packets_total: int | None
-    rx_packets_total: int | None
-    rx_errors_total: int | None
-    tx_errors_total: int | None
-    rx_drops_total: int | None
-    tx_pause_total: int | None
-    rx_pause_total: int | None
-    cnp_sent_total: int | None
-    cnp_handled_total: int | None
-    ecn_marked_total: int | None
-    out_of_sequence_total: int | None
-    link_downed_total: int | None
-    symbol_errors_total: int | None
-    xmit_wait_total: int | None
+    state: NotRequired[Literal["up", "down"] | None]
+    speed_gbps: NotRequired[float | None]
+    tx_packets_total: NotRequired[int | None]
+    rx_packets_total: NotRequired[int | None]
+    rx_errors_total: NotRequired[int | None]
+    tx_errors_total: NotRequired[int | None]
+    rx_drops_total: NotRequired[int | None]
+    tx_pause_total: NotRequired[int | None]
+    rx_pause_total: NotRequired[int | None]
+    cnp_sent_total: NotRequired[int | None]
+    cnp_handled_total: NotRequired[int | None]
+    ecn_marked_total: NotRequired[int | None]
+    out_of_sequence_total: NotRequired[int | None]
+    link_downed_total: NotRequired[int | None]
+    symbol_errors_total: NotRequired[int | None]
+    xmit_wait_total: NotRequired[int | None]
 
 
-class HostEvent(_Base, total=False):
+class HostEvent(_Base):
     host: str
-    cpu_util_pct: float | None
-    cpu_iowait_pct: float | None
-    cpu_steal_pct: float | None
-    load1: float | None
-    mem_available_bytes: int | None
-    procs_running: int | None
+    cpu_util_pct: NotRequired[float | None]
+    cpu_iowait_pct: NotRequired[float | None]
+    cpu_steal_pct: NotRequired[float | None]
+    load1: NotRequired[float | None]
+    mem_available_bytes: NotRequired[int | None]
+    procs_running: NotRequired[int | None]
 
 
 class IncidentEvent(_Base):
