@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Tansu broker for the session, a fresh topic prefix per test."""
+"""Shared fixtures: a real Tansu broker for the session, a fresh topic prefix per test;
+and the rule that a test using a real broker or database is an ``integration`` test."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ import pytest
 
 from failslow.stack import Broker, create_topics, start_broker
 from schema import Topics
+
+# Fixtures that start a broker or a database: a test using one is marked ``integration``
+# even if its module forgot to say so, so ``pytest -m "not integration"`` stays fast.
+REAL_SERVICE_FIXTURES = {"broker", "topics", "ch", "tls_broker", "tls_server", "server_url"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if REAL_SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,7 @@ def test_bad_input_is_one_line_and_nonzero(args):
     assert len(lines) == 1 and lines[0].startswith(f"failslow {args[0]}:"), out.stderr
 
 
+@pytest.mark.integration
 def test_up_twice_then_query_then_down(tmp_path):
     home = tmp_path / "home"
     port = free_port()
@@ -65,6 +66,7 @@ def test_up_twice_then_query_then_down(tmp_path):
     assert not (home / "stack.json").exists()
 
 
+@pytest.mark.integration
 def test_up_refuses_a_taken_port(tmp_path):
     import socket
 
@@ -75,6 +77,7 @@ def test_up_refuses_a_taken_port(tmp_path):
     assert out.returncode == 2 and "already taken" in out.stderr
 
 
+@pytest.mark.integration
 def test_up_recovers_after_the_broker_was_killed(tmp_path):
     # kill -9 of the embedded broker leaves its sink running (it owns the chdb folder):
     # the next `up` stops that orphan and starts a whole stack, instead of failing on
@@ -103,6 +106,7 @@ def test_up_recovers_after_the_broker_was_killed(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.integration
 def test_down_keeps_what_the_broker_acknowledged(tmp_path):
     # A collector publishes while `down` runs: every event the embedded broker
     # acknowledged must be in ClickHouse afterwards (the rest stays in the collector's

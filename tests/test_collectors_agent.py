@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from fakes.kafka import read_events
+from waiting import wait_until
 
 from collectors.agent import Agent
 from collectors.nccl_inspector import InspectorTailer
@@ -149,11 +149,17 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
 
 def test_collect_sigterm_flushes(broker, topics, tmp_path):
     # A long linger keeps the last samples inside the producer: only the flush on
-    # SIGTERM gets them to the broker.
+    # SIGTERM gets them to the broker. The first batch arriving (one linger after the
+    # first sample) says the agent has been sampling for a while.
     proc = _cli("collect", "--samplers", "host,nic", "--interval", "0.2", "--linger-ms", "8000",
                 "--bootstrap", broker.bootstrap, "--topic-prefix", topics.prefix,
                 "--spool-dir", str(tmp_path / "spool"), "--host", "collect-test")
-    time.sleep(4.0)
+
+    def first_batch_arrived() -> list[dict]:
+        assert proc.poll() is None, proc.communicate()[0]
+        return read_events(broker.bootstrap, topics.for_kind("host"), expect_events=1, timeout=1)
+
+    wait_until(first_batch_arrived, timeout=90, what="the first batch on the broker")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out

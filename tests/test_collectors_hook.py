@@ -58,6 +58,7 @@ def _rank_main(rank: int, port: int, bootstrap: str, prefix: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_ddp_job_comm_windows_show_the_slow_rank(broker, topics):
     mp.spawn(_rank_main, args=(free_port(), broker.bootstrap, topics.prefix), nprocs=WORLD)
 

@@ -172,6 +172,7 @@ def test_every_group_method_and_functional_op_is_wrapped():
             assert _guess_op(name), op
 
 
+@pytest.mark.integration
 def test_hook_sees_every_public_collective(tmp_path):
     mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=WORLD)
     for rank in range(WORLD):

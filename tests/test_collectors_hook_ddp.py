@@ -21,6 +21,8 @@ from hook_jobs import med, read_events, run_ddp, spread  # noqa: E402
 
 from schema import validate  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 SLOW, FROM, STEPS = 2, 10, 20
 
 

@@ -27,6 +27,8 @@ from collectors.torch_hook import TrainingHook  # noqa: E402
 from failslow.stack import free_port  # noqa: E402
 from schema import validate  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 STEPS = 5
 
 

@@ -91,6 +91,7 @@ def test_closing_while_broker_down_keeps_events_for_next_run(tmp_path, broker, t
     assert [ev["procs_running"] for ev in got] == list(range(13))
 
 
+@pytest.mark.integration
 def test_broker_down_10s_then_back_every_sample_arrives_in_order(tmp_path):
     port = free_port()
     topics = Topics("outage.")

@@ -9,14 +9,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import urllib.request
 from pathlib import Path
 
 import orjson
 import pytest
+from waiting import wait_until
 
 from collectors.publisher import Publisher
+from failslow.stack import free_port
 from simulator import FaultSpec, JobSpec, Scenario, simulate
+
+pytestmark = pytest.mark.integration
 
 SLOW_RANK = 11
 JOB = "e2e-job"
@@ -49,6 +53,15 @@ def _query(conn: list[str], sql: str) -> list[dict]:
     return [orjson.loads(line) for line in text.splitlines()] if text else []
 
 
+def _metric(port: int, name: str) -> float:
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    except OSError:  # not listening yet
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
 @pytest.fixture
 def trace():
     scenario = Scenario(
@@ -61,8 +74,9 @@ def trace():
 def test_slow_rank_found_through_kafka_worker_sink_and_query(broker, topics, trace, tmp_path):
     conn = ["--bootstrap", broker.bootstrap, "--topic-prefix", topics.prefix,
             "--home", str(tmp_path), "--clickhouse", f"chdb://{tmp_path / 'chdb'}"]
-    worker = _spawn(["worker", *conn, "--group", "e2e-worker", "--log-level", "warning"],
-                    tmp_path / "worker.log")
+    port = free_port()
+    worker = _spawn(["worker", *conn, "--group", "e2e-worker", "--log-level", "warning",
+                     "--metrics-port", str(port)], tmp_path / "worker.log")
     sink = _spawn(["sink", *conn, "--group", "e2e-sink"], tmp_path / "sink.log")
     try:
         events = list(trace.events())
@@ -71,21 +85,25 @@ def test_slow_rank_found_through_kafka_worker_sink_and_query(broker, topics, tra
         pub.publish(events)
         assert pub.close(timeout=30) == 0
 
-        deadline = time.monotonic() + 90
-        rows: list[dict] = []
-        stored = 0
-        while time.monotonic() < deadline:
+        state: dict = {}
+
+        def everything_landed() -> bool:
+            # The worker judged every event and the sink stored every step and every
+            # incident event the worker emitted.
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
             assert sink.poll() is None, (tmp_path / "sink.log").read_text()[-2000:]
-            if (tmp_path / "chdb.owner.json").exists():
-                stored = _query(conn, "SELECT count() AS n FROM failslow.steps")[0]["n"]
-                rows = _query(conn, "SELECT incident_id, job_id, status, fault, severity, rank, "
-                                    "host, root_cause FROM failslow.incidents_current")
-                if stored == steps and rows:
-                    break
-            time.sleep(1.0)
-        # Incidents keep being updated while the trace drains; let them settle.
-        time.sleep(3.0)
+            if not (tmp_path / "chdb.owner.json").exists():
+                return False
+            judged = _metric(port, "failslow_stream_events_total")
+            emitted = _metric(port, "failslow_stream_incidents_total")
+            state["stored"] = _query(conn, "SELECT count() AS n FROM failslow.steps")[0]["n"]
+            stored_incidents = _query(conn, "SELECT count() AS n FROM failslow.incidents")[0]["n"]
+            return (judged >= len(events) and emitted > 0 and stored_incidents >= emitted
+                    and state["stored"] == steps)
+
+        wait_until(everything_landed, timeout=120, interval=1.0,
+                   what="the worker to judge every event and the sink to store its incidents")
+        stored = state["stored"]
         rows = _query(conn, "SELECT incident_id, job_id, status, fault, severity, rank, host, "
                             "root_cause FROM failslow.incidents_current")
     finally:

@@ -33,8 +33,10 @@ def test_topics_are_created_and_roundtrip_a_message(broker, topics):
     assert got is not None and got.key() == b"job0" and got.value() == b'{"x":1}'
 
 
-def test_create_topics_twice_is_harmless(broker, topics):
-    create_topics(broker.bootstrap, topics, partitions=4)
+def test_create_topics_twice_keeps_the_existing_topics(broker, topics):
+    create_topics(broker.bootstrap, topics, partitions=2)
+    names = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=5).topics
+    assert {len(names[t].partitions) for t in topics.all()} == {4}
 
 
 def test_refuses_a_port_taken_by_something_else():

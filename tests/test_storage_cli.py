@@ -27,6 +27,7 @@ def failslow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.integration
 def test_migrate_and_query_on_a_fresh_folder(tmp_path: Path):
     url = f"chdb://{tmp_path / 'db'}"
     first = failslow("migrate", "--clickhouse", url)

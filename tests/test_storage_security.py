@@ -113,6 +113,7 @@ def test_query_is_readonly_on_the_server_unless_write(tls_server):
     assert failslow("query", *conn, "--write", "DROP TABLE default.t", env=env).returncode == 0
 
 
+@pytest.mark.integration
 def test_query_on_chdb_is_readonly_one_statement_and_stays_inside(tmp_path):
     url = f"chdb://{tmp_path / 'db'}"
     assert failslow("migrate", "--clickhouse", url).returncode == 0
@@ -141,6 +142,7 @@ def test_query_on_chdb_is_readonly_one_statement_and_stays_inside(tmp_path):
                     f"SELECT * FROM file('{tmp_path / 'secret.csv'}', 'LineAsString')").returncode == 2
 
 
+@pytest.mark.integration
 def test_secrets_are_masked_and_state_is_private(tmp_path):
     bad = failslow("query", "--clickhouse", f"clickhouse://u:{PASSWORD}@127.0.0.1:{free_port()}/db",
                    "SELECT 1")

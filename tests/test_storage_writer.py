@@ -12,6 +12,8 @@ from schema.events import NESTED, SPECS
 from storage.migrations import migrate
 from storage.writer import KIND_TABLE, Writer, rows_of
 
+pytestmark = pytest.mark.integration
+
 
 def _seconds(value):
     return value.timestamp() if isinstance(value, dt.datetime) else value
