@@ -320,6 +320,9 @@ class TrainingHook(OpTracking):
     def _begin_step(self, step: int | None, tokens: int | None) -> None:
         n = self._next_step if step is None else step
         self._next_step = n + 1
+        # a backward that raised never ran DDP's end-of-backward callbacks: no wait is
+        # pending across steps (else windows would wait for it and buckets never queue)
+        self._ddp_queued = False
         ev = {"v": 1, "kind": "step", "ts": 0.0, "job_id": self.job_id, "rank": self.rank,
               "world_size": self.world_size, "host": self.host, "step": n,
               "duration_s": 0.0, "gpu": self.gpu, "tokens": tokens,
