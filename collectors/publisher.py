@@ -142,10 +142,12 @@ class Publisher:
         """Counts of events: published (accepted), produced (handed to librdkafka, replays
         included), delivered (acknowledged by the broker), failed (lost: no spool), spooled
         (written to the spool), dropped (evicted from a full spool); plus spool_events (now in
-        the spool), pending (not yet delivered) and messages_delivered."""
+        the spool), spool_bytes (its size on disk), pending (not yet delivered) and
+        messages_delivered."""
         with self._lock:
             out = dict(self._stats)
             out["spool_events"] = self._spool.events if self._spool else 0
+            out["spool_bytes"] = self._spool.size_bytes if self._spool else 0
             out["pending"] = self._pending_events()
             return out
 

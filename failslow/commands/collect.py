@@ -11,6 +11,7 @@ from collectors.lifecycle import Shutdown
 from collectors.publisher import Publisher
 from failslow.config import resolve
 from failslow.errors import FailslowError
+from failslow.metrics import COLLECT, add_metrics_flags, serve_metrics
 from schema import Topics
 
 HELP = "the host agent: GPU/NIC/host samplers and NCCL Inspector tailer -> Kafka"
@@ -54,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     parser.add_argument("--cycles", type=int, default=None,
                         help="stop after this many sample cycles (default: run until stopped)")
+    add_metrics_flags(parser)
 
 
 def _rank_map(text: str | None, job_id: str | None) -> dict[int, tuple[str, int]]:
@@ -104,6 +106,13 @@ def build_samplers(args: argparse.Namespace, host: str) -> list:
     return samplers
 
 
+def _collect_stats(agent: Agent, pub: Publisher) -> dict[str, int]:
+    names = [s.name for s in agent.samplers]
+    return {**pub.stats, "cycles": agent.cycles,
+            **{f"events.{n}": agent.counts[n] for n in names},
+            **{f"errors.{n}": agent.errors[n] for n in names}}
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.interval <= 0:
@@ -121,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("collect: %s -> %s (prefix %s), every %g s, spool %s", ",".join(
         s.name for s in samplers), settings.bootstrap, settings.topic_prefix, args.interval, spool)
     try:
+        serve_metrics(args, lambda: _collect_stats(agent, pub), COLLECT)
         with Shutdown() as stop:
             agent.run(stop, cycles=args.cycles)
     finally:

@@ -19,6 +19,7 @@ from alerting import DEFAULT_RATES, DEFAULT_ROUTES, NotifyService, Policy, RateL
 from alerting.base import AlertingError
 from alerting.notifiers import build_notifiers
 from failslow.config import resolve
+from failslow.metrics import NOTIFY, add_metrics_flags, serve_metrics
 from schema import Topics
 
 HELP = "incidents -> Slack / PagerDuty / webhook"
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="seconds one HTTP request may take [5]")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    add_metrics_flags(parser)
 
 
 def parse_policy(routes: list[str], rates: list[str]) -> Policy:
@@ -81,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         settings.bootstrap, Topics(settings.topic_prefix), notifiers,
         args.state_dir or settings.home / "notify", policy=policy, group_id=args.group,
         offset_reset=args.offset_reset)
+    serve_metrics(args, lambda: service.stats, NOTIFY)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

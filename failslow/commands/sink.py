@@ -16,6 +16,8 @@ import threading
 
 import orjson
 
+from failslow.metrics import SINK, add_metrics_flags, serve_metrics
+
 HELP = "Kafka -> ClickHouse writer"
 
 
@@ -31,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop once no record arrived for this many seconds")
     parser.add_argument("--no-serve", action="store_true",
                         help="chdb: do not serve queries to other processes")
+    add_metrics_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         sink = Sink(client, settings.bootstrap, Topics(settings.topic_prefix),
                     group_id=args.group, batch_rows=args.batch_rows,
                     max_delay_s=args.max_delay_s)
+        serve_metrics(args, lambda: {**sink.stats.as_dict(), "buffered": sink.writer.pending},
+                      SINK)
         stats = sink.run(stop, max_seconds=args.max_seconds, idle_exit_s=args.idle_exit_s)
     finally:
         if server is not None:
