@@ -34,7 +34,12 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
     for h, members in per_host.items():
         if len(members) < 2:
             continue
-        whole = all(m in left for m in members)
+        # One rank with a finding of its own beside ranks only weakly present (noise, a
+        # machine-wide hiccup) is a rank fault: a host verdict needs two ranks of
+        # their own, or none yet (a host fault that is still rising).
+        n_own = sum(job.ranks[m].kind is not None or job.ranks[m].streak > 0
+                    for m in members if m in job.ranks)
+        whole = all(m in left for m in members) and n_own != 1
         # A host fault drains from its ranks unevenly: while it was seen lately,
         # its remaining ranks keep the host finding alive, never open rank ones.
         draining = not whole and s - job.host_seen.get(h, -10**9) <= 2 * HOLD_STEPS \
@@ -49,8 +54,11 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
             out.append(Finding(
                 key=f"slow_host:{h}", fault="slow_host",
                 confirmed=whole and sum(st.streak > 0 for st in sts) * 2 >= len(sts),
-                onset_ts=min(st.onset_ts for st in sts),
-                onset_step=min(st.onset_step for st in sts),
+                # a member never confirmed has no onset of its own yet (0): its
+                # evidence run's start stands in
+                onset_ts=min(st.onset_ts or st.c_onset_ts for st in sts),
+                onset_step=min(st.onset_step if st.onset_ts else st.c_onset_step
+                               for st in sts),
                 slowdown_pct=_pct(excess, job_s), host=h, hosts=[h],
                 own_pct=100.0 * median([st.own_rel for st in sts]),
                 gpus=[(h, job.rank_gpu[m]) for m in members if m in job.rank_gpu],
