@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "query": "run SQL against the configured ClickHouse",
     "simulate": "write a simulated trace and its ground truth",
     "report": "one incident or one job as a self-contained HTML page with plots",
+    "status": "pipeline health at a glance; exits non-zero when unhealthy",
     "migrate": "apply the ClickHouse schema (idempotent)",
 }
 

@@ -1,0 +1,106 @@
+"""`failslow status` against the real embedded stack (`failslow up`: Tansu + the sink owning
+chdb): healthy exits 0 and shows topics, groups, the sink, ClickHouse and open incidents;
+a broker that is down, a component endpoint that does not answer, exit non-zero with
+the reason."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from failslow.stack import free_port, stop_pid
+from schema import Topics, encode
+
+pytestmark = pytest.mark.integration
+
+
+def fs(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "failslow.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **env})
+
+
+@pytest.fixture
+def stack(tmp_path):
+    env = {"FAILSLOW_HOME": str(tmp_path / "home")}
+    up = fs("up", "--port", "0", env=env)
+    assert up.returncode == 0, up.stderr
+    try:
+        yield env, orjson.loads((tmp_path / "home" / "stack.json").read_bytes())
+    finally:
+        fs("down", env=env)
+
+
+def _status(env: dict, *args: str) -> tuple[int, dict]:
+    out = fs("status", "--format", "json", *args, env=env)
+    assert out.stdout, out.stderr
+    return out.returncode, orjson.loads(out.stdout)
+
+
+def test_healthy_stack_exits_0_and_shows_the_pipeline(stack):
+    env, state = stack
+    bootstrap = f"127.0.0.1:{state['port']}"
+    topics = Topics()
+    p = Producer({"bootstrap.servers": bootstrap})
+    p.produce(topics.for_kind("host"), key=b"h0", value=encode(
+        {"v": 1, "kind": "host", "ts": time.time(), "host": "h0", "cpu_util_pct": 5.0}))
+    p.produce(topics.for_kind("incident"), key=b"job0", value=encode({
+        "v": 1, "kind": "incident", "ts": time.time(), "incident_id": "job0:slow_rank:r5:1",
+        "job_id": "job0", "status": "open", "fault": "slow_rank", "severity": "critical",
+        "onset_ts": time.time() - 30, "detected_ts": time.time(), "slowdown_pct": 21.5,
+        "rank": 5, "host": "h0", "root_cause": "gpu_thermal"}))
+    assert p.flush(10) == 0
+    del p
+    deadline = time.monotonic() + 60
+    while True:     # the sink writes within a second or so; wait for it, not a fixed time
+        rc, report = _status(env)
+        committed = any(g["group"] == "failslow-sink" for g in report["groups"])
+        if report["clickhouse"].get("open_incidents") == 1 and committed or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert rc == 0 and report["healthy"] and report["problems"] == [], report["problems"]
+    assert report["broker"]["ok"] and report["broker"]["bootstrap"] == bootstrap
+    by_topic = {t["topic"]: t for t in report["topics"]}
+    assert set(by_topic) == set(topics.all()) and all(t["exists"] for t in by_topic.values())
+    assert by_topic[topics.for_kind("host")]["newest_age_s"] < 600
+    assert "newest_age_s" not in by_topic[topics.for_kind("gpu")]     # nothing produced there
+    sink_group = next(g for g in report["groups"] if g["group"] == "failslow-sink")
+    assert topics.for_kind("host") in sink_group["topics"]
+    sink = next(c for c in report["components"] if c["component"] == "sink")
+    assert sink["alive"] is True and str(state["db_pid"]) in sink["endpoint"]
+    worker = next(c for c in report["components"] if c["component"] == "worker")
+    assert worker["alive"] is None                                    # not configured: n/a
+    ch = report["clickhouse"]
+    assert ch["ok"] and ch["open_incidents"] == 1 and ch["by_severity"] == {"critical": 1}
+    assert ch["top"][0]["incident_id"] == "job0:slow_rank:r5:1"
+
+    text = fs("status", env=env)
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "HEALTHY" in text.stdout and "UNHEALTHY" not in text.stdout
+    assert "job0:slow_rank:r5:1" in text.stdout and "failslow-sink" in text.stdout
+
+
+def test_a_silent_component_endpoint_is_unhealthy(stack):
+    env, _ = stack
+    port = free_port()                       # nothing listens there
+    rc, report = _status(env, "--notify-metrics", f"127.0.0.1:{port}")
+    assert rc == 1 and not report["healthy"]
+    assert any(p.startswith(f"notify metrics endpoint http://127.0.0.1:{port}/metrics not "
+                            "answering") for p in report["problems"]), report["problems"]
+
+
+def test_broker_down_exits_nonzero_with_the_reason(stack):
+    env, state = stack
+    stop_pid(int(state["pid"]), 10)                    # the broker dies, the sink stays
+    out = fs("status", env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "UNHEALTHY" in out.stdout
+    assert f"broker 127.0.0.1:{state['port']} unreachable" in out.stdout
+    rc, report = _status(env)
+    assert rc == 1 and report["broker"]["ok"] is False and report["topics"] == []
