@@ -5,7 +5,8 @@ bounded: `add` returns False when it is full, so the caller flushes (or stops
 reading) instead of growing memory without bound.
 
 Events become Arrow columns per table (float seconds -> DateTime64(3) in UTC,
-objects -> JSON text), read from each table's own DESCRIBE, so a column added by
+objects -> JSON text; a ``comm`` record one row per ``ops`` entry, its window's fields
+on each), read from each table's own DESCRIBE, so a column added by
 a later migration is filled with no change here. An event whose values do not
 fit the columns (an integer too big for Int32, a ts outside 1970..2286) is not
 written: it comes back in `WriteResult.rejected` with the reason, for the dead
