@@ -104,3 +104,35 @@ def test_broker_down_exits_nonzero_with_the_reason(stack):
     assert f"broker 127.0.0.1:{state['port']} unreachable" in out.stdout
     rc, report = _status(env)
     assert rc == 1 and report["broker"]["ok"] is False and report["topics"] == []
+
+
+def test_a_group_behind_shows_its_lag_and_fails_max_lag(broker, topics, tmp_path):
+    from confluent_kafka import Consumer
+
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    topic = topics.for_kind("host")
+    for i in range(10):
+        p.produce(topic, key=b"h0", value=b"%d" % i, partition=0)
+        p.flush(10)                    # one batch each: Tansu's end offsets stay exact
+    del p
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "lagging",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "session.timeout.ms": 3000, "fetch.wait.max.ms": 100})
+    c.subscribe([topic])
+    deadline, got = time.monotonic() + 60, []
+    while len(got) < 4 and time.monotonic() < deadline:
+        msg = c.poll(0.5)
+        if msg is not None and not msg.error():
+            got.append(msg)
+    assert len(got) == 4
+    c.commit(message=got[-1], asynchronous=False)   # 4 read, 6 left
+    c.close()
+    env = {"FAILSLOW_HOME": str(tmp_path), "FAILSLOW_BOOTSTRAP": broker.bootstrap,
+           "FAILSLOW_TOPIC_PREFIX": topics.prefix}
+    rc, report = _status(env, "--max-lag-s", "0")
+    lagging = next(g for g in report["groups"] if g["group"] == "lagging")
+    assert lagging["lag_messages"] == 6 and lagging["topics"] == [topic]
+    assert lagging["oldest_unconsumed_age_s"] >= 0
+    assert rc == 1 and any(p.startswith("consumer group lagging is ") for p in report["problems"])
+    rc, report = _status(env, "--max-lag-s", "3600")
+    assert not any("consumer group" in p for p in report["problems"])
