@@ -57,3 +57,41 @@ def test_compose_publishes_on_loopback_and_has_no_default_password():
         assert env["FAILSLOW_CLICKHOUSE_PASSWORD"].startswith("${CLICKHOUSE_PASSWORD:?")
         assert "FAILSLOW_KAFKA_SASL_MECHANISM" in env and "FAILSLOW_KAFKA_CA_FILE" in env
     assert "failslow:failslow@" not in text and "--password failslow" not in text
+
+
+def test_compose_grafana_is_provisioned_on_loopback_with_a_required_password():
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    grafana = services["grafana"]
+    assert grafana["ports"] == ["${FAILSLOW_BIND:-127.0.0.1}:3000:3000"]
+    env = grafana["environment"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert env["CLICKHOUSE_PASSWORD"].startswith("${CLICKHOUSE_PASSWORD:?")
+    assert "grafana-clickhouse-datasource" in env["GF_PLUGINS_PREINSTALL_SYNC"].split(",")
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert grafana["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+    mounts = {}
+    for volume in grafana["volumes"]:
+        source, target, *mode = volume.split(":")
+        mounts[target] = (source, mode)
+    provisioning = mounts["/etc/grafana/provisioning"]
+    assert provisioning == ("./deploy/grafana/provisioning", ["ro"])
+    assert (ROOT / provisioning[0]).is_dir()
+
+    # The dashboards provider reads the folder compose mounts, and that folder holds them.
+    (provider,) = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/dashboards/failslow.yaml").read_text())["providers"]
+    source, mode = mounts[provider["options"]["path"]]
+    assert mode == ["ro"] and sorted(p.name for p in (ROOT / source).glob("*.json")) == [
+        "device.json", "job.json", "overview.json"]
+    assert env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"].startswith(provider["options"]["path"])
+
+    # The datasource: the compose ClickHouse, its user, its password from the environment.
+    (ds,) = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/clickhouse.yaml").read_text())[
+        "datasources"]
+    assert ds["type"] == "grafana-clickhouse-datasource" and ds["uid"] == "failslow-clickhouse"
+    assert ds["jsonData"]["host"] == "clickhouse" and ds["jsonData"]["port"] == 9000
+    ch_env = services["clickhouse"]["environment"]
+    assert ds["jsonData"]["username"] == ch_env["CLICKHOUSE_USER"]
+    assert ds["jsonData"]["defaultDatabase"] == ch_env["CLICKHOUSE_DB"]
+    assert ds["secureJsonData"]["password"] == "$CLICKHOUSE_PASSWORD"
