@@ -138,16 +138,18 @@ _RANGE = ("ts >= toDateTime64({since:Float64}, 3, 'UTC') "
 # the time blocked in collectives (everyone's step time is the slowest member's).
 _OWN = "ifNull(compute_s + ifNull(data_s, 0.), duration_s - ifNull(comm_s, 0.))"
 
+# vs_job: against the median rank (a window over the per-rank rows: one scan, not two).
 _SLOWEST_RANKS = f"""
-SELECT rank, any(host) AS host, count() AS steps,
-       round(median({_OWN}), 4) AS own_s_median,
-       round(own_s_median / nullIf((SELECT median({_OWN}) FROM steps
-             WHERE job_id = {{job:String}} AND {_RANGE}), 0), 3) AS vs_job,
-       round(median(duration_s), 4) AS step_s_median,
-       round(quantile(0.99)(duration_s), 4) AS step_s_p99
-FROM steps
-WHERE job_id = {{job:String}} AND {_RANGE}
-GROUP BY rank
+SELECT rank, host, steps, own_s_median,
+       round(own_s_median / nullIf(median(own_s_median) OVER (), 0), 3) AS vs_job,
+       round(q[1], 4) AS step_s_median, round(q[2], 4) AS step_s_p99
+FROM (
+    SELECT rank, any(host) AS host, count() AS steps,
+           round(median({_OWN}), 4) AS own_s_median, quantiles(0.5, 0.99)(duration_s) AS q
+    FROM steps
+    WHERE job_id = {{job:String}} AND {_RANGE}
+    GROUP BY rank
+)
 ORDER BY own_s_median DESC, rank
 LIMIT {{limit:UInt32}}"""
 
@@ -187,26 +189,35 @@ _REASONS = [(0x20, "sw_thermal"), (0x40, "hw_thermal"), (0x04, "sw_power_cap"),
 _DECODE = "arrayFilter(x -> x != '', [" + ", ".join(
     f"if(bitAnd(bits, {bit}) != 0, '{name}', '')" for bit, name in _REASONS) + "])"
 
-_LOW = "sm_clock_mhz < (1 - {min_drop_pct:Float64} / 100.) * ref_mhz"
+# One pass over the samples, grouped by (GPU, clock, reasons) first: SM clocks take a few
+# discrete values, so the reference (max_sm_clock_mhz, else the GPU's highest clock in the
+# range) is a window over those few rows, not over every sample.
+_LOW = "clk < (1 - {min_drop_pct:Float64} / 100.) * ref_mhz"
 _GPU_CLOCK_DROPS = f"""
 SELECT host, gpu, gpu_job AS job_id, gpu_rank AS rank, samples, low_samples,
        round(100. * low_samples / samples, 1) AS low_pct,
        round(max_clock_mhz) AS max_clock_mhz, round(low_clock_mhz) AS min_clock_mhz,
        round(100. * (1 - low_clock_mhz / max_clock_mhz), 1) AS drop_pct,
-       round(temp_c_max, 1) AS temp_c_max, round(power_w_low, 1) AS power_w_while_low,
+       round(temp_c_max, 1) AS temp_c_max,
+       round(power_sum_low / nullIf(power_n_low, 0), 1) AS power_w_while_low,
        {_DECODE} AS reasons, bits AS reason_bits
 FROM (
-    SELECT host, gpu, anyIf(job_id, job_id IS NOT NULL) AS gpu_job,
-           anyIf(rank, rank IS NOT NULL) AS gpu_rank, count() AS samples,
-           max(ref_mhz) AS max_clock_mhz, countIf({_LOW}) AS low_samples,
-           minIf(sm_clock_mhz, {_LOW}) AS low_clock_mhz, max(temp_c) AS temp_c_max,
-           avgIf(power_w, {_LOW}) AS power_w_low,
-           groupBitOrIf(ifNull(clocks_event_reasons, 0), {_LOW}) AS bits
+    SELECT host, gpu, any(job) AS gpu_job, any(rnk) AS gpu_rank, sum(n) AS samples,
+           max(ref_mhz) AS max_clock_mhz, sumIf(n, {_LOW}) AS low_samples,
+           minIf(clk, {_LOW}) AS low_clock_mhz, max(temp_max) AS temp_c_max,
+           sumIf(power_sum, {_LOW}) AS power_sum_low, sumIf(power_n, {_LOW}) AS power_n_low,
+           groupBitOrIf(reason_bits, {_LOW}) AS bits
     FROM (
-        SELECT *, ifNull(max_sm_clock_mhz, max(sm_clock_mhz)
-                         OVER (PARTITION BY host, gpu)) AS ref_mhz
-        FROM gpu
-        WHERE {_RANGE} AND sm_clock_mhz IS NOT NULL
+        SELECT *, ifNull(ref, max(clk) OVER (PARTITION BY host, gpu)) AS ref_mhz
+        FROM (
+            SELECT host, gpu, sm_clock_mhz AS clk, ifNull(clocks_event_reasons, 0) AS reason_bits,
+                   anyIf(job_id, job_id IS NOT NULL) AS job, anyIf(rank, rank IS NOT NULL) AS rnk,
+                   count() AS n, max(max_sm_clock_mhz) AS ref, max(temp_c) AS temp_max,
+                   sum(ifNull(power_w, 0.)) AS power_sum, count(power_w) AS power_n
+            FROM gpu
+            WHERE {_RANGE} AND sm_clock_mhz IS NOT NULL
+            GROUP BY host, gpu, clk, reason_bits
+        )
     )
     GROUP BY host, gpu
 )
@@ -216,10 +227,11 @@ LIMIT {{limit:UInt32}}"""
 
 
 def _grown(col: str) -> str:
-    """What a cumulative counter grew over the rows of the group (a decrease is a reset:
-    the new value is what it grew since)."""
-    vals = f"arrayMap(x -> x.2, arraySort(groupArray((ts, ifNull({col}, 0)))))"
-    return f"arraySum(arrayMap((d, v) -> if(d < 0, v, d), arrayDifference({vals}), {vals}))"
+    """What a cumulative counter grew over the group's samples, in one pass (no sort): its
+    last value less its first. A counter that was reset in the range (a decrease) counts
+    from the reset only: undercounted, never negative."""
+    first, last = f"argMin({col}, ts)", f"argMax({col}, ts)"
+    return f"ifNull(if({last} >= {first}, {last} - {first}, {last}), 0)"
 
 
 _NIC_STORMS = f"""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from sim_support import CONGESTED_HOST, CULPRIT_GPU, CULPRIT_HOST, CULPRIT_RANK, simulated_job
-from storage_support import chdb_url
+from storage_support import ch, chdb_url  # noqa: F401 - fixture
 
 from failslow.cli import main
 from storage.errors import QueryError
@@ -138,3 +138,20 @@ def test_cli_list_and_run(capsys):
     assert "no preset 'nope'" in capsys.readouterr().err
     assert main(["query", "--clickhouse", url, "--preset", "slowest_ranks", "SELECT 1"]) == 2
     assert main(["query", "--clickhouse", url]) == 2
+
+
+def test_nic_storms_counts_a_reset_counter_from_its_reset(ch):  # noqa: F811
+    import datetime as dt
+
+    def row(t, pause):
+        return {"ts": [dt.datetime.fromtimestamp(1_767_225_600 + t, dt.UTC)], "host": ["hx"],
+                "nic": ["mlx5_0"], "port": [1], "tx_bytes_total": [0], "rx_bytes_total": [0],
+                "tx_pause_total": [pause]}
+
+    for t, pause in ((0, 50_000), (10, 90_000), (20, 30_000)):  # reset between 10 and 20 s
+        ch.insert("nic", row(t, pause))
+    preset = PRESETS["nic_storms"]
+    cols, rows = ch.query(readonly_sql(preset.sql), bind(preset, {
+        "since": "1767225600", "until": "1767225700", "min_per_s": "0"}))
+    (storm,) = [dict(zip(cols, r, strict=True)) for r in rows]
+    assert storm["pause_per_s"] == 30_000 / 20  # since the reset; never negative
