@@ -105,13 +105,12 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
     t0 = time.monotonic()
 
     _say(out, "failslow demo: starting the embedded stack")
-    broker = stack.start_broker(log_path=home / "tansu.log")
+    broker = stack.start_broker_with_topics(topics, log_path=home / "tansu.log")
     threads = _Threads()
     worker: subprocess.Popen | None = None
     client = None
     server = None
     try:
-        stack.create_topics(broker.bootstrap, topics, partitions=4)
         _say(out, f"  broker    Tansu on {broker.bootstrap} (in memory)")
         client = connect(f"chdb://{folder}", own=True)
         assert isinstance(client, ChdbClient)
@@ -277,8 +276,13 @@ def _summary(out: TextIO, truth: dict, rows: Any, raw: Any, sink: Any, notify: A
     _say(out, f"  failslow query --clickhouse chdb://{folder} "
               "\"SELECT fault, rank, host, root_cause, mitigation, slowdown_pct, "
               "gpu_hours_lost FROM failslow.incidents_current\"")
-    _say(out, f"  failslow query --clickhouse chdb://{folder} --list-presets   "
-              "(ready-made questions: slowest ranks, throttled GPUs, cost per job)")
+    # Ready-made questions (--list-presets); the simulated job's own clock, not the last 24 h.
+    span = (f"--param since={truth['start_ts']:.0f} --param until={truth['end_ts'] + 1:.0f}"
+            if "start_ts" in truth and "end_ts" in truth else "")
+    job = (truth.get("job_ids") or ["JOB"])[0]
+    _say(out, f"  failslow query --clickhouse chdb://{folder} --preset slowest_ranks "
+              f"--param job={job} {span}")
+    _say(out, f"  failslow query --clickhouse chdb://{folder} --preset gpu_hours_by_host {span}")
     _say(out, f"  failslow query --clickhouse chdb://{folder} "
               "\"SELECT rank, avg(duration_s) FROM failslow.steps GROUP BY rank "
               "ORDER BY 2 DESC LIMIT 5\"")
