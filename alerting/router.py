@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerting.base import ESCALATE, OPEN, RESOLVE, SUMMARY, AlertingError, Notification
+from schema.events import SEVERITIES
 
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 PAGERS = frozenset({"pagerduty"})
 KNOWN_DESTINATIONS = frozenset({"console", "slack", "pagerduty", "webhook"})
 DEFAULT_ROUTES: dict[str, tuple[str, ...]] = {

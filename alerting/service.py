@@ -30,7 +30,7 @@ from alerting.dispatch import Backoff, Dispatcher
 from alerting.outbox import Outbox
 from alerting.router import Policy, Router
 from schema import Topics, decode_lenient, encode_deadletter
-from schema.kafka_security import client_conf
+from schema.kafka_security import client_conf, group_consumer_conf
 
 log = logging.getLogger("failslow.alerting")
 
@@ -70,13 +70,8 @@ class NotifyService:
         self.ready = threading.Event()
 
     def _consumer_config(self) -> dict[str, Any]:
-        # Tansu answers JoinGroup after half the session timeout and holds every
-        # fetch for the full max wait: keep both short.
-        return client_conf(self.bootstrap, {
-            "group.id": self.group_id,
-            "enable.auto.commit": False, "auto.offset.reset": self.offset_reset,
-            "session.timeout.ms": 3000, "heartbeat.interval.ms": 500,
-            "fetch.wait.max.ms": 100, **self.kafka_config})
+        return group_consumer_conf(self.bootstrap, self.group_id, {
+            "auto.offset.reset": self.offset_reset, **self.kafka_config})
 
     def run(self, stop: threading.Event) -> None:
         """Consume and deliver until ``stop`` is set; then deliver what is due for up to

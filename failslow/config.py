@@ -76,10 +76,15 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
                    "or FAILSLOW_KAFKA_PASSWORD]")
 
 
+def state_path(home: Path) -> Path:
+    """Where ``failslow up`` records the embedded stack it started (``stack.write_state``)."""
+    return home / STATE_FILE
+
+
 def read_stack_state(home: Path) -> dict | None:
     """The embedded stack's state file written by ``failslow up``, or None."""
     try:
-        return orjson.loads((home / STATE_FILE).read_bytes())
+        return orjson.loads(state_path(home).read_bytes())
     except (FileNotFoundError, orjson.JSONDecodeError):
         return None
 

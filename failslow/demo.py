@@ -105,13 +105,12 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
     t0 = time.monotonic()
 
     _say(out, "failslow demo: starting the embedded stack")
-    broker = stack.start_broker(log_path=home / "tansu.log")
+    broker = stack.start_broker_with_topics(topics, log_path=home / "tansu.log")
     threads = _Threads()
     worker: subprocess.Popen | None = None
     client = None
     server = None
     try:
-        stack.create_topics(broker.bootstrap, topics, partitions=4)
         _say(out, f"  broker    Tansu on {broker.bootstrap} (in memory)")
         client = connect(f"chdb://{folder}", own=True)
         assert isinstance(client, ChdbClient)

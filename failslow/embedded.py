@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from failslow import stack
-from failslow.config import Settings, read_stack_state
+from failslow.config import Settings, read_stack_state, state_path
 from schema import Topics, kafka_security
 from storage.url import mask
 
@@ -25,10 +25,10 @@ def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> di
     # The embedded broker is plaintext on loopback (Tansu serves no TLS): the
     # FAILSLOW_KAFKA_* settings are for a real Kafka, not for it.
     kafka_security.use(kafka_security.PLAINTEXT)
-    broker = stack.start_broker(port, log_path=home / "tansu.log", detach=True)
+    broker = stack.start_broker_with_topics(Topics(settings.topic_prefix), partitions, port,
+                                            log_path=home / "tansu.log", detach=True)
     state: dict = {}
     try:
-        stack.create_topics(broker.bootstrap, Topics(settings.topic_prefix), partitions)
         state = {"pid": broker.pid, "port": broker.port, "topic_prefix": settings.topic_prefix,
                  "clickhouse": mask(settings.clickhouse), "started_ts": time.time()}
         stack.write_state(home, state)
@@ -41,7 +41,7 @@ def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> di
         if state.get("db_pid"):
             stack.stop_pid(int(state["db_pid"]), 10)
         broker.stop(2)
-        (home / "stack.json").unlink(missing_ok=True)
+        state_path(home).unlink(missing_ok=True)
         raise
     return state
 
@@ -96,5 +96,5 @@ def stop_stack(home: Path, timeout: float = 15.0) -> list[str]:
         if pid and stack.pid_alive(pid):
             stack.stop_pid(pid, grace)
             stopped.append(f"{name} pid {pid}")
-    (home / "stack.json").unlink(missing_ok=True)
+    state_path(home).unlink(missing_ok=True)
     return stopped

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from failslow.config import read_stack_state, state_path
 from failslow.errors import FailslowError
 from schema import Topics
 from schema.kafka_security import client_conf
@@ -180,23 +181,36 @@ def start_broker(port: int | None = None, log_path: Path | None = None,
     return broker
 
 
+def start_broker_with_topics(topics: Topics, partitions: int = 4, port: int | None = None,
+                             log_path: Path | None = None, detach: bool = False) -> Broker:
+    """The embedded broker as ``failslow up`` and ``failslow demo`` start it: Tansu (see
+    ``start_broker``) with every topic of CONTRACT.md created; stopped again if the
+    topics cannot be."""
+    broker = start_broker(port, log_path=log_path, detach=detach)
+    try:
+        create_topics(broker.bootstrap, topics, partitions)
+    except BaseException:
+        broker.stop(2)
+        raise
+    return broker
+
+
 def write_state(home: Path, state: dict) -> None:
     import orjson
 
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = home / "stack.json.tmp"
+    path = state_path(home)
+    tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     # 0600 from the start: the file names the stack's processes and its database.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(orjson.dumps(state, option=orjson.OPT_INDENT_2))
-    tmp.replace(home / "stack.json")
+    tmp.replace(path)
 
 
 def running_state(home: Path) -> dict | None:
     """The recorded stack if its broker is still alive and listening, else None."""
-    from failslow.config import read_stack_state
-
     state = read_stack_state(home)
     if not state:
         return None

@@ -25,10 +25,10 @@ from __future__ import annotations
 from typing import Any
 
 from models.findings import Finding
+from schema.events import MITIGATIONS, SEVERITIES
 
-SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
-LADDER = ["ignore", "rebalance_microbatches", "adjust_pipeline", "migrate_node",
-          "checkpoint_restart"]
+SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
+LADDER = MITIGATIONS
 
 
 class Incident:

@@ -41,10 +41,12 @@ Spec = tuple[dict[str, FieldType], dict[str, FieldType]]
 OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall",
        "barrier", "send", "recv")
 FAULTS = ("slow_rank", "slow_link", "slow_host", "job_slowdown")
-SEVERITIES = ("info", "warning", "critical")
+SEVERITIES = ("info", "warning", "critical")          # in order: an update may only raise it
 STATUSES = ("open", "resolved")
 ROOT_CAUSES = ("gpu_thermal", "gpu_power", "gpu_clock", "pcie_degraded", "gpu_errors",
                "nic_congestion", "nic_errors", "cpu_contention", "input_stall", "unknown")
+# The escalation ladder, cheapest first (FALCON's S1-S4 plus migration): an open
+# incident's mitigation only climbs it.
 MITIGATIONS = ("ignore", "rebalance_microbatches", "adjust_pipeline", "migrate_node",
                "checkpoint_restart")
 

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from schema import Topics, decode_lenient, encode_deadletter
-from schema.kafka_security import client_conf
+from schema.kafka_security import client_conf, group_consumer_conf
 from storage.client import Client
 from storage.errors import StorageError
 from storage.migrations import migrate
@@ -41,13 +41,8 @@ ERROR_LIMIT = 2000  # characters of joined error text kept per dead letter
 
 
 def consumer_config(bootstrap: str, group_id: str) -> dict[str, Any]:
-    """librdkafka settings that work on Tansu (MEASURED.md): short session (Tansu answers
-    JoinGroup after half of it), 100 ms fetch wait (Tansu holds a fetch for the full wait)."""
-    return client_conf(bootstrap, {
-        "group.id": group_id,
-        "enable.auto.commit": False, "auto.offset.reset": "earliest",
-        "session.timeout.ms": 3000, "heartbeat.interval.ms": 500,
-        "fetch.wait.max.ms": 100, "enable.partition.eof": False})
+    """The sink's consumer: ``kafka_security.group_consumer_conf``."""
+    return group_consumer_conf(bootstrap, group_id)
 
 
 @dataclass

@@ -29,5 +29,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"failslow up: the previous broker is gone; stopped the {stopped}")
     state = start_stack(settings, port=args.port or None, partitions=args.partitions)
     print(f"failslow up: broker 127.0.0.1:{state['port']} (pid {state['pid']}), "
-          f"database {state['clickhouse']}, state in {settings.home / config.STATE_FILE}")
+          f"database {state['clickhouse']}, state in {config.state_path(settings.home)}")
     return 0
