@@ -18,7 +18,7 @@ as a host thread waits on a slower GPU. ``--grain`` is the hook's grain (``colle
 while the detector does not read ``comm`` windows).
 
     .venv/bin/python bench/real_ddp.py [--repeats 10] [--work cpu|device] [--grain collective]
-        [--only ddp:compute2x,fsdp2:benign]
+        [--only ddp:compute2x,fsdp2:benign] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -141,6 +141,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--onset", type=int, default=16)
     ap.add_argument("--only", default="", help="comma-separated kind:scenario (default: all)")
+    ap.add_argument("--keep", metavar="DIR", help="keep every run's traces and incidents here")
     ap.add_argument("--out", default=None, help="results file (default bench/results/"
                                                 "real_ddp[_device][_GRAIN].json)")
     args = ap.parse_args()
@@ -153,7 +154,8 @@ def main() -> int:
     t0 = time.monotonic()
     for rep in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            plan = [(k, s, Path(tmp) / f"{k}-{s}") for k, s in jobs]
+            where = Path(args.keep) / f"repeat{rep}" if args.keep else Path(tmp)
+            plan = [(k, s, where / f"{k}-{s}") for k, s in jobs]
             truths = run_jobs(plan, steps=args.steps, onset=args.onset, seed=rep,
                               grain=args.grain, work=args.work)
             for (k, s, out), truth in zip(plan, truths, strict=True):
