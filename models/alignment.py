@@ -29,6 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# A collective is a list (built on the hot path, grown member by member):
+# [step, group, op, bytes, (rank, start_ts, duration_s) of each member that arrived...]
+STEP, GROUP, OP, BYTES = range(4)
 HEAD = 4                     # header entries of an open collective before its members
 Collective = list[Any]
 

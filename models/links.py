@@ -25,11 +25,12 @@ local GPU k, the rail-optimized layout).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from models.alignment import HEAD, Collective, member_ranks, transfer
+from models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
 from models.findings import Finding
 from models.peers import lower_half_ref
 from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER, lower_quartile
@@ -54,6 +55,23 @@ class GroupState:
         self.rel = 0.0
 
 
+@dataclass(slots=True)
+class _GroupStep:
+    """One cross-host group's transfers in the step being judged."""
+
+    ranks: tuple[int, ...]
+    p2p: bool                   # a send/recv pair, not a collective of the whole group
+    transfer_s: float = 0.0     # summed over the step's transfers
+    costs: list[float] = field(default_factory=list)   # seconds per byte, per transfer
+
+
+class _Culprit(NamedTuple):
+    """A candidate explanation of slow groups: a rank pair or a host."""
+
+    kind: str                   # "pair" or "host"
+    target: Any                 # (rank, rank) or the host name
+
+
 class LinkMonitor:
     """Per-group transfer baselines of one job, and link localization."""
 
@@ -74,13 +92,14 @@ class LinkMonitor:
         resid: dict[str, list[float]] = {}
         seen: set[str] = set()
         for c in colls:
-            if c[2] in P2P or c[1] in seen:
+            if c[OP] in P2P or c[GROUP] in seen:
                 continue
-            seen.add(c[1])           # one collective per group and step is plenty
+            seen.add(c[GROUP])       # one collective per group and step is plenty
             hosts = [rank_host.get(m[0], "") for m in c[HEAD:]]
             if "" in hosts or len(set(hosts)) < 2:
                 continue
-            ends = [m[1] + m[2] - clock.get(h, 0.0) for m, h in zip(c[HEAD:], hosts, strict=True)]
+            ends = [st + d - clock.get(h, 0.0)
+                    for (_, st, d), h in zip(c[HEAD:], hosts, strict=True)]
             mid = _median(ends)
             for h, e in zip(hosts, ends, strict=True):
                 resid.setdefault(h, []).append(e - mid)
@@ -98,13 +117,13 @@ class LinkMonitor:
             return []
         cfg = self.cfg
         offset = self._clocks(colls, rank_host)
-        agg: dict[str, list[Any]] = {}
+        agg: dict[str, _GroupStep] = {}
         local: set[str] = set()      # groups of this step inside one host (or unplaced)
         for c in colls:
-            nbytes = c[3]
+            nbytes = c[BYTES]
             if nbytes <= 0:
                 continue
-            group = c[1]
+            group = c[GROUP]
             a = agg.get(group)
             if a is None:
                 if group in local:
@@ -114,18 +133,16 @@ class LinkMonitor:
                 if len(hosts) < 2 or None in hosts:
                     local.add(group)
                     continue
-                a = agg[group] = [0.0, 0, ranks, ("p2p" if c[2] in P2P else "coll", len(ranks)),
-                                  []]
+                a = agg[group] = _GroupStep(ranks, c[OP] in P2P)
             t = transfer(c, offset)
-            a[0] += t
-            a[1] += nbytes
-            a[4].append(t / nbytes)
+            a.transfer_s += t
+            a.costs.append(t / nbytes)
         if not agg:
             return []
         names = list(agg)
         # Median over the step's transfers: one transfer queued behind other traffic
         # must not make its whole group look slow.
-        cost = np.array([_median(agg[g][4]) for g in names])
+        cost = np.array([_median(agg[g].costs) for g in names])
         # Groups are compared through their cost relative to their own past: paths
         # differ (NVLink, rails, shared NICs), so raw costs of two groups are not
         # comparable, but a healthy network moves every group's ratio alike.
@@ -174,36 +191,36 @@ class LinkMonitor:
                 healthy.append(g)
             elif st.cusum > 0:
                 st.rel = rel
-                st.extra_s = agg[g][0] * rel / (1.0 + rel)
+                st.extra_s = agg[g].transfer_s * rel / (1.0 + rel)
                 slow.append(g)
         self.slow_members = []
         if not slow:
             return []
         return [self._localize(slow, healthy, agg, rank_host, job_s)]
 
-    def _localize(self, slow: list[str], healthy: list[str], agg: dict[str, list[Any]],
+    def _localize(self, slow: list[str], healthy: list[str], agg: dict[str, _GroupStep],
                   rank_host: dict[int, str], job_s: float) -> Finding:
-        cands: list[tuple[str, Any]] = []
+        cands: list[_Culprit] = []
         for g in slow:
-            ranks, shape = agg[g][2], agg[g][3]
-            if shape[0] == "p2p" and len(ranks) == 2:
-                cands.append(("pair", ranks))
-            cands.extend(("host", rank_host[r]) for r in ranks)
+            ranks = agg[g].ranks
+            if agg[g].p2p and len(ranks) == 2:
+                cands.append(_Culprit("pair", ranks))
+            cands.extend(_Culprit("host", rank_host[r]) for r in ranks)
 
-        def covers(c: tuple[str, Any], g: str) -> bool:
-            ranks = agg[g][2]
-            if c[0] == "pair":
-                return c[1][0] in ranks and c[1][1] in ranks
-            return any(rank_host[r] == c[1] for r in ranks)
+        def covers(c: _Culprit, g: str) -> bool:
+            ranks = agg[g].ranks
+            if c.kind == "pair":
+                return c.target[0] in ranks and c.target[1] in ranks
+            return any(rank_host[r] == c.target for r in ranks)
 
         # (slow, healthy) groups each candidate covers, counted in one pass over
         # the groups: a candidate's score is then a lookup.
-        ends = {r for kind, c in cands if kind == "pair" for r in c}
+        ends = {r for c in cands if c.kind == "pair" for r in c.target}
         host_hits: dict[str, list[int]] = {}
         rank_groups: dict[int, set[str]] = {r: set() for r in ends}
         for side, names in ((0, slow), (1, healthy)):
             for g in names:
-                ranks = agg[g][2]
+                ranks = agg[g].ranks
                 for h in {rank_host[r] for r in ranks}:
                     hits = host_hits.get(h)
                     if hits is None:
@@ -215,19 +232,19 @@ class LinkMonitor:
                             rank_groups[r].add(g)
         slow_set = set(slow)
 
-        def score(c: tuple[str, Any]) -> tuple[int, int]:
-            if c[0] == "pair":
-                both = rank_groups[c[1][0]] & rank_groups[c[1][1]]
+        def score(c: _Culprit) -> tuple[int, int]:
+            if c.kind == "pair":
+                both = rank_groups[c.target[0]] & rank_groups[c.target[1]]
                 hit = len(both & slow_set)
                 return hit - (len(both) - hit), True
-            hits = host_hits.get(c[1], (0, 0))
+            hits = host_hits.get(c.target, (0, 0))
             return hits[0] - hits[1], False
 
         ranked = sorted(dict.fromkeys(cands), key=score, reverse=True)
         best = ranked[0]
         ambiguous = len(ranked) > 1 and score(ranked[1]) == score(best)
         mine = [g for g in slow if covers(best, g)]
-        self.slow_members = [agg[g][2] for g in mine]
+        self.slow_members = [agg[g].ranks for g in mine]
         sts = [self.groups[g] for g in mine]
         confirmed = any(st.streak > 0 for st in sts)
         extra = max(st.extra_s for st in sts)
@@ -241,13 +258,13 @@ class LinkMonitor:
                     onset_ts=min(st.onset_ts for st in sts),
                     onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
                     own_pct=100.0 * float(max(st.rel for st in sts)), evidence=evidence)
-        if best[0] == "pair":
-            a, b = best[1]
+        if best.kind == "pair":
+            a, b = best.target
             ha, hb = rank_host[a], rank_host[b]
             f.key, f.rank, f.peer_rank, f.host, f.peer_host = f"slow_link:r{a}-r{b}", a, b, ha, hb
             f.hosts = [ha, hb]
         else:
-            f.key, f.host, f.hosts = f"slow_link:{best[1]}", best[1], [best[1]]
+            f.key, f.host, f.hosts = f"slow_link:{best.target}", best.target, [best.target]
         return f
 
 

@@ -35,6 +35,7 @@ import math
 from bisect import bisect_right
 from heapq import heappop, heappush
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,6 +44,20 @@ from models.pipeline import TELEMETRY_KINDS
 RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
 OFFSET_WINDOW_S = 60.0  # s; a host's clock offset is read over the last one to two of these
 _EV_TS = itemgetter("ts")
+
+
+class _Chunk(NamedTuple):
+    """Events of one message held in the buffer, ordered in the heap by ``first``
+    (then ``seq``: arrival order). ``shift`` is -telemetry_delay_s for device samples
+    (released that much behind the steps), else 0; ``first`` and ``last`` include it."""
+
+    first: float            # ts of the first event - shift
+    seq: int                # arrival order, unique: ties never compare the events
+    last: float             # ts of the last event - shift
+    offset: int             # Kafka offset of the message
+    events: list[dict]      # sorted by ts
+    arrived: float          # wall time it arrived
+    shift: float
 
 # kind -> source id getter (C itemgetters: this runs for every event). A source id starts
 # with the kind, so ids of different kinds never meet.
@@ -93,12 +108,10 @@ class EventOrder:
         self._lag_wall = -math.inf
         self._dirty = True          # a new job host or telemetry source: recompute the two
         self.wm = -math.inf
-        # A heap of chunks: (first ts - shift, sequence no., last ts - shift, offset, events
-        # sorted by ts, arrival wall time, shift); shift is -telemetry_delay_s for device
-        # samples (released that much behind the steps), else 0. Releasing takes only the
-        # chunks it releases from, so a large buffer (a backlog waiting for a slower topic)
-        # costs nothing per watermark move.
-        self._buf: list[tuple[float, int, float, int, list[dict], float, float]] = []
+        # A heap of chunks, oldest first. Releasing takes only the chunks it releases
+        # from, so a large buffer (a backlog waiting for a slower topic) costs nothing per
+        # watermark move.
+        self._buf: list[_Chunk] = []
         self._seq = 0
         self.buffered = 0  # events in _buf
         self._wm_wall = -math.inf
@@ -183,8 +196,8 @@ class EventOrder:
             if chunk:
                 chunk.sort(key=_EV_TS)
                 self._seq += 1
-                heappush(self._buf, (chunk[0]["ts"] - shift, self._seq, chunk[-1]["ts"] - shift,
-                                     offset, chunk, now, shift))
+                heappush(self._buf, _Chunk(chunk[0]["ts"] - shift, self._seq,
+                                           chunk[-1]["ts"] - shift, offset, chunk, now, shift))
                 self.buffered += len(chunk)
         self.counts["events"] += len(events)
         return late
@@ -217,7 +230,7 @@ class EventOrder:
             # pile up. Sooner would be wrong while a backlog is read: the steps they explain
             # may still be on their way, and the Detector must not see samples far ahead
             # of them.
-            waited = [c[2] for c in self._buf if now - c[5] >= self.lateness]
+            waited = [c.last for c in self._buf if now - c.arrived >= self.lateness]
             return max(waited) if waited else -math.inf
         if self._settling:
             # Starting (or restored): let every source show up before anything is released,
@@ -261,7 +274,7 @@ class EventOrder:
             # rank that ended its step early) is idle, not behind; waiting for its next event
             # would hold everything for up to a step. Events that arrived ``jitter_s`` ago
             # have waited long enough for the other sources' stragglers.
-            ready = [c[2] for c in self._buf if not c[6] and now - c[5] >= self.jitter_s]
+            ready = [c.last for c in self._buf if not c.shift and now - c.arrived >= self.jitter_s]
             if ready:
                 wm = max(wm, min(max(ready), bound))
         return min(wm, bound)
@@ -344,24 +357,24 @@ class EventOrder:
             return []
         self._wm_wall = now
         buf = self._buf
-        new = max(c[2] for c in buf) if force else self._progress(now)
+        new = max(c.last for c in buf) if force else self._progress(now)
         if new <= self.wm:
             return []
         self.wm = new
         ready: list[dict] = []
-        while buf and buf[0][0] <= new:
-            _, seq, last, offset, evs, arrived, shift = heappop(buf)
-            if last <= new:
-                ready.extend(evs)
+        while buf and buf[0].first <= new:
+            c = heappop(buf)
+            if c.last <= new:
+                ready.extend(c.events)
             else:
-                cut = bisect_right(evs, new + shift, key=_EV_TS)
-                ready.extend(evs[:cut])
-                heappush(buf, (evs[cut]["ts"] - shift, seq, last, offset, evs[cut:], arrived,
-                               shift))
+                cut = bisect_right(c.events, new + c.shift, key=_EV_TS)
+                ready.extend(c.events[:cut])
+                heappush(buf, c._replace(first=c.events[cut]["ts"] - c.shift,
+                                         events=c.events[cut:]))
         self.buffered -= len(ready)
         ready.sort(key=_EV_TS)  # a merge of sorted runs for timsort
         return ready
 
     def o_min(self, default: int) -> int:
         """The oldest offset still holding an unreleased event (``default`` if none)."""
-        return min((c[3] for c in self._buf), default=default)
+        return min((c.offset for c in self._buf), default=default)
