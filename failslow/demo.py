@@ -290,7 +290,7 @@ def _summary(out: TextIO, truth: dict, rows: Any, raw: Any, sink: Any, notify: A
         _say(out, f"  failslow query --clickhouse chdb://{folder} "
                   "\"SELECT \\`group\\`, argMin(rank, b) AS waited_for, min(b), max(b) FROM "
                   "(SELECT \\`group\\`, rank, sum(blocked_s) AS b FROM failslow.comm "
-                  "GROUP BY \\`group\\`, rank) GROUP BY \\`group\\` ORDER BY max(b) - min(b) "
+                  "WHERE n > 0 GROUP BY \\`group\\`, rank) GROUP BY \\`group\\` ORDER BY max(b) - min(b) "
                   "DESC LIMIT 5\"")
 
 
