@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simulator.comm import DEFAULT_WINDOW_S, comm_table
 from simulator.jsonl import Choices, Const, Num, Pick, Table
 
 if TYPE_CHECKING:
@@ -32,8 +33,10 @@ def nullable(n: int) -> Choices:
 class JobEvents:
     """Step and collective tables of one job (the per-rank and per-group text is cached)."""
 
-    def __init__(self, job_id: str, lay: Layout, hosts: list[str], tokens: int):
+    def __init__(self, job_id: str, lay: Layout, hosts: list[str], tokens: int,
+                 grain: str = "comm", window_s: float = DEFAULT_WINDOW_S):
         self.job_id, self.lay, self.tokens = job_id, lay, tokens
+        self.grain, self.window_s = grain, window_s
         self.host = Choices([hosts[h] for h in lay.host_index.tolist()])  # by rank
         n_dp, n_tp = lay.n_dp_groups, lay.n_tp_groups
         self.group = Choices(lay.group_names)
@@ -43,7 +46,8 @@ class JobEvents:
         self.ranks = np.arange(lay.world)
 
     def tables(self, out: StepOut, skew: np.ndarray) -> tuple[Table, Table]:
-        """Collective and step events of one step, each with its ts (not sorted).
+        """Collective-timing (``comm`` or ``collective``, by the grain) and step events of
+        one step, each with its ts (not sorted).
 
         ``skew`` (per rank, seconds) is the offset of the rank's host clock: every host
         stamps its own events, and host clocks disagree by about a millisecond."""
@@ -58,6 +62,11 @@ class JobEvents:
             ("comm_s", Num(np.round(out.comm, 7), 7)), ("data_s", Num(np.round(out.data, 7), 7)),
             ("tokens", Const(self.tokens)), ("dp_rank", Num(lay.dp_rank)),
             ("pp_rank", Num(lay.pp_rank)), ("tp_rank", Num(lay.tp_rank))], end)
+        if self.grain == "comm":
+            comm = comm_table(out, skew, self.window_s, job=job, host=self.host,
+                              world=lay.world, gpu=lay.gpu, group=self.group.values,
+                              group_size=self.group_size.values, op_names=OP_NAMES.values)
+            return comm, steps
         col = out.coll
         ranks, gids = col["rank"], col["gid"]
         cskew = skew[ranks]

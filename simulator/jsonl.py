@@ -251,9 +251,11 @@ def ordered_dicts(tables: list[Table], order: np.ndarray) -> list[dict]:
 def ordered_lines(tables: list[Table], order: np.ndarray) -> list[bytes | memoryview]:
     """Like ``ordered_dicts``, as JSON Lines: byte slices to write one after the other."""
     if len(order) < SMALL_CHUNK:
-        # One orjson call, then split the array into lines: events hold no nested
-        # objects, so "},{" only occurs between events.
-        text = orjson.dumps(ordered_dicts(tables, order))[1:-1].replace(b"},{", b"}\n{")
+        # One orjson call, then split the array into lines: every event starts with its
+        # "v" and nested objects (a comm record's ops) never have one, so '},{"v":' only
+        # occurs between events.
+        text = orjson.dumps(ordered_dicts(tables, order))[1:-1].replace(b'},{"v":',
+                                                                         b'}\n{"v":')
         return [text + b"\n"] if text else []
     parts, runs = _runs(tables, order)
     blobs, starts = [], []

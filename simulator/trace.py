@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from simulator.comm import DEFAULT_WINDOW_S, GRAINS
 from simulator.effects import host_index, physics_effects
 from simulator.emit import JobEvents
 from simulator.jsonl import Table, ordered_dicts, ordered_lines
@@ -50,8 +51,14 @@ class Trace:
     """One simulated run. Iterate ``events()``; read ``truth``; ``write_jsonl(path)``."""
 
     def __init__(self, scenario: Scenario, seed: int = 0, steps: int | None = None,
-                 start_ts: float = DEFAULT_START_TS):
+                 start_ts: float = DEFAULT_START_TS, grain: str = "comm",
+                 window_s: float = DEFAULT_WINDOW_S):
         scenario.check()
+        if grain not in GRAINS:
+            raise SimulatorError(f"grain must be one of {', '.join(GRAINS)}, not {grain!r}")
+        if not 0 < window_s < float("inf"):
+            raise SimulatorError(f"window_s must be a positive number of seconds, not {window_s}")
+        self.grain, self.window_s = grain, float(window_s)
         if steps is not None:
             if steps < 1:
                 raise SimulatorError(f"steps must be >= 1, got {steps}")
@@ -213,7 +220,8 @@ class Trace:
         benign: list[dict] = []
         for job in jobs:
             if emit:
-                job.emit = JobEvents(job.spec.job_id, job.lay, hosts, job.spec.tokens_per_step)
+                job.emit = JobEvents(job.spec.job_id, job.lay, hosts, job.spec.tokens_per_step,
+                                     self.grain, self.window_s)
             end = job.spec.step_s * (sc.warmup_steps + 4)
             benign.append({"kind": "warmup", "job_id": job.spec.job_id,
                            "start_ts": self.start_ts, "end_ts": self.start_ts + end})
@@ -251,8 +259,8 @@ class Trace:
 
 
 def _merge_by_ts(events: tuple[Table, Table], samples: list[Table]) -> np.ndarray:
-    """Order of the rows of ``events`` then ``samples``: the events (collectives before
-    steps at equal ts) sorted by ts, each telemetry sample (sorted by ts) inserted
+    """Order of the rows of ``events`` then ``samples``: the events (collective timing
+    before steps at equal ts) sorted by ts, each telemetry sample (sorted by ts) inserted
     after the events with ts <= its own."""
     ev_ts = np.concatenate([t.ts for t in events])
     ev_order = np.argsort(ev_ts, kind="stable")
@@ -271,12 +279,15 @@ def _merge_by_ts(events: tuple[Table, Table], samples: list[Table]) -> np.ndarra
 
 
 def simulate(scenario: Scenario, seed: int = 0, steps: int | None = None,
-             start_ts: float = DEFAULT_START_TS, extra_faults: tuple[FaultSpec, ...] = ()
-             ) -> Trace:
+             start_ts: float = DEFAULT_START_TS, extra_faults: tuple[FaultSpec, ...] = (),
+             grain: str = "comm", window_s: float = DEFAULT_WINDOW_S) -> Trace:
     """A lazily evaluated, deterministic trace of ``scenario`` under ``seed``.
 
     ``steps`` overrides the scenario's step count; ``extra_faults`` adds injections
-    (e.g. from ``load_schedule``)."""
+    (e.g. from ``load_schedule``). ``grain``: collective timing as ``comm`` windows
+    (default; closed every ``window_s`` inside a step and at its end) or one
+    ``collective`` event per op; the physics and the truth are the same."""
     if extra_faults:
         scenario = replace(scenario, faults=(*scenario.faults, *extra_faults))
-    return Trace(scenario, seed=seed, steps=steps, start_ts=start_ts)
+    return Trace(scenario, seed=seed, steps=steps, start_ts=start_ts, grain=grain,
+                 window_s=window_s)

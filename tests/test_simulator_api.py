@@ -12,6 +12,7 @@ from confluent_kafka import Consumer
 import schema
 from failslow.cli import main
 from simulator import (
+    GRAINS,
     SCENARIOS,
     FaultSpec,
     SimulatorError,
@@ -39,14 +40,16 @@ def test_scenario_library_covers_the_issue():
         assert sc.description
 
 
+@pytest.mark.parametrize("grain", GRAINS)
 @pytest.mark.parametrize("name", SMALL)
-def test_every_small_scenario_emits_valid_events(name):
-    trace = simulate(SCENARIOS[name], seed=1, steps=8)
+def test_every_small_scenario_emits_valid_events(name, grain):
+    trace = simulate(SCENARIOS[name], seed=1, steps=8, grain=grain)
     kinds = set()
     for e in trace.events():
         schema.validate(e)
         kinds.add(e["kind"])
-    assert {"step", "collective", "gpu", "nic", "host"} <= kinds
+    assert {"step", grain, "gpu", "nic", "host"} <= kinds
+    assert {"comm", "collective"} - {grain} - kinds
     truth = orjson.loads(orjson.dumps(trace.truth))
     assert truth["scenario"] == name and truth["seed"] == 1
     assert truth["end_ts"] > truth["start_ts"]
@@ -131,16 +134,18 @@ restart         20  24  rank=4            -
 """
 
 
+@pytest.mark.parametrize("grain", GRAINS)
 @pytest.mark.parametrize("vectorized", [False, True])
 @pytest.mark.parametrize("name", ["healthy_hybrid_64", "two_jobs_one_ends"])
-def test_write_jsonl_equals_events_with_every_kind(tmp_path, monkeypatch, name, vectorized):
+def test_write_jsonl_equals_events_with_every_kind(tmp_path, monkeypatch, name, vectorized,
+                                                   grain):
     """The file path formats numbers itself (no dicts, no orjson); parsed back, every
     line equals the event dict, key order and int/float types included."""
     if vectorized:  # format even the smallest tables and chunks in numpy
         monkeypatch.setattr("simulator.jsonl.SMALL_TABLE", 0)
         monkeypatch.setattr("simulator.jsonl.SMALL_CHUNK", 0)
     faults = parse_schedule(EVERY_KIND) if name == "healthy_hybrid_64" else ()
-    trace = simulate(SCENARIOS[name], seed=5, steps=30, extra_faults=faults)
+    trace = simulate(SCENARIOS[name], seed=5, steps=30, extra_faults=faults, grain=grain)
     path = tmp_path / "t.jsonl"
     n = trace.write_jsonl(path)
     got = [orjson.loads(x) for x in path.read_bytes().splitlines()]
@@ -151,7 +156,7 @@ def test_write_jsonl_equals_events_with_every_kind(tmp_path, monkeypatch, name, 
     assert all(type(a[k]) is type(b[k]) for a, b in zip(got, expected, strict=True) for k in a)
     for e in got:
         schema.validate(e)
-    assert {e["kind"] for e in got} == {"step", "collective", "gpu", "nic", "host"}
+    assert {e["kind"] for e in got} == {"step", grain, "gpu", "nic", "host"}
     if faults:
         kinds = {f["kind"] for f in trace.truth["faults"]} | {
             b["kind"] for b in trace.truth["benign"]}
@@ -251,9 +256,16 @@ def test_cli_writes_trace_and_truth(tmp_path):
     assert main(["simulate", "healthy_16", "--out", str(out), "--steps", "12", "--seed", "3",
                  "--schedule", str(sched)]) == 0
     events = [orjson.loads(x) for x in out.read_bytes().splitlines()]
-    assert {e["kind"] for e in events} == {"step", "collective", "gpu", "nic", "host"}
+    assert {e["kind"] for e in events} == {"step", "comm", "gpu", "nic", "host"}
     truth = orjson.loads((tmp_path / "trace.jsonl.truth.json").read_bytes())
     assert truth["seed"] == 3 and truth["faults"][0]["kind"] == "input_stall"
+    raw = tmp_path / "raw.jsonl"
+    assert main(["simulate", "healthy_16", "--out", str(raw), "--steps", "12", "--seed", "3",
+                 "--schedule", str(sched), "--grain", "collective"]) == 0
+    events = [orjson.loads(x) for x in raw.read_bytes().splitlines()]
+    assert {e["kind"] for e in events} == {"step", "collective", "gpu", "nic", "host"}
+    assert (tmp_path / "raw.jsonl.truth.json").read_bytes() == (
+        tmp_path / "trace.jsonl.truth.json").read_bytes()
 
 
 def test_cli_kafka_publishes_through_the_publisher(broker, topics):

@@ -15,7 +15,9 @@ PP = (JobSpec(hosts=4, tp=2, pp=4, micro_batches=4),)  # 32 ranks: tp2 pp4 dp4
 
 
 def _events(sc: Scenario, seed: int = 0, steps: int | None = None) -> list[dict]:
-    return list(simulate(sc, seed=seed, steps=steps).events())
+    # Per-op events: the physics is checked op by op (tests/test_simulator_comm.py checks
+    # that the comm windows sum exactly these ops).
+    return list(simulate(sc, seed=seed, steps=steps, grain="collective").events())
 
 
 def _steps(events, lo, hi):

@@ -4,6 +4,7 @@
     failslow simulate gpu_thermal_30 --out trace.jsonl [--seed 0] [--steps 200]
     failslow simulate healthy_16 --schedule faults.txt --out trace.jsonl
     failslow simulate gpu_thermal_30 --kafka [--out trace.jsonl]
+    failslow simulate gpu_thermal_30 --grain collective --out trace.jsonl
 
 The trace goes to FILE, the ground truth to FILE.truth.json; with ``--kafka`` the
 events are also published through the collectors' publisher (same code path as
@@ -17,6 +18,8 @@ import signal
 import sys
 import threading
 
+from simulator.comm import DEFAULT_WINDOW_S, GRAINS
+
 HELP = "write a simulated trace and its ground truth"
 DEFAULT_SCENARIO = "healthy_16"
 
@@ -29,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="number of steps (default: the scenario's)")
     parser.add_argument("--schedule", help="injection schedule file added to the scenario "
                         "(format: docs/schedules.md)")
+    parser.add_argument("--grain", choices=GRAINS, default="comm",
+                        help="collective timing as comm windows (default) or one collective "
+                        "event per op")
+    parser.add_argument("--window-s", type=float, default=DEFAULT_WINDOW_S,
+                        help="comm grain: a window closes every WINDOW_S seconds inside a step "
+                        f"and at its end (default {DEFAULT_WINDOW_S:g})")
     parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
     parser.add_argument("--kafka", action="store_true",
                         help="also publish the events to Kafka (--bootstrap, --topic-prefix)")
@@ -50,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.out and not args.kafka:
         raise SimulatorError("nothing to do: give --out FILE and/or --kafka")
     extra = load_schedule(args.schedule) if args.schedule else ()
-    trace = simulate(SCENARIOS[name], seed=args.seed, steps=args.steps, extra_faults=extra)
+    trace = simulate(SCENARIOS[name], seed=args.seed, steps=args.steps, extra_faults=extra,
+                     grain=args.grain, window_s=args.window_s)
     if args.kafka:
         n = _publish(trace, resolve(args), args.realtime)
         print(f"published {n} events to {resolve(args).bootstrap}", file=sys.stderr)
