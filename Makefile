@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install lint clickhouse-server
+.PHONY: demo test test-fast install lint clickhouse-server
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,3 +31,9 @@ clickhouse-server:
 test: install lint clickhouse-server
 	$(BIN)/pytest -q -p no:cacheprovider --timeout=300 tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests ran: failing"; exit 1; fi; exit $$rc
+
+# The inner loop: every test that starts no broker, no database and no multi-process
+# torch job (those are marked `integration`; tests/conftest.py marks any test using the
+# broker or database fixtures).
+test-fast: install
+	$(BIN)/pytest -q -p no:cacheprovider -m "not integration" tests
