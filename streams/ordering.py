@@ -44,6 +44,10 @@ from models.pipeline import TELEMETRY_KINDS
 RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
 OFFSET_WINDOW_S = 60.0  # s; a host's clock offset is read over the last one to two of these
 _EV_TS = itemgetter("ts")
+# Release order: by ts, and at equal ts by kind. A rank's comm window that closes a step
+# has the step event's ts, and the two come from different topics in either order; the
+# window goes first ("comm" < "step"), as its producer and the simulator write them.
+_EV_TS_KIND = itemgetter("ts", "kind")
 
 
 class _Chunk(NamedTuple):
@@ -372,7 +376,7 @@ class EventOrder:
                 heappush(buf, c._replace(first=c.events[cut]["ts"] - c.shift,
                                          events=c.events[cut:]))
         self.buffered -= len(ready)
-        ready.sort(key=_EV_TS)  # a merge of sorted runs for timsort
+        ready.sort(key=_EV_TS_KIND)  # a merge of sorted runs for timsort
         return ready
 
     def o_min(self, default: int) -> int:
