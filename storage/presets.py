@@ -139,13 +139,15 @@ _RANGE = ("ts >= toDateTime64({since:Float64}, 3, 'UTC') "
 _OWN = "ifNull(compute_s + ifNull(data_s, 0.), duration_s - ifNull(comm_s, 0.))"
 
 # vs_job: against the median rank (a window over the per-rank rows: one scan, not two).
+# Step time is shared by every rank of a synchronous job: its mean is enough here.
 _SLOWEST_RANKS = f"""
 SELECT rank, host, steps, own_s_median,
        round(own_s_median / nullIf(median(own_s_median) OVER (), 0), 3) AS vs_job,
-       round(q[1], 4) AS step_s_median, round(q[2], 4) AS step_s_p99
+       step_s_mean, step_s_max
 FROM (
     SELECT rank, any(host) AS host, count() AS steps,
-           round(median({_OWN}), 4) AS own_s_median, quantiles(0.5, 0.99)(duration_s) AS q
+           round(median({_OWN}), 4) AS own_s_median, round(avg(duration_s), 4) AS step_s_mean,
+           round(max(duration_s), 4) AS step_s_max
     FROM steps
     WHERE job_id = {{job:String}} AND {_RANGE}
     GROUP BY rank
@@ -211,7 +213,7 @@ FROM (
         SELECT *, ifNull(ref, max(clk) OVER (PARTITION BY host, gpu)) AS ref_mhz
         FROM (
             SELECT host, gpu, sm_clock_mhz AS clk, ifNull(clocks_event_reasons, 0) AS reason_bits,
-                   anyIf(job_id, job_id IS NOT NULL) AS job, anyIf(rank, rank IS NOT NULL) AS rnk,
+                   any(job_id) AS job, any(rank) AS rnk,
                    count() AS n, max(max_sm_clock_mhz) AS ref, max(temp_c) AS temp_max,
                    sum(ifNull(power_w, 0.)) AS power_sum, count(power_w) AS power_n
             FROM gpu
@@ -226,27 +228,30 @@ ORDER BY low_samples DESC, drop_pct DESC, host, gpu
 LIMIT {{limit:UInt32}}"""
 
 
-def _grown(col: str) -> str:
-    """What a cumulative counter grew over the group's samples, in one pass (no sort): its
-    last value less its first. A counter that was reset in the range (a decrease) counts
-    from the reset only: undercounted, never negative."""
-    first, last = f"argMin({col}, ts)", f"argMax({col}, ts)"
-    return f"ifNull(if({last} >= {first}, {last} - {first}, {last}), 0)"
+# Counters summed per port (tx + rx pause, sent + handled CNP), then what each grew over
+# the range in one pass with no sort: the last sample's values less the first's (one
+# argMin and one argMax of a tuple). A counter that was reset in the range (a decrease)
+# counts from the reset only: undercounted, never negative.
+_COUNTERS = ("ifNull(tx_pause_total, 0) + ifNull(rx_pause_total, 0)",
+             "ifNull(cnp_sent_total, 0) + ifNull(cnp_handled_total, 0)",
+             "ifNull(ecn_marked_total, 0)", "tx_bytes_total + rx_bytes_total")
+
+
+def _grown(i: int) -> str:
+    first, last = f"first_.{i}", f"last_.{i}"
+    return f"if({last} >= {first}, {last} - {first}, {last})"
 
 
 _NIC_STORMS = f"""
 SELECT host, nic, port, samples, seconds,
-       round(pause / seconds, 1) AS pause_per_s, round(cnp / seconds, 1) AS cnp_per_s,
-       round(ecn / seconds, 1) AS ecn_per_s,
-       round(8 * (tx + rx) / seconds / 1e9, 3) AS gbps, speed_gbps
+       round({_grown(1)} / seconds, 1) AS pause_per_s, round({_grown(2)} / seconds, 1) AS cnp_per_s,
+       round({_grown(3)} / seconds, 1) AS ecn_per_s,
+       round(8 * {_grown(4)} / seconds / 1e9, 3) AS gbps, speed_gbps
 FROM (
     SELECT host, nic, port, count() AS samples,
            greatest(dateDiff('millisecond', min(ts), max(ts)) / 1000., 1e-3) AS seconds,
-           {_grown('tx_pause_total')} + {_grown('rx_pause_total')} AS pause,
-           {_grown('cnp_sent_total')} + {_grown('cnp_handled_total')} AS cnp,
-           {_grown('ecn_marked_total')} AS ecn,
-           {_grown('tx_bytes_total')} AS tx, {_grown('rx_bytes_total')} AS rx,
-           max(speed_gbps) AS speed_gbps
+           argMin(tuple({", ".join(_COUNTERS)}), ts) AS first_,
+           argMax(tuple({", ".join(_COUNTERS)}), ts) AS last_, max(speed_gbps) AS speed_gbps
     FROM nic
     WHERE {_RANGE}
     GROUP BY host, nic, port
