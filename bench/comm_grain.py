@@ -1,7 +1,7 @@
 """Collective-timing records and bytes per rank-step on the wire at 1 s steps, ``comm``
 vs ``collective`` grain, from the simulator (same job, same seed, same physics).
 
-Counted per rank-step: collective-timing records (``comm`` or ``collective`` events), the
+Counted per rank-step, after the warm-up steps: collective-timing records (``comm`` or ``collective`` events), the
 ops they cover, their bytes as JSON (one event, as in a trace file), and the bytes of
 the Kafka message values the Publisher would send for them (arrays per topic and key per
 1 s of event time, uncompressed and lz4-compressed); then the same for every kind
@@ -83,8 +83,10 @@ def trace_events(scenario: str, steps: int, grain: str, window_s: float) -> tupl
     return windowed(events, window_s), "converted (collectors.comm_windows)"
 
 
-def measure(events: list[dict]) -> dict:
+def measure(events: list[dict], warmup: int) -> dict:
+    """Per rank-step, over the steps from ``warmup`` on (the job's first steps are long)."""
     topics = Topics()
+    events = [e for e in events if e.get("step") is None or e["step"] >= warmup]
     rank_steps = sum(e["kind"] == "step" for e in events)
     records = ops = json_bytes = 0
     messages: dict[tuple, list[dict]] = defaultdict(list)  # (slice, topic, key) -> events
@@ -120,17 +122,19 @@ def main() -> None:
     ap.add_argument("--scenario", default="large_1024")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=float, default=1.0, help="window_s of the comm grain")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "comm_grain.json"))
     args = ap.parse_args()
     job = SCENARIOS[args.scenario].jobs[0]
     result: dict = {"machine": f"{platform.machine()} {platform.node()}",
                     "scenario": args.scenario, "steps": args.steps, "step_s": job.step_s,
-                    "window_s": args.window}
+                    "window_s": args.window, "warmup_steps": args.warmup}
     for grain in ("collective", "comm"):
         events, source = trace_events(args.scenario, args.steps, grain, args.window)
-        result[grain] = {"source": source, **measure(events)}
+        result[grain] = {"source": source, **measure(events, args.warmup)}
         del events
-    print(f"{args.scenario}: {args.steps} steps of ~{job.step_s:g} s, window {args.window:g} s")
+    print(f"{args.scenario}: {args.steps} steps of ~{job.step_s:g} s (the first {args.warmup} "
+          f"left out), window {args.window:g} s")
     print(f"{'per rank-step':<36} {'collective':>12} {'comm':>12}")
     for name in result["comm"]:
         if name != "source":
