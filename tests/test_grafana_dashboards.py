@@ -177,7 +177,10 @@ def test_job_view_points_at_the_culprit():
     for r in heat:
         by_rank.setdefault(r["rank"], []).append(r["own_vs_median"])
     hottest = max(by_rank, key=lambda k: sum(by_rank[k]) / len(by_rank[k]))
-    assert hottest == str(CULPRIT_RANK) and len(by_rank) == simulated_job().truth["world_size"]
+    assert int(hottest) == CULPRIT_RANK and len(by_rank) == simulated_job().truth["world_size"]
+    assert sorted(by_rank, key=int) == sorted(by_rank)  # labels sort as numbers (y axis)
+    (culprit,) = _query(_panel("job", "Culprit")["targets"][0]["rawSql"], VARIABLES[0])
+    assert culprit["culprit"].startswith(f"slow_rank: rank {CULPRIT_RANK} on {CULPRIT_HOST}")
     slowest = _query(_panel("job", "Slowest ranks")["targets"][0]["rawSql"], VARIABLES[0],
                      *window)
     assert slowest[0]["rank"] == CULPRIT_RANK
