@@ -25,6 +25,7 @@ import numpy as np
 from models.alignment import CollectiveAligner
 from models.attribution import JOB_HISTORY, Attribution
 from models.changepoint import BOCPD
+from models.comm import CommWindows
 from models.evidence import RankEvidence
 from models.findings import Finding
 from models.links import LinkMonitor
@@ -96,6 +97,7 @@ class JobState(Attribution):
         self.rank_host: dict[int, str] = {}
         self.rank_gpu: dict[int, int] = {}
         self.aligner = CollectiveAligner()
+        self.comm = CommWindows()
         self.links = LinkMonitor(cfg)
         self.cpd = BOCPD()
         self.noise = EWMeanVar(0.1)  # peers' relative spread, smoothed over steps
@@ -161,6 +163,7 @@ class JobState(Attribution):
         # Snapshots from before ``progress`` / ``moved``: every rank counts as stalled.
         state.setdefault("progress", state.pop("newest", -1))
         state.setdefault("moved", {})
+        state.setdefault("comm", CommWindows())
         self.__dict__.update(state)
 
     def add_collective(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
@@ -171,6 +174,15 @@ class JobState(Attribution):
             return self._synth_step(ev)
         self.aligner.add(ev, self.last_step.get(ev["rank"], -1) + 1)
         return []
+
+    def add_comm(self, ev: dict[str, Any]) -> None:
+        """A ``comm`` window of a rank (``models.comm``); one that names no step belongs
+        to the rank's next step. Windows of a step already judged come too late."""
+        s = ev.get("step")
+        if s is None:
+            s = self.last_step.get(ev["rank"], -1) + 1
+        if s > self.evaluated:
+            self.comm.add(ev, s)
 
     def _synth_step(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
         """Steps from collectives alone: the job's widest group (by size) syncs
@@ -219,12 +231,17 @@ class JobState(Attribution):
         ts_max = 0.0
         need_time = False
         take_time = self.aligner.take_time
+        comm_time = self.comm.take_time if self.comm.time else None
         for i, r in enumerate(ranks):
             ev = row[r]
             d = ev["duration_s"]
             dur[i] = d
             ts_max = max(ts_max, ev["ts"])
             coll = take_time(r, s)
+            if comm_time is not None:
+                cc = comm_time(r, s)
+                if cc is not None:
+                    coll = cc if coll is None else coll + cc
             dt = ev.get("data_s")
             if dt is not None:
                 data[i] = dt
@@ -340,10 +357,13 @@ class JobState(Attribution):
                 present.append(r)        # weakly present: no incident, but located
         self._learn_job(s, job_s, ts_max, any(st.kind is not None for st in states))
         colls = self.aligner.take_step(s)
+        if self.comm.steps:
+            colls.extend(self.comm.take_step(s))
         findings.extend(localize(self, present, s, job_s, perf, ranks, colls))
         findings.extend(imbalances(self, ranks, self.job_recent or job_s))
         findings.extend(self.links.evaluate(s, colls, self.rank_host, ts_max, job_s))
         self.aligner.expire(s)
+        self.comm.expire(s)
         findings.extend(self._job_level(s, job_s, ts_max, bool(findings)))
         return s, findings, ts_max
 

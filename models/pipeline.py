@@ -4,8 +4,8 @@
 >>> det.process({"v": 1, "kind": "host", "ts": 1.0, "host": "h0"})
 []
 
-``Detector`` routes each event: step and collective events to their job's
-state (``models.job``), device samples to the telemetry store
+``Detector`` routes each event: step, ``comm`` and collective events to their job's
+state (``models.job``, ``models.comm``), device samples to the telemetry store
 (``models.telemetry``), ``telemetry_delay_s`` behind the steps (see below).
 Whenever a job completes a step, the step is judged
 (peer comparison, own-past comparison, change point, link evaluation,
@@ -49,7 +49,7 @@ from models.mitigation import Planner
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
 
-STATE_VERSION = 5     # 5: windowed evidence; 4: queued telemetry; 3: slotted objects pickled natively
+STATE_VERSION = 6     # 6: comm windows per job; 5: windowed evidence; 4: queued telemetry; 3: slotted objects pickled natively
 LINK_PATIENCE_STEPS = 4
 CAUSE_EVERY_STEPS = 3
 TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
@@ -122,12 +122,15 @@ class Detector:
         for ev in events:
             try:
                 kind = ev["kind"]
-                if (kind == "collective" or kind == "step") and ev["job_id"] != job_id:
+                if (kind == "comm" or kind == "collective" or kind == "step") \
+                        and ev["job_id"] != job_id:
                     job_id = ev["job_id"]
                     job = jobs.get(job_id) or jobs.setdefault(job_id, JobState(job_id, self.cfg))
                     aligner = job.aligner
                     open_get = aligner.open.get
-                if kind == "collective":
+                if kind == "comm":
+                    job.add_comm(ev)
+                elif kind == "collective":
                     step = ev.get("step")
                     if step is None:
                         for _, findings, ts in job.add_collective(ev):

@@ -4,7 +4,8 @@ ours — job ids and host names, group names (``world``, ``ddp``, ``tp_<n>``),
 ranks scattered over hosts, gamma or heavy-tailed noise, step events with only
 ``duration_s`` + ``comm_s`` or only ``compute_s``, no telemetry at all,
 collectives from an NCCL-Inspector-like tailer (allreduce only, no ``step``,
-no step events), ~50 ms clock skew between hosts, step times from 0.2 s to
+no step events), per-op ``collective`` events or ``comm`` windows summed here (every
+second of a rank's step and at its end), ~50 ms clock skew between hosts, step times from 0.2 s to
 8 s, 8 to 512 ranks. The detector must name the culprit and page nobody else.
 
 The model is synchronous data parallelism: every rank computes its own work
@@ -36,6 +37,7 @@ class Cluster:
     group: str = "world"
     tp: bool = False                 # an allreduce among the ranks of each host first
     skew_s: float = 0.05             # host clock offsets up to this, seconds
+    grain: str = "collective"        # collective | comm (windows every second and at step end)
     slow_rank: int | None = None
     slow_host: int | None = None     # index into the host list
     factor: float = 1.0              # own work multiplier of the culprit (1.15, 1.5, 2.0)
@@ -93,6 +95,7 @@ def trace(c: Cluster) -> list[dict]:
         end = float(ready.max()) + c.step_s * xfer_frac * float(rng.gamma(400, 1 / 400))
         colls += [(r, c.group, c.ranks, float(ready[r]), end, 1 << 28) for r in range(c.ranks)]
         comm = np.zeros(c.ranks)
+        ops: list[dict] = []
         for r, g, size, start, stop, nbytes in colls:
             seq = seqs.get(g, 0)
             comm[r] += stop - start
@@ -102,7 +105,8 @@ def trace(c: Cluster) -> list[dict]:
                   "seq": seq, "start_ts": start + o, "duration_s": stop - start, "bytes": nbytes}
             if c.fields != "inspector":
                 ev["step"] = s
-            out.append(ev)
+            ops.append(ev)
+        out += ops if c.grain == "collective" else windows(c, ops, t, end, offset, host_of, s)
         for g in {x[1] for x in colls}:
             seqs[g] = seqs.get(g, 0) + 1
         if c.fields != "inspector":
@@ -119,6 +123,44 @@ def trace(c: Cluster) -> list[dict]:
     out.sort(key=lambda e: e["ts"])                 # hosts report on their own clocks
     for e in out:
         schema.validate(e)
+    return out
+
+
+def windows(c: Cluster, ops: list[dict], t: float, end: float, offset: dict[str, float],
+            host_of: dict[int, str], step: int) -> list[dict]:
+    """The ``comm`` records of one step: per rank, windows closed every second after the
+    step's start and at its end (on the rank's clock), each summing the ops that ended in it
+    per group (CONTRACT.md)."""
+    by_rank: dict[int, list[dict]] = {}
+    for e in ops:
+        by_rank.setdefault(e["rank"], []).append(e)
+    out = []
+    for r in range(c.ranks):
+        o = offset[host_of[r]]
+        cuts = [t + o + k for k in range(1, int(np.ceil(end - t)))]
+        for lo, hi in zip([t + o, *cuts], [*cuts, end + o], strict=True):
+            sums: dict[str, dict] = {}
+            for e in by_rank.get(r, []):
+                if not (lo < e["ts"] <= hi or e["ts"] <= lo == t + o):
+                    continue
+                x = sums.get(e["group"])
+                if x is None:
+                    sums[e["group"]] = {
+                        "group": e["group"], "group_size": e["group_size"], "op": e["op"],
+                        "n": 1, "blocked_s": e["duration_s"], "min_s": e["duration_s"],
+                        "max_s": e["duration_s"], "bytes": e["bytes"], "first_seq": e["seq"],
+                        "last_seq": e["seq"], "first_start_ts": e["start_ts"]}
+                    continue
+                x["n"] += 1
+                x["blocked_s"] += e["duration_s"]
+                x["min_s"] = min(x["min_s"], e["duration_s"])
+                x["max_s"] = max(x["max_s"], e["duration_s"])
+                x["bytes"] += e["bytes"]
+                x["last_seq"] = e["seq"]
+            out.append({"v": 1, "kind": "comm", "ts": hi, "job_id": c.job, "rank": r,
+                        "host": host_of[r], "window_start_ts": lo, "ops": list(sums.values()),
+                        "step": None if c.fields == "inspector" else step,
+                        "step_end": hi == end + o, "world_size": c.ranks})
     return out
 
 
@@ -144,48 +186,56 @@ CULPRITS = [
 ]
 
 
-@pytest.mark.parametrize("ranks,per_host,step_s,noise,fields,group,tp,factor,seed", CULPRITS)
+def grains(cases: list[tuple], fields_at: int = 0) -> list:
+    """Every case at both grains; a tailer that knows no steps sends ``collective`` events
+    here (the Detector makes steps from a job's widest collectives only)."""
+    return [(*case, g) for case in cases for g in ("collective", "comm")
+            if g == "collective" or case[fields_at] != "inspector"]
+
+
+@pytest.mark.parametrize("ranks,per_host,step_s,noise,fields,group,tp,factor,seed,grain",
+                         grains(CULPRITS, 4))
 def test_slow_rank_is_the_only_one_paged(ranks, per_host, step_s, noise, fields, group, tp,
-                                         factor, seed):
+                                         factor, seed, grain):
     culprit = int(np.random.default_rng(seed).integers(ranks))
     c = Cluster(ranks=ranks, per_host=per_host, step_s=step_s, noise=noise, fields=fields,
                 group=group, tp=tp, slow_rank=culprit, factor=factor, seed=seed,
-                steps=60 if ranks >= 512 else 70)
+                steps=60 if ranks >= 512 else 70, grain=grain)
     incs = run(c)
     assert paged(incs) == {("slow_rank", culprit, None)}, [
         (i["fault"], i.get("rank"), i.get("host"), i["severity"]) for i in incs]
     assert {i["job_id"] for i in incs} == {c.job}
 
 
-@pytest.mark.parametrize("fields,factor,seed", [("compute", 1.3, 11), ("comm", 1.5, 12),
-                                                ("inspector", 2.0, 13)])
-def test_slow_host_is_the_only_one_paged(fields, factor, seed):
+@pytest.mark.parametrize("fields,factor,seed,grain", grains(
+    [("compute", 1.3, 11), ("comm", 1.5, 12), ("inspector", 2.0, 13)]))
+def test_slow_host_is_the_only_one_paged(fields, factor, seed, grain):
     c = Cluster(ranks=64, per_host=8, fields=fields, slow_host=3, factor=factor, seed=seed,
-                tp=fields == "comm")
+                tp=fields == "comm", grain=grain)
     incs = run(c)
     assert paged(incs) == {("slow_host", None, c.hosts[3])}, [
         (i["fault"], i.get("rank"), i.get("host"), i["severity"]) for i in incs]
 
 
-@pytest.mark.parametrize("fields,ranks,step_s,noise,seed", [
+@pytest.mark.parametrize("fields,ranks,step_s,noise,seed,grain", grains([
     ("compute", 32, 1.0, "heavy", 21), ("comm", 256, 0.2, "gamma", 22),
-    ("inspector", 64, 8.0, "heavy", 23), ("none", 16, 1.0, "gamma", 24)])
-def test_benign_job_wide_changes_page_nobody(fields, ranks, step_s, noise, seed):
+    ("inspector", 64, 8.0, "heavy", 23), ("none", 16, 1.0, "gamma", 24)]))
+def test_benign_job_wide_changes_page_nobody(fields, ranks, step_s, noise, seed, grain):
     c = Cluster(ranks=ranks, fields=fields, step_s=step_s, noise=noise, seed=seed, steps=80,
-                job_wide=(35, 50, 1.4), checkpoint=25)
+                job_wide=(35, 50, 1.4), checkpoint=25, grain=grain)
     assert paged(run(c)) == set()
 
 
-@pytest.mark.parametrize("fields,skew_s,seed", [("compute", 5.0, 31), ("comm", 4.0, 32),
-                                                ("inspector", 6.0, 33), ("compute", 8.0, 34)])
-def test_host_clocks_steps_apart_still_find_the_culprit(fields, skew_s, seed):
+@pytest.mark.parametrize("fields,skew_s,seed,grain", grains(
+    [("compute", 5.0, 31), ("comm", 4.0, 32), ("inspector", 6.0, 33), ("compute", 8.0, 34)]))
+def test_host_clocks_steps_apart_still_find_the_culprit(fields, skew_s, seed, grain):
     """Host clocks seconds apart (a host whose NTP broke) at 0.5 s steps: in ts order, a host
     whose clock is behind sends its steps several steps early, and one whose clock is ahead
     several steps late. Neither may get the others' steps judged without their ranks (the
     culprit was then never judged, and nothing was found)."""
     culprit = int(np.random.default_rng(seed).integers(32))
     c = Cluster(ranks=32, per_host=8, step_s=0.5, fields=fields, slow_rank=culprit,
-                factor=1.5, skew_s=skew_s, seed=seed)
+                factor=1.5, skew_s=skew_s, seed=seed, grain=grain)
     incs = run(c)
     assert paged(incs) == {("slow_rank", culprit, None)}, [
         (i["fault"], i.get("rank"), i.get("host"), i["severity"]) for i in incs]
