@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import orjson
 import pytest
 from confluent_kafka import Producer
 from http_receiver import HttpReceiver
@@ -100,6 +101,13 @@ def test_sink_counts_messages_rows_and_commits(broker, topics, tmp_path):
         assert v(after, "failslow_sink_messages_total") >= 2
         assert v(after, "failslow_sink_rows_written_total") >= 51
         assert v(after, "failslow_sink_write_errors_total") == 0
+        # `failslow status` reads the same endpoint
+        out = subprocess.run([sys.executable, "-m", "failslow.cli", "status", *conn,
+                              "--format", "json", "--sink-metrics", f"127.0.0.1:{sink.port}"],
+                             capture_output=True, text=True, timeout=120)
+        row = next(c for c in orjson.loads(out.stdout)["components"]
+                   if c["component"] == "sink")
+        assert row["alive"] is True and row["metrics"]["rows"] >= 51, row
 
 
 def test_notify_counts_incidents_and_failed_deliveries_then_delivered(broker, topics, tmp_path):

@@ -37,7 +37,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 .card b{display:block;font-size:20px}.card span{color:#666;font-size:12px}
 .sev-critical{color:#b00}.sev-warning{color:#b60}.sev-info{color:#666}
 .tw{overflow-x:auto}table{border-collapse:collapse;width:100%;font-size:12.5px}
-th,td{border-bottom:1px solid #eee;padding:3px 6px;text-align:left;white-space:nowrap}
+th,td{border-bottom:1px solid #eee;padding:3px 6px;text-align:left;overflow-wrap:anywhere}
 th{background:#f6f6f6}td.num{text-align:right}
 svg.chart{display:block;margin:6px 0 14px;max-width:100%;height:auto}
 .chart text{font:11px system-ui,Helvetica,Arial,sans-serif;fill:#333}
@@ -256,9 +256,10 @@ def job_page(client: Client, job_id: str) -> str:
     cards = [(f"{world:,}", "ranks", ""), (_duration(last - first), "steps seen over", ""),
              (str(len(incidents)), "incidents", ""),
              (str(open_n), "open now", "sev-critical" if open_n else "")]
+    known = [float(i["gpu_hours_lost"]) for i in incidents
+             if i.get("gpu_hours_lost") is not None]
     if incidents and "gpu_hours_lost" in incidents[0]:
-        lost = sum(float(i["gpu_hours_lost"] or 0) for i in incidents)
-        cards.append((f"{lost:.2f}", "GPU-hours lost", ""))
+        cards.append((f"{sum(known):.2f}" if known else "n/a", "GPU-hours lost", ""))
     body = [f"<h1>Job {escape(job_id)}</h1>",
             f"<div class=\"sub\">steps from {_utc(first)} to {_utc(last)} UTC</div>",
             _cards(cards), "<h2>Step times</h2>"]
