@@ -7,9 +7,12 @@ the CLI's chunks and times only ``Detector.process_batch`` (the detector
 alone). Times are CPU seconds of this (single-threaded) process, so other
 work on a shared machine does not count against it; wall-clock rates are
 printed beside them.
-Prints events/s; writes bench/results/detect_throughput.json.
+Prints events/s and rank-steps (step events) per CPU second, the unit that grows with
+GPUs; traces at ``--grain comm`` (default: windows, as the producers publish) or
+``collective`` (one event per op). Writes bench/results/detect_throughput.json
+(``detect_throughput_collective.json`` for the collective grain).
 
-    .venv/bin/python bench/detect_throughput.py [--scenario NAME ...] [--repeat 2]
+    .venv/bin/python bench/detect_throughput.py [--scenario NAME ...] [--repeat 2] [--grain comm]
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from failslow.commands.detect import BATCH, detect_lines  # noqa: E402
 from models.pipeline import Detector  # noqa: E402
-from simulator import SCENARIOS, simulate  # noqa: E402
+from simulator import GRAINS, SCENARIOS, simulate  # noqa: E402
 
 
 def full_run(path: Path) -> tuple[float, float, int]:
@@ -63,30 +66,38 @@ def main() -> int:
                     default=["gpu_thermal_30", "gpu_power_20", "pipeline_stage_slow",
                              "slow_link_host_50", "large_1024"])
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--grain", choices=GRAINS, default="comm")
     args = ap.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.scenario:
             path = Path(tmp) / f"{name}.jsonl"
-            n = simulate(SCENARIOS[name], seed=0).write_jsonl(path)
+            n = simulate(SCENARIOS[name], seed=0, grain=args.grain).write_jsonl(path)
             runs = [full_run(path) for _ in range(args.repeat)]
             cpu, wall = min(r[0] for r in runs), min(r[1] for r in runs)
             assert all(r[2] == n for r in runs)
             core, kinds = detector_run(path)
             path.unlink()
-            results[name] = {"events": n, "kinds": kinds,
+            rs = kinds.get("step", 0)
+            results[name] = {"events": n, "kinds": kinds, "rank_steps": rs,
+                             "events_per_rank_step": round(n / max(rs, 1), 2),
                              "detect_events_per_s": round(n / cpu),
+                             "detect_rank_steps_per_s": round(rs / cpu),
                              "detect_events_per_wall_s": round(n / wall),
-                             "detector_only_events_per_s": round(n / core)}
-            print(f"{name:22s} {n:8d} events  failslow detect (decode+validate+detect): "
-                  f"{n / cpu:9,.0f} ev/s (wall {n / wall:9,.0f})   detector alone: "
-                  f"{n / core:9,.0f} ev/s", flush=True)
+                             "detector_only_events_per_s": round(n / core),
+                             "detector_only_rank_steps_per_s": round(rs / core)}
+            print(f"{name:22s} {n:8d} events ({n / max(rs, 1):.1f} per rank-step)  failslow "
+                  f"detect (decode+validate+detect): {n / cpu:9,.0f} ev/s = {rs / cpu:8,.0f} "
+                  f"rank-steps/s (wall {n / wall:9,.0f} ev/s)   detector alone: "
+                  f"{n / core:9,.0f} ev/s = {rs / core:8,.0f} rank-steps/s", flush=True)
     total = sum(r["events"] for r in results.values())
     full_s = sum(r["events"] / r["detect_events_per_s"] for r in results.values())
     print(f"{'overall':22s} {total:8d} events  {total / full_s:9,.0f} ev/s (one core, CPU time)")
-    out = ROOT / "bench" / "results" / "detect_throughput.json"
+    suffix = "" if args.grain == "comm" else f"_{args.grain}"
+    out = ROOT / "bench" / "results" / f"detect_throughput{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps({"scenarios": results, "clock": "process CPU time",
+                                  "grain": args.grain,
                                   "overall_events_per_s": round(total / full_s)},
                                  option=orjson.OPT_INDENT_2))
     print(f"wrote {out.relative_to(ROOT)}")

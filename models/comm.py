@@ -23,89 +23,133 @@ one collective per (group, kind of op) and step:
   ``comm_s``): the sum of the rank's ``blocked_s``.
 
 A window without ``step`` (a producer that does not know steps) belongs to the rank's next
-step. The windows themselves are kept per step until it is judged, ``max_age`` steps at
-most, so a later sub-step judgement (seconds, not steps) can read them.
+step. The windows themselves are kept per step (the record's rank and ``ops``, nothing
+copied: taking a record is one append) until the step is judged, ``max_age`` steps at
+most, so a later sub-step judgement (seconds, not steps) can read them; the sums are
+made once, when the step is judged, in one pass over its entries and numpy reductions.
 """
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
+
+import numpy as np
 
 from models.alignment import Collective
 
-P2P = frozenset(("send", "recv"))
+KIND = {"send": "p2p", "recv": "p2p"}      # a pair's sends and recvs are one link
+_KEY = itemgetter("group", "op")
+_NUMS = itemgetter("blocked_s", "bytes", "n", "min_s")
 
 
 class CommWindows:
-    """Per-step sums of one job's ``comm`` windows, per group, kind of op and member."""
+    """One job's ``comm`` windows per step, and their sums per group, kind of op and member."""
 
-    __slots__ = ("max_age", "steps", "time")
+    __slots__ = ("max_age", "steps", "_step", "_time", "_colls")
 
     def __init__(self, max_age: int = 4) -> None:
         self.max_age = max_age
-        # step -> (group, op or "p2p") -> [op, rank -> [blocked_s, bytes, n, min_s]]
-        self.steps: dict[int, dict[tuple[str, str], list[Any]]] = {}
-        self.time: dict[tuple[int, int], float] = {}   # (rank, step) -> seconds in ops
+        self.steps: dict[int, list[tuple[int, list[dict[str, Any]]]]] = {}  # (rank, ops)
+        self._step: int | None = None      # the step whose sums are below
+        self._time: dict[int, float] = {}  # rank -> seconds in ops
+        self._colls: list[Collective] = []
 
     def add(self, ev: dict[str, Any], step: int) -> None:
         """Take one ``comm`` record of a rank; ``step`` is the step it belongs to."""
         ops = ev["ops"]
-        if not ops:
-            return
-        rank = ev["rank"]
-        groups = self.steps.get(step)
-        if groups is None:
-            groups = self.steps[step] = {}
-        total = 0.0
-        for e in ops:
-            op = e["op"]
-            blocked = e["blocked_s"]
-            total += blocked
-            key = (e["group"], "p2p" if op in P2P else op)
-            g = groups.get(key)
-            if g is None:
-                g = groups[key] = [op, {}]
-            m = g[1].get(rank)
-            if m is None:
-                g[1][rank] = [blocked, e["bytes"], e["n"], e["min_s"]]
+        if ops:
+            lst = self.steps.get(step)
+            if lst is None:
+                self.steps[step] = [(ev["rank"], ops)]
             else:
-                m[0] += blocked
-                m[1] += e["bytes"]
-                m[2] += e["n"]
-                if e["min_s"] < m[3]:
-                    m[3] = e["min_s"]
-        tk = (rank, step)
-        t = self.time
-        t[tk] = t.get(tk, 0.0) + total
+                lst.append((ev["rank"], ops))
 
     def take_time(self, rank: int, step: int) -> float | None:
         """Pop the seconds a rank spent in collectives in a step (None if none counted)."""
-        return self.time.pop((rank, step), None)
+        if step != self._step:
+            self._sum(step)
+        return self._time.pop(rank, None)
 
     def take_step(self, step: int) -> list[Collective]:
         """Pop a step's groups as collectives in ``models.alignment``'s layout."""
-        groups = self.steps.pop(step, None)
-        if not groups:
-            return []
-        out: list[Collective] = []
-        for (group, _), (op, members) in groups.items():
-            if len(members) < 2:
-                continue
-            ms = members.values()
-            nbytes = max(m[1] for m in ms)
-            least = min(m[0] for m in ms)
-            # ends at transfer - least: last start (-least) to first end is the transfer
-            end = max(m[2] for m in ms) * min(m[3] for m in ms) - least
-            c: Collective = [step, group, op, nbytes]
-            c.extend((r, -m[0], end + m[0]) for r, m in sorted(members.items()))
-            out.append(c)
+        if step != self._step:
+            self._sum(step)
+        out = self._colls
+        self._step, self._time, self._colls = None, {}, []
         return out
 
+    def _sum(self, step: int) -> None:
+        self._step = step
+        self._time, self._colls = {}, []
+        windows = self.steps.pop(step, None)
+        if not windows:
+            return
+        # Columns of every entry, built by C-level maps (no Python code per entry).
+        keys: list[tuple[str, str]] = []
+        nums: list[tuple] = []
+        ranks: list[int] = []
+        counts: list[int] = []
+        for r, ops in windows:
+            keys.extend(map(_KEY, ops))
+            nums.extend(map(_NUMS, ops))
+            ranks.append(r)
+            counts.append(len(ops))
+        ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        # (group, op) -> its link: one per (group, kind of op), named by its first op
+        link: dict[tuple[str, str], int] = {}
+        names: list[tuple[str, str]] = []
+        to_link = np.empty(len(ids), dtype=np.int64)
+        for (group, op), i in ids.items():
+            lk = (group, KIND.get(op, op))
+            j = link.get(lk)
+            if j is None:
+                j = link[lk] = len(names)
+                names.append((group, op))
+            to_link[i] = j
+        rank = np.repeat(np.array(ranks, dtype=np.int64), counts)
+        v = np.array(nums, dtype=np.float64)
+        blocked = v[:, 0]
+        self._time = _by_rank(rank, blocked)
+        gid = to_link[np.fromiter(map(ids.__getitem__, keys), dtype=np.int64, count=len(keys))]
+        # one member per (link, rank): sums, and the shortest op
+        span = int(rank.max()) + 1
+        member, inv = np.unique(gid * span + rank, return_inverse=True)
+        m = len(member)
+        sums = np.zeros((m, 3))
+        np.add.at(sums, inv, v[:, :3])
+        shortest = np.full(m, np.inf)
+        np.minimum.at(shortest, inv, v[:, 3])
+        mg = member // span
+        mr = member % span
+        cut = np.flatnonzero(np.diff(mg)) + 1
+        first = np.concatenate([[0], cut])
+        size = np.diff(np.concatenate([first, [m]]))
+        least = np.minimum.reduceat(sums[:, 0], first)
+        # Members end together: last start (-least) to first end is the transfer.
+        end = (np.maximum.reduceat(sums[:, 2], first) * np.minimum.reduceat(shortest, first)
+               - least)
+        nbytes = np.maximum.reduceat(sums[:, 1], first)
+        mr_l, b_l = mr.tolist(), sums[:, 0].tolist()
+        colls = self._colls
+        for a, k, e, nb, g in zip(first.tolist(), size.tolist(), end.tolist(),
+                                  nbytes.tolist(), mg[first].tolist(), strict=True):
+            if k < 2:
+                continue
+            group, op = names[g]
+            c: Collective = [step, group, op, int(nb)]
+            c.extend([(r, -b, e + b) for r, b in zip(mr_l[a:a + k], b_l[a:a + k],
+                                                     strict=True)])
+            colls.append(c)
+
     def expire(self, step: int) -> None:
-        """Forget anything of steps older than ``step - max_age``."""
+        """Forget the windows of steps older than ``step - max_age`` (never judged)."""
         horizon = step - self.max_age
         for s in [s for s in self.steps if s < horizon]:
             del self.steps[s]
-        for k in [k for k in self.time if k[1] < horizon]:
-            del self.time[k]
 
+
+def _by_rank(rank: np.ndarray, seconds: np.ndarray) -> dict[int, float]:
+    """Seconds summed per rank."""
+    ranks, inv = np.unique(rank, return_inverse=True)
+    return dict(zip(ranks.tolist(), np.bincount(inv, weights=seconds).tolist(), strict=True))

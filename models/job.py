@@ -231,7 +231,7 @@ class JobState(Attribution):
         ts_max = 0.0
         need_time = False
         take_time = self.aligner.take_time
-        comm_time = self.comm.take_time if self.comm.time else None
+        comm_time = self.comm.take_time if self.comm.steps else None
         for i, r in enumerate(ranks):
             ev = row[r]
             d = ev["duration_s"]
@@ -357,8 +357,7 @@ class JobState(Attribution):
                 present.append(r)        # weakly present: no incident, but located
         self._learn_job(s, job_s, ts_max, any(st.kind is not None for st in states))
         colls = self.aligner.take_step(s)
-        if self.comm.steps:
-            colls.extend(self.comm.take_step(s))
+        colls.extend(self.comm.take_step(s))
         findings.extend(localize(self, present, s, job_s, perf, ranks, colls))
         findings.extend(imbalances(self, ranks, self.job_recent or job_s))
         findings.extend(self.links.evaluate(s, colls, self.rank_host, ts_max, job_s))
