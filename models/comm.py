@@ -23,8 +23,8 @@ one collective per (group, kind of op) and step:
   ``comm_s``): the sum of the rank's ``blocked_s``.
 
 A window without ``step`` (a producer that does not know steps) belongs to the rank's next
-step. The windows themselves are kept per step (the record's rank and ``ops``, nothing
-copied: taking a record is one append) until the step is judged, ``max_age`` steps at
+step. The windows themselves are kept per step (the record's rank, ``ts`` and ``ops``,
+nothing copied: taking a record is one append) until the step is judged, ``max_age`` steps at
 most, so a later sub-step judgement (seconds, not steps) can read them; the sums are
 made once, when the step is judged, in one pass over its entries and numpy reductions.
 """
@@ -50,7 +50,8 @@ class CommWindows:
 
     def __init__(self, max_age: int = 4) -> None:
         self.max_age = max_age
-        self.steps: dict[int, list[tuple[int, list[dict[str, Any]]]]] = {}  # (rank, ops)
+        # step -> its windows as (rank, ts, ops), in arrival order
+        self.steps: dict[int, list[tuple[int, float, list[dict[str, Any]]]]] = {}
         self._step: int | None = None      # the step whose sums are below
         self._time: dict[int, float] = {}  # rank -> seconds in ops
         self._colls: list[Collective] = []
@@ -61,9 +62,9 @@ class CommWindows:
         if ops:
             lst = self.steps.get(step)
             if lst is None:
-                self.steps[step] = [(ev["rank"], ops)]
+                self.steps[step] = [(ev["rank"], ev["ts"], ops)]
             else:
-                lst.append((ev["rank"], ops))
+                lst.append((ev["rank"], ev["ts"], ops))
 
     def take_time(self, rank: int, step: int) -> float | None:
         """Pop the seconds a rank spent in collectives in a step (None if none counted)."""
@@ -90,7 +91,7 @@ class CommWindows:
         nums: list[tuple] = []
         ranks: list[int] = []
         counts: list[int] = []
-        for r, ops in windows:
+        for r, _, ops in windows:
             keys.extend(map(_KEY, ops))
             nums.extend(map(_NUMS, ops))
             ranks.append(r)
