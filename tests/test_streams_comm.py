@@ -185,3 +185,18 @@ def test_a_worker_on_comm_grain_matches_offline_detection(broker, topics):
             for m in scan(broker.bootstrap, topics.deadletter, p, idle_polls=1)]
     assert [(d["topic"], d["error"]) for d in dead] == [
         (topics.for_kind("comm"), "[0] comm.ops[0]: min_s 1.0 is above max_s 0.5")]
+
+
+def test_at_equal_ts_a_rank_s_closing_window_is_released_before_its_step():
+    # The window that closes step 7 has the step event's ts; they come from two topics,
+    # in either order, and the Detector gets the window first either way.
+    step = {"v": 1, "kind": "step", "ts": 100.0, "job_id": "j", "rank": 0, "world_size": 1,
+            "host": "h0", "step": 7, "duration_s": 1.0}
+    window = comm_record("j", 0, "h0", 99.0, 100.0, [], step=7, step_end=True)
+    for first, second in ((step, window), (window, step)):
+        part = JobPartition(0, detector_factory=Recorder,
+                            limits=InputLimits(probation_s=0.0))
+        part.ingest([first], 0, now=0.0)
+        part.ingest([second], 1, now=0.01)
+        part.tick(1e9)
+        assert [e["kind"] for e in part.detector.seen] == ["comm", "step"]
