@@ -57,8 +57,11 @@ def test_incident_page_shows_culprit_timeline_telemetry_and_cost(thermal):
     assert incidents[-1]["status"] == "resolved" and ">resolved<" in page
     worst = max(i["slowdown_pct"] for i in incidents)
     assert f"{worst:.1f} %" in page
-    # step times (16 ranks: a line per rank), timeline, 3 GPU + 2 NIC telemetry charts
-    assert page.count("<svg") == 7
+    # step times (16 ranks: a line per rank), timeline (and the cost over time when the
+    # incidents carry it), 3 GPU + 2 NIC telemetry charts
+    priced = any(i.get("gpu_hours_lost") is not None for i in incidents)
+    assert page.count("<svg") == 7 + priced
+    assert ("GPU-hours the job lost to the culprit so far" in page) == priced
     steps_svg = page[page.index("<svg"):page.index("</svg>")]
     assert steps_svg.count("<polyline") == 16 + 1       # every rank + the job's step time
     assert "rank 5" in steps_svg and "onset" in steps_svg and "resolved" in steps_svg

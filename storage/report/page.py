@@ -161,7 +161,7 @@ def incident_page(client: Client, incident_id: str) -> str:
              (_duration(duration), "resolved after onset" if last["status"] == "resolved"
               else "last update after onset", "")]
     if "gpu_hours_lost" in last:
-        cards.append((_num(last["gpu_hours_lost"], "{:.2f}").replace("-", "n/a"),
+        cards.append((_num(last["gpu_hours_lost"], "{:.3g}").replace("-", "n/a"),
                       "GPU-hours lost", ""))
     body.append(_cards(cards))
 
@@ -233,12 +233,16 @@ def _timeline_chart(rows: list[dict[str, Any]], ref: float) -> str:
                       "seconds from onset", "slowdown (%)", step=True,
                       markers=_incident_markers(rows[-1], ref))
     chart.lines.append(svg.Line(t, pct, "slowdown %", CULPRIT, 2.0, dots=True))
+    out = svg.render(chart, height=200)
     if "gpu_hours_lost" in rows[-1]:
         lost = np.array([np.nan if r["gpu_hours_lost"] is None else r["gpu_hours_lost"]
                          for r in rows], dtype=float)
         if np.isfinite(lost).any():
-            chart.lines.append(svg.Line(t, lost, "GPU-hours lost", "#555", 1.5, "5 3"))
-    return svg.render(chart, height=200)
+            cost = svg.Chart("GPU-hours the job lost to the culprit so far", "seconds from onset",
+                             "GPU-hours", step=True, markers=_incident_markers(rows[-1], ref))
+            cost.lines.append(svg.Line(t, lost, "GPU-hours lost", "#555", 2.0, dots=True))
+            out += svg.render(cost, height=180)
+    return out
 
 
 def job_page(client: Client, job_id: str) -> str:
