@@ -33,8 +33,9 @@ def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> di
                  "clickhouse": mask(settings.clickhouse), "started_ts": time.time()}
         stack.write_state(home, state)
         if settings.clickhouse.startswith("chdb://"):
-            db_pid = _start_db_owner(settings, broker.bootstrap, home)
-            state["db_pid"] = db_pid
+            metrics_port = stack.free_port()
+            db_pid = _start_db_owner(settings, broker.bootstrap, home, metrics_port)
+            state.update(db_pid=db_pid, sink_metrics_port=metrics_port)  # for failslow status
             stack.write_state(home, state)
             _wait_for_db_owner(settings.clickhouse, db_pid, home / "sink.log")
     except BaseException:
@@ -66,15 +67,16 @@ def _wait_for_db_owner(url: str, pid: int, log: Path, timeout: float = 90.0) -> 
                            f"(log: {log})")
 
 
-def _start_db_owner(settings: Settings, bootstrap: str, home: Path) -> int:
-    """Run `failslow sink` in the background: it migrates and owns the chdb folder."""
+def _start_db_owner(settings: Settings, bootstrap: str, home: Path, metrics_port: int) -> int:
+    """Run `failslow sink` in the background: it migrates and owns the chdb folder, and
+    serves its metrics on 127.0.0.1:metrics_port."""
     log = open(home / "sink.log", "ab")  # noqa: SIM115 - handed to the child
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_KAFKA_")}
     env["FAILSLOW_HOME"] = str(home)
     proc = subprocess.Popen(
         [sys.executable, "-m", "failslow.cli", "sink", "--bootstrap", bootstrap,
          "--clickhouse", settings.clickhouse, "--topic-prefix", settings.topic_prefix,
-         "--home", str(home)],
+         "--home", str(home), "--metrics-port", str(metrics_port)],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, env=env)
     log.close()

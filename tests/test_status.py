@@ -73,7 +73,8 @@ def test_healthy_stack_exits_0_and_shows_the_pipeline(stack):
     sink_group = next(g for g in report["groups"] if g["group"] == "failslow-sink")
     assert topics.for_kind("host") in sink_group["topics"]
     sink = next(c for c in report["components"] if c["component"] == "sink")
-    assert sink["alive"] is True and str(state["db_pid"]) in sink["endpoint"]
+    assert sink["alive"] is True and str(state["sink_metrics_port"]) in sink["endpoint"]
+    assert sink["metrics"]["rows"] >= 1                               # what the sink wrote
     worker = next(c for c in report["components"] if c["component"] == "worker")
     assert worker["alive"] is None                                    # not configured: n/a
     ch = report["clickhouse"]

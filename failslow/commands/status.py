@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     for name in health.COMPONENTS:
         endpoint = getattr(args, f"{name}_metrics") or os.environ.get(
             f"FAILSLOW_{name.upper()}_METRICS")
+        if name == "sink" and not endpoint and state.get("sink_metrics_port"):
+            endpoint = f"127.0.0.1:{state['sink_metrics_port']}"    # `failslow up`'s sink
         if endpoint:
             health.check_component(report, name, health.metrics_url(endpoint), args.timeout)
         elif name == "sink" and state.get("db_pid"):
