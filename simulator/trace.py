@@ -217,6 +217,8 @@ class Trace:
                             sc.sample_interval_s)
         # Host clocks (NTP) disagree by about a millisecond; events carry their host's time.
         clock = np.random.default_rng([self.seed, 20_000]).normal(0.0, 0.001, n_hosts)
+        margin = 2.0 * float(np.abs(clock).max(initial=0.0)) + 1e-6
+        held = _Held()
         benign: list[dict] = []
         for job in jobs:
             if emit:
@@ -241,7 +243,7 @@ class Trace:
                 assert job.emit is not None
                 events = job.emit.tables(out, clock[job.lay.host_index])
                 samples = tel.sample_until(float(out.end.max()))
-                yield [*events, *samples], _merge_by_ts(events, samples)
+                held.add([*events, *samples], _merge_by_ts(events, samples))
             nxt = self._advance(job, tel, benign)
             if nxt is not None:
                 pending[k] = nxt
@@ -252,10 +254,70 @@ class Trace:
                                    "start_ts": job.ended_ts, "end_ts": None})
                 if tel is not None:
                     tel.release(job.gpus)
+            if tel is not None:
+                # No later event is older than the next step of any job (a comm window
+                # closes after its step began): rows up to there are final, the rest
+                # (windows of a long step inside one that ended later) wait for it.
+                starts = [float(p.t0.min()) for p in pending.values()]
+                ready = held.until(min(starts, default=float("inf")) - margin)
+                if ready is not None:
+                    yield ready
         if tel is not None:
             samples = tel.sample_until(last_ts)
-            yield samples, np.arange(sum(t.n for t in samples))
+            held.add(samples, np.arange(sum(t.n for t in samples)))
+            ready = held.until(float("inf"))
+            if ready is not None:
+                yield ready
         self._truth = make_truth(self, jobs, hosts, benign, last_ts)
+
+
+class _Held:
+    """Rows not yielded yet, in output order: tables and the order of their rows (numbered
+    across the tables, in list order), as ``_chunks`` yields them."""
+
+    def __init__(self) -> None:
+        self.tables: list[Table] = []
+        self.order = np.zeros(0, dtype=np.int64)
+
+    def add(self, tables: list[Table], order: np.ndarray) -> None:
+        """Merge rows (``order`` sorted by ts) after the held ones with the same ts."""
+        base = sum(t.n for t in self.tables)
+        if not len(self.order):
+            self.tables, self.order = list(tables), order + base
+            return
+        held_ts = self._ts()[self.order]
+        new_ts = np.concatenate([t.ts for t in tables])[order] if tables else np.zeros(0)
+        at = np.searchsorted(held_ts, new_ts, side="right") + np.arange(len(new_ts))
+        merged = np.empty(len(held_ts) + len(new_ts), dtype=np.int64)
+        is_new = np.zeros(len(merged), dtype=bool)
+        is_new[at] = True
+        merged[at] = order + base
+        merged[~is_new] = self.order
+        self.tables += tables
+        self.order = merged
+
+    def until(self, horizon: float) -> tuple[list[Table], np.ndarray] | None:
+        """Take the held rows with ts <= ``horizon`` (None if none)."""
+        if not len(self.order):
+            return None
+        n = int(np.searchsorted(self._ts()[self.order], horizon, side="right"))
+        if not n:
+            return None
+        out = (self.tables, self.order[:n])
+        rest = self.order[n:]
+        # Keep only the tables rows are still held from, renumbered.
+        sizes = np.array([t.n for t in self.tables])
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        which = np.searchsorted(offsets, rest, side="right") - 1
+        keep = np.unique(which)
+        shift = np.zeros(len(self.tables), dtype=np.int64)
+        shift[keep] = offsets[keep] - np.concatenate([[0], np.cumsum(sizes[keep])[:-1]])
+        self.order = rest - shift[which]
+        self.tables = [self.tables[i] for i in keep.tolist()]
+        return out
+
+    def _ts(self) -> np.ndarray:
+        return np.concatenate([t.ts for t in self.tables])
 
 
 def _merge_by_ts(events: tuple[Table, Table], samples: list[Table]) -> np.ndarray:
