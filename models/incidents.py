@@ -25,10 +25,11 @@ from __future__ import annotations
 from typing import Any
 
 from models.findings import Finding
-from schema.events import MITIGATIONS, SEVERITIES
+from schema.events import FAULTS, MITIGATIONS, SEVERITIES
 
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 LADDER = MITIGATIONS
+JOB_ENDED = "job ended"
 
 
 class Incident:
@@ -124,6 +125,22 @@ class IncidentTracker:
                 del self.open[k]
                 ev = dict(inc.event, ts=ts, status="resolved", resolved_ts=ts)
                 out.append(ev)
+        return out
+
+    def end_job(self, job_id: str, ts: float) -> list[dict[str, Any]]:
+        """The job ended (no events for a while, or the end of the input): resolve its
+        open incidents at ``ts`` with ``resolved_reason`` "job ended", and forget it."""
+        out = []
+        for k in sorted(k for k in self.open if k[0] == job_id):
+            inc = self.open.pop(k)
+            ts = max(float(ts), inc.event["ts"])
+            evidence = dict(inc.event.get("evidence") or {}, resolved_reason=JOB_ENDED)
+            out.append(dict(inc.event, ts=ts, status="resolved", resolved_ts=ts,
+                            resolved_reason=JOB_ENDED, evidence=evidence))
+        prefix = f"{job_id}:"
+        for iid in [i for i in self.reopened if i.startswith(prefix)
+                    and i[len(prefix):].split(":", 1)[0] in FAULTS]:
+            del self.reopened[iid]
         return out
 
     def _fill(self, inc: Incident, f: Finding, cause: str, action: str, why: str,

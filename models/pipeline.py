@@ -57,6 +57,11 @@ TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
 # of the steps (hosts that run no job here, or jobs that judge no step for a long while,
 # must not grow the queue without bound).
 TELEMETRY_QUEUE_CAP = 1 << 17
+# A job silent this long (event time) has ended. Five minutes: longer than a checkpoint
+# save or an evaluation pass (tens of seconds to a few minutes, steps stop meanwhile),
+# short enough that a finished job's incident does not stay open for long.
+JOB_IDLE_S = 300.0
+JOB_IDLE_STEPS = 20       # ... or this many of the job's step times, for very long steps
 _TS = itemgetter("ts")
 log = logging.getLogger("failslow.detector")
 
@@ -69,20 +74,31 @@ class Detector:
     noise sigmas, ``confirm_steps`` 2, ``resolve_steps`` 5. ``telemetry_delay_s``
     (seconds, the collectors' sampling interval): how far device samples may trail
     the step events; a step judged at T uses the samples up to T minus this.
+    ``job_idle_s`` (event-time seconds): a job that sent no step, comm or collective
+    event for this long (or 20 of its step times, if longer) has ended: its remaining
+    steps are judged, its open incidents resolved with ``resolved_reason`` "job ended"
+    (``resolved_ts`` its last event) and its state dropped (``end_jobs`` does the same
+    for every job at the end of a file).
     """
 
     errors = 0           # class defaults: snapshots taken before these existed restore
     last_error = ""
+    job_idle_s = JOB_IDLE_S
+    jobs_ended = 0
+    _now = -math.inf
+    _jump = False
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  resolve_steps: int = 5, critical_pct: float = 20.0,
-                 planner: Planner | None = None, telemetry_delay_s: float = 1.0) -> None:
+                 planner: Planner | None = None, telemetry_delay_s: float = 1.0,
+                 job_idle_s: float = JOB_IDLE_S) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
         self.resolve_steps = resolve_steps
         self.critical_pct = critical_pct
         self.telemetry_delay_s = telemetry_delay_s
+        self.job_idle_s = job_idle_s
         self.planner = planner or Planner()
         self.cfg = JobConfig(min_rel, z_min, confirm_steps)
         self.jobs: dict[str, JobState] = {}
@@ -96,10 +112,15 @@ class Detector:
         self._cut: dict[str, float] = {}        # host -> its samples up to this ts are applied
         self._queued = 0
         self.late_samples = 0      # device samples older than what was already applied
+        self._seen: dict[str, float] = {}   # job -> ts of its newest event
+        self._now = -math.inf      # event time: the newest ts seen (a lone jump ignored)
+        self._jump = False
+        self.jobs_ended = 0
 
     def clone(self) -> Detector:
         return Detector(self.min_rel, self.z_min, self.confirm_steps, self.resolve_steps,
-                        self.critical_pct, self.planner.clone(), self.telemetry_delay_s)
+                        self.critical_pct, self.planner.clone(), self.telemetry_delay_s,
+                        self.job_idle_s)
 
     # -- feeding ----------------------------------------------------------------
 
@@ -119,15 +140,40 @@ class Detector:
         tq = self._tq
         cuts = self._cut
         queued = 0
+        seen = self._seen
+        idle = self.job_idle_s
+        sweep_every = idle / 8
+        now = self._now
+        next_sweep = (math.floor(now / sweep_every) + 1) * sweep_every \
+            if math.isfinite(now) else -math.inf
         for ev in events:
             try:
                 kind = ev["kind"]
-                if (kind == "comm" or kind == "collective" or kind == "step") \
-                        and ev["job_id"] != job_id:
-                    job_id = ev["job_id"]
-                    job = jobs.get(job_id) or jobs.setdefault(job_id, JobState(job_id, self.cfg))
-                    aligner = job.aligner
-                    open_get = aligner.open.get
+                t = ev["ts"]
+                if t > now:
+                    # Event time comes from the data; one event far ahead (a broken clock)
+                    # does not move it, a second one does.
+                    if t - now <= idle or self._jump or not math.isfinite(now):
+                        now = self._now = t
+                        self._jump = False
+                        if now >= next_sweep:
+                            out.extend(self._end_idle(math.floor(now / sweep_every)
+                                                      * sweep_every))
+                            next_sweep = (math.floor(now / sweep_every) + 1) * sweep_every
+                            job_id = None
+                    else:
+                        self._jump = True
+                elif self._jump and now - t <= idle:
+                    self._jump = False
+                if kind == "comm" or kind == "collective" or kind == "step":
+                    if ev["job_id"] != job_id:
+                        job_id = ev["job_id"]
+                        job = jobs.get(job_id) or jobs.setdefault(job_id,
+                                                                  JobState(job_id, self.cfg))
+                        aligner = job.aligner
+                        open_get = aligner.open.get
+                    if t > seen.get(job.job_id, -math.inf):
+                        seen[job.job_id] = t
                 if kind == "comm":
                     job.add_comm(ev)
                 elif kind == "collective":
@@ -234,6 +280,56 @@ class Detector:
                 self._failed(exc)
         return out
 
+    def _end_idle(self, now: float) -> list[dict[str, Any]]:
+        """End the jobs silent since before ``now`` minus their idle time."""
+        out: list[dict[str, Any]] = []
+        for job_id in sorted(self._seen):
+            job = self.jobs.get(job_id)
+            last = self._seen[job_id]
+            idle = max(self.job_idle_s, JOB_IDLE_STEPS * job.job_step_s if job else 0.0)
+            if last < now - idle:
+                out.extend(self._end_job(job_id))
+        return out
+
+    def end_jobs(self) -> list[dict[str, Any]]:
+        """End of input: every job has ended (``failslow detect`` at the end of its file)."""
+        out: list[dict[str, Any]] = []
+        for job_id in sorted(self._seen):
+            out.extend(self._end_job(job_id))
+        return out
+
+    def _end_job(self, job_id: str) -> list[dict[str, Any]]:
+        """Judge the job's remaining steps, resolve its open incidents ("job ended",
+        at its last event) and forget it."""
+        last = self._seen.pop(job_id)
+        job = self.jobs.get(job_id)
+        out: list[dict[str, Any]] = []
+        if job is not None:
+            try:
+                for _, findings, ts in job.drain():
+                    out.extend(self._judge(job, findings, ts))
+            except Exception as exc:  # noqa: BLE001 - as in process_batch
+                self._failed(exc)
+        resolved = self.tracker.end_job(job_id, last)
+        out.extend(resolved)
+        self.jobs.pop(job_id, None)
+        for k in [k for k in self._causes if k[0] == job_id]:
+            del self._causes[k]
+        if job is not None:
+            # telemetry queued for hosts no other job runs on would wait for ever
+            others = {h for j in self.jobs.values() for h in j.rank_host.values()}
+            for h in set(job.rank_host.values()) - others:
+                q = self._tq.pop(h, None)
+                if q:
+                    q.sort(key=_TS)
+                    self._apply(q)
+                    self._queued -= len(q)
+                self._cut.pop(h, None)
+        self.jobs_ended += 1
+        log.info("job_end job=%s last_ts=%.3f incidents_resolved=%d", job_id, last,
+                 len(resolved))
+        return out
+
     def _judge(self, job: JobState, findings: list, ts: float) -> list[dict[str, Any]]:
         found = []
         job_hosts = set(job.rank_host.values())
@@ -288,5 +384,7 @@ class Detector:
             raise ValueError(f"unknown detector state version {d.get('version')!r}")
         det = cls.__new__(cls)
         det.__dict__.update(pickle.loads(base64.b64decode(d["state"])))
+        if "_seen" not in det.__dict__:    # a snapshot from before jobs ended
+            det._seen = {j: -math.inf for j in det.jobs}
         det._tq = d["queued"]
         return det

@@ -100,6 +100,7 @@ class WorkerConfig:
     session_timeout: float = 2.0
     fetch_wait_ms: int = 100
     telemetry_delay: float = 1.0
+    job_idle: float = 300.0
     jitter: float = 0.3
     internal_retention_h: float = 6.0
     max_jobs: int = 1_000
@@ -347,7 +348,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     async def take_over(p: int) -> JobPartition:
         """State of partition ``p`` when this worker gets it: newest snapshot + emitted incidents."""
         hooks: dict[str, Any] = {
-            "detector_factory": lambda: Detector(telemetry_delay_s=cfg.telemetry_delay)}
+            "detector_factory": lambda: Detector(telemetry_delay_s=cfg.telemetry_delay,
+                                                 job_idle_s=cfg.job_idle)}
         if cfg.detector_factory:
             hooks["detector_factory"] = cfg.detector_factory
         if cfg.detector_restore:
@@ -362,6 +364,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
             state.restore(snap)
             if hasattr(state.detector, "telemetry_delay_s"):  # the flag wins over the snapshot
                 state.detector.telemetry_delay_s = cfg.telemetry_delay
+                state.detector.job_idle_s = cfg.job_idle
         for m in await asyncio.to_thread(scan, cfg.bootstrap, t.for_kind("incident"), p):
             try:
                 state.remember(orjson.loads(m.value()))
@@ -390,7 +393,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     capped_seen: dict[tuple[int, str], int] = {}
     counted = (("duplicates", metrics.duplicates), ("late", metrics.late),
                ("late_samples", metrics.late_samples),
-               ("detector_errors", metrics.detector_errors))
+               ("detector_errors", metrics.detector_errors), ("jobs_ended", metrics.jobs_ended))
 
     def count(state: JobPartition, before: dict[str, int]) -> None:
         for name, metric in counted:

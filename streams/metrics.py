@@ -32,6 +32,9 @@ class Metrics:
         self.detector_errors = Counter("failslow_stream_detector_errors_total",
                                        "Events the Detector failed on (skipped, logged): a "
                                        "defect to report", registry=r)
+        self.jobs_ended = Counter("failslow_stream_jobs_ended_total",
+                                  "Jobs closed after --job-idle seconds without events: open "
+                                  "incidents resolved (job ended), state dropped", registry=r)
         self.capped = Counter("failslow_stream_capped_events_total",
                               "Events dropped by an input cap (streams.limits): more distinct "
                               "jobs, hosts, or ranks / groups / hosts in one job than allowed",

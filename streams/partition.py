@@ -86,11 +86,13 @@ class JobPartition:
         self.detector = detector_factory()
         self.counts = {"events": 0, "late": 0, "duplicates": 0, "late_samples": 0,
                        "detector_errors": 0, "replay_skipped": 0, "incidents": 0,
-                       "incidents_suppressed": 0, "capped": 0}
+                       "incidents_suppressed": 0, "capped": 0,
+                       "jobs_ended": 0}
         self.order = EventOrder(lateness, idle_s, expect_s, jitter_s, self._delay, self.counts)
         self._marks: dict[tuple, tuple] = {}
         self.emitted: dict[str, set[bytes]] = {}
         self.open_ids: set[str] = set()
+        self._resolved: dict[str, float] = {}   # incident id -> event ts it resolved at
         self.next_offset = 0
         self._skip_below = -1  # offsets below this replay only events newer than _skip_ts
         self._skip_ts = math.inf
@@ -162,7 +164,9 @@ class JobPartition:
             return []
         det = self.detector
         late, errors = getattr(det, "late_samples", 0), getattr(det, "errors", 0)
+        ended = getattr(det, "jobs_ended", 0)
         incidents = det.process_batch(fresh)
+        self.counts["jobs_ended"] += getattr(det, "jobs_ended", 0) - ended
         self.counts["late_samples"] += getattr(det, "late_samples", 0) - late
         self.counts["detector_errors"] += getattr(det, "errors", 0) - errors
         return self._dedupe(incidents)
@@ -186,8 +190,10 @@ class JobPartition:
         seen.add(sig)
         if inc["status"] == "open":
             self.open_ids.add(inc["incident_id"])
+            self._resolved.pop(inc["incident_id"], None)
         else:
             self.open_ids.discard(inc["incident_id"])
+            self._resolved[inc["incident_id"]] = inc["ts"]
         return True
 
     # -- recovery ------------------------------------------------------------------------
@@ -201,6 +207,11 @@ class JobPartition:
         6 x lateness (ended jobs)."""
         horizon = self.wm - 6 * self.lateness
         self.limits.prune(horizon)
+        # incidents resolved long ago (their jobs ended or healed) need no de-duplication
+        gone = [i for i, ts in self._resolved.items() if ts < horizon]
+        for iid in gone:
+            del self._resolved[iid]
+            self.emitted.pop(iid, None)
         self._marks = {s: p for s, p in self._marks.items()
                        if (p[0] if isinstance(p, tuple) else p) >= horizon}
 

@@ -122,7 +122,9 @@ def detect_sources(sources: list[Iterable], det: Detector, write, warn,
             for inc in det.process_batch(batch):
                 write(inc)
                 n_inc += 1
-        for inc in det.flush():
+        # A file ends its jobs: their open incidents resolve "job ended" (a stream ends a
+        # job once it was silent for the Detector's job_idle_s instead).
+        for inc in [*det.flush(), *det.end_jobs()]:
             write(inc)
             n_inc += 1
     return counts.events, counts.bad, n_inc

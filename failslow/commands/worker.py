@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "collectors' sampling interval; a step is judged with the samples "
                              "up to its ts minus this. Use the same value with `failslow "
                              "detect` to compare [1]")
+    parser.add_argument("--job-idle", type=float, default=300.0, metavar="S",
+                        help="event-time seconds a job may send no step or collective event "
+                             "before it has ended: its open incidents resolve (\"job ended\") "
+                             "and its state is dropped; 20 of its step times if longer [300]")
     parser.add_argument("--jitter", type=float, default=0.3,
                         help="wall seconds an event of a live stream waits for late events of "
                              "other sources before it is ordered without them; 0: wait for "
@@ -95,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--fetch-wait-ms must be between 1 and 10000")
     if not 0 <= args.telemetry_delay < args.lateness:
         raise ConfigError("--telemetry-delay must be >= 0 and below --lateness")
+    if args.job_idle <= 0:
+        raise ConfigError("--job-idle must be > 0")
     if min(args.max_jobs, args.max_hosts, args.max_ranks_per_job, args.max_groups_per_job,
            args.max_hosts_per_job) < 1:
         raise ConfigError("--max-* caps must be >= 1")
@@ -111,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                        metrics_addr=args.metrics_addr,
                        session_timeout=args.session_timeout,
                        telemetry_delay=args.telemetry_delay, jitter=args.jitter,
+                       job_idle=args.job_idle,
                        fetch_wait_ms=args.fetch_wait_ms,
                        internal_retention_h=args.internal_retention_h,
                        max_jobs=args.max_jobs, max_hosts=args.max_hosts,
