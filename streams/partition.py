@@ -6,7 +6,9 @@ De-duplication. Each source (a rank's steps, a rank's collectives in one
 group, a rank's comm windows, one GPU / NIC port / host) produces in order and Kafka keeps per-key
 order, so a source's ``(ts, step|seq)`` only grows: an event that does not
 advance its source's mark is a duplicate (an at-least-once producer retry) and
-is dropped, counted. Emitted incidents are de-duplicated on their full content,
+is dropped, counted; a comm record at its rank's mark is dropped only when it equals
+one already taken there (a producer may send one window as several records).
+Emitted incidents are de-duplicated on their full content,
 so a replay after a restart re-creates the same incident events and none is
 emitted twice.
 
@@ -25,6 +27,7 @@ inside the Detector's state); from ``o_next`` on, processing is normal.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from operator import itemgetter
@@ -56,6 +59,12 @@ def source_mark(ev: dict) -> tuple[tuple, Any]:
     windows, ``ts`` for telemetry)."""
     src, pos = _MARK[ev["kind"]]
     return src(ev), pos(ev)
+
+
+def _digest(ev: dict) -> str:
+    """A short digest of an event's content (comm records at their mark, in snapshots)."""
+    return hashlib.blake2b(orjson.dumps(ev, option=orjson.OPT_SORT_KEYS),
+                           digest_size=8).hexdigest()
 
 
 def _default_detector_factory() -> Any:
@@ -90,6 +99,10 @@ class JobPartition:
                        "jobs_ended": 0}
         self.order = EventOrder(lateness, idle_s, expect_s, jitter_s, self._delay, self.counts)
         self._marks: dict[tuple, tuple] = {}
+        # comm source -> its records at the mark: a producer splits one window into several
+        # records (past OPS_MAX entries, or one per step), all at the same (ts, start)
+        self._at_mark: dict[tuple, list[dict]] = {}
+        self._at_mark_restored: dict[tuple, set[str]] = {}  # the same, as digests, from a snapshot
         self.emitted: dict[str, set[bytes]] = {}
         self.open_ids: set[str] = set()
         self._resolved: dict[str, float] = {}   # incident id -> event ts it resolved at
@@ -151,13 +164,25 @@ class JobPartition:
         marks = self._marks
         getters = _MARK
         fresh = []
+        at_mark = self._at_mark
         for ev in events:
-            src, pos = getters[ev["kind"]]
+            kind = ev["kind"]
+            src, pos = getters[kind]
             src, pos = src(ev), pos(ev)
             last = marks.get(src)
             if last is not None and pos <= last:
+                # another record of the same comm window is new; the same one again is not
+                if (kind != "comm" or pos != last or ev in at_mark.get(src, ())
+                        or _digest(ev) in self._at_mark_restored.get(src, ())):
+                    continue
+                at_mark.setdefault(src, []).append(ev)
+                fresh.append(ev)
                 continue
             marks[src] = pos
+            if kind == "comm":
+                at_mark[src] = [ev]
+                if self._at_mark_restored:
+                    self._at_mark_restored.pop(src, None)
             fresh.append(ev)
         self.counts["duplicates"] += len(events) - len(fresh)
         if not fresh:
@@ -214,12 +239,18 @@ class JobPartition:
             self.emitted.pop(iid, None)
         self._marks = {s: p for s, p in self._marks.items()
                        if (p[0] if isinstance(p, tuple) else p) >= horizon}
+        self._at_mark = {s: evs for s, evs in self._at_mark.items() if s in self._marks}
+        self._at_mark_restored = {s: d for s, d in self._at_mark_restored.items()
+                                  if s in self._marks}
 
     def snapshot(self) -> dict:
         wm = self.wm if math.isfinite(self.wm) else None
         return {"v": 1, "partition": self.partition, "wm": wm, "o_min": self.o_min(),
                 "o_next": self.next_offset,
                 "marks": [[src, pos] for src, pos in self._marks.items()],
+                "at_mark": [[src, sorted({*map(_digest, evs),
+                                          *self._at_mark_restored.get(src, ())})]
+                            for src, evs in self._at_mark.items()],
                 "detector": self.detector.state_dict()}
 
     def restore(self, snap: dict) -> None:
@@ -233,6 +264,9 @@ class JobPartition:
         for src, pos in self._marks.items():
             if src[0] in ("step", "collective", "comm"):  # its jobs skip probation
                 self.limits.track(src[1], pos[0])
+        self._at_mark = {}
+        self._at_mark_restored = {tuple(src): set(digests)
+                                  for src, digests in snap.get("at_mark", ())}
         self._skip_below = snap["o_next"]
         self._skip_ts = self.wm
 

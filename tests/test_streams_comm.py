@@ -200,3 +200,20 @@ def test_at_equal_ts_a_rank_s_closing_window_is_released_before_its_step():
         part.ingest([second], 1, now=0.01)
         part.tick(1e9)
         assert [e["kind"] for e in part.detector.seen] == ["comm", "step"]
+
+
+def test_one_window_sent_as_several_records_is_kept_and_a_retry_of_each_dropped():
+    # A window past OPS_MAX entries, or ops of two steps closed together, comes as
+    # several records with the same (ts, window_start_ts): each is new, once.
+    entry = {"group": "dp0", "group_size": 2, "op": "allreduce", "n": 1, "blocked_s": 0.1,
+             "min_s": 0.1, "max_s": 0.1, "bytes": 8}
+    parts = [comm_record("j", 0, "h0", 99.0, 100.0, [dict(entry, group=f"g{i}")], step=7,
+                         step_end=i == 1) for i in range(2)]
+    other_step = comm_record("j", 0, "h0", 99.0, 100.0, [entry], step=8)
+    part = JobPartition(0, detector_factory=Recorder, limits=InputLimits(probation_s=0.0))
+    part.ingest(parts, 0, now=0.0)
+    part.ingest([other_step, parts[0]], 1, now=0.01)   # a retry of the first part
+    part.ingest([dict(parts[1]), dict(other_step)], 2, now=0.02)  # retries, equal content
+    part.tick(1e9)
+    assert part.detector.seen == [*parts, other_step]
+    assert part.counts["duplicates"] == 3
