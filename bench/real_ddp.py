@@ -18,6 +18,7 @@ as a host thread waits on a slower GPU. ``--grain`` is the hook's grain (``colle
 while the detector does not read ``comm`` windows).
 
     .venv/bin/python bench/real_ddp.py [--repeats 10] [--work cpu|device] [--grain collective]
+        [--steps 52] [--onset 28]
         [--only ddp:compute2x,fsdp2:benign] [--keep DIR]
 """
 
@@ -138,8 +139,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--work", choices=("cpu", "device"), default="cpu")
     ap.add_argument("--grain", choices=("comm", "collective", "both"), default="collective")
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--onset", type=int, default=16)
+    # 28 steps before the onset: a rank's own past is trusted after ~16 clean steps
+    # (models/evidence.py: LEARN_DELAY + LEARN_MIN); with 16, only peers judge at first
+    ap.add_argument("--steps", type=int, default=52)
+    ap.add_argument("--onset", type=int, default=28)
     ap.add_argument("--only", default="", help="comma-separated kind:scenario (default: all)")
     ap.add_argument("--keep", metavar="DIR", help="keep every run's traces and incidents here")
     ap.add_argument("--out", default=None, help="results file (default bench/results/"
@@ -148,7 +151,8 @@ def main() -> int:
     jobs = [j.split(":") for j in args.only.split(",")] if args.only else \
         [[k, s] for k, scenarios in KINDS.items() for s in scenarios]
     suffix = ("_device" if args.work == "device" else "") + \
-        ("" if args.grain == "collective" else f"_{args.grain}")
+        ("" if args.grain == "collective" else f"_{args.grain}") + \
+        ("" if args.onset == 28 else f"_onset{args.onset}")
     path = Path(args.out or ROOT / f"bench/results/real_ddp{suffix}.json")
     rows: dict[str, list[dict]] = {f"{k}:{s}": [] for k, s in jobs}
     t0 = time.monotonic()

@@ -12,7 +12,7 @@ LOUD = ("warning", "critical")
 @dataclass
 class Verdict:
     named: bool                  # a slow_rank incident (not an imbalance record) on the culprit
-    open_at_end: bool            # ... still open when the trace ends
+    open_at_end: bool            # ... still open when the trace ends (not resolved before)
     steps_to_page: int | None    # job steps from the onset to its first warning/critical
     loud_healthy: int            # loud incidents on anything but the culprit (slow_host, links too)
     root_cause: str | None       # the culprit's incident, last state
@@ -35,7 +35,11 @@ def judge(truth: dict, incidents: list[dict]) -> Verdict:
         step = bisect_left(truth["step_end_ts"], first_loud["detected_ts"])
         steps_to_page = step - truth["onset_step"]
     last = mine[-1] if mine else None
-    return Verdict(named=bool(mine), open_at_end=last is not None and last["status"] == "open",
+    # `failslow detect` ends every job at the end of its input: an incident still open
+    # then is resolved with resolved_reason "job ended"
+    open_at_end = last is not None and (last["status"] == "open"
+                                        or last.get("resolved_reason") == "job ended")
+    return Verdict(named=bool(mine), open_at_end=open_at_end,
                    steps_to_page=steps_to_page, loud_healthy=len(loud_healthy),
                    root_cause=last.get("root_cause") if last else None,
                    slowdown_pct=last["slowdown_pct"] if last else None)
