@@ -245,6 +245,14 @@ FROM (
 )
 GROUP BY day, job_id"""
 
+# Two comm records of one window may share group, op and peer: a producer that closes
+# the ops of two steps together sends one record per step. The sort key (the
+# ReplacingMergeTree's identity of a row) gets the step, or the merge would keep one.
+# A sort key may only grow by a column added in the same ALTER, with no default
+# expression: the writer fills it (ifNull(step, -1)).
+_COMM_STEP_KEY = ("ALTER TABLE {db}.comm ADD COLUMN IF NOT EXISTS step_key Int64, "
+                  "MODIFY ORDER BY (job_id, `group`, rank, ts, op, ifNull(peer, -1), step_key)")
+
 _SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
     version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree ORDER BY version"""
@@ -263,6 +271,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (6, "incidents.gpu_hours_lost", [_INCIDENTS_GPU_HOURS]),
     (7, "incidents_current.gpu_hours_lost and gpu_hours_lost_daily",
      [_INCIDENTS_CURRENT_COST, _GPU_HOURS_DAILY]),
+    (8, "comm: the step in the sort key", [_COMM_STEP_KEY]),
 ]
 
 

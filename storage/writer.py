@@ -137,6 +137,8 @@ def rows_of(event: dict[str, Any]) -> list[dict[str, Any]]:
         return [event]
     window = {k: v for k, v in event.items() if k != "ops"}
     window["_event"] = event
+    step = event.get("step")
+    window["step_key"] = -1 if step is None else step  # in the sort key (migration 8)
     return [{**window, **entry} for entry in event["ops"] or (_NO_OPS,)]
 
 

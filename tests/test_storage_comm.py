@@ -126,3 +126,15 @@ def test_sink_routes_comm_and_collectives_and_dead_letters_bad_ops(broker, topic
     assert ch.query("SELECT count() FROM collectives")[1] == [(1,)]
     _, rows = ch.query("SELECT error FROM dead_letters")
     assert rows == [("[4] comm.ops[0]: min_s 5.0 is above max_s 0.11",)]
+
+
+def test_records_of_one_window_for_two_steps_both_survive_a_merge(ch):  # noqa: F811
+    # ops of steps 7 and 8 that ended in one window: two records, same ts, group, op, peer
+    a, b = _comm(0, 7, 0.2), _comm(0, 7, 0.3)
+    b["step"] = 8
+    w = Writer(ch)
+    w.write([a])
+    w.write([b])
+    ch.execute(f"OPTIMIZE TABLE {ch.database}.comm FINAL")
+    _, rows = ch.query("SELECT step, blocked_s FROM comm ORDER BY step")
+    assert rows == [(7, 0.2), (8, 0.3)]
