@@ -27,6 +27,7 @@ from storage.report.data import (
 CULPRIT = "#d62728"
 OTHERS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 PEERS = "#4c72b0"
+WRAP = {"incident", "onset (UTC)", "resolved (UTC)"}   # columns that may wrap (long ids, dates)
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;
@@ -37,7 +38,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 .card b{display:block;font-size:20px}.card span{color:#666;font-size:12px}
 .sev-critical{color:#b00}.sev-warning{color:#b60}.sev-info{color:#666}
 .tw{overflow-x:auto}table{border-collapse:collapse;width:100%;font-size:12.5px}
-th,td{border-bottom:1px solid #eee;padding:3px 6px;text-align:left;overflow-wrap:anywhere}
+th,td{border-bottom:1px solid #eee;padding:3px 5px;text-align:left;white-space:nowrap}
+th{white-space:normal}td.id{white-space:normal;overflow-wrap:anywhere}
 th{background:#f6f6f6}td.num{text-align:right}
 svg.chart{display:block;margin:6px 0 14px;max-width:100%;height:auto}
 .chart text{font:11px system-ui,Helvetica,Arial,sans-serif;fill:#333}
@@ -82,7 +84,8 @@ def _cards(items: list[tuple[str, str, str]]) -> str:
 def _table(columns: list[str], rows: list[list[str]], numeric: frozenset[str] | set[str] = frozenset()) -> str:
     head = "".join(f"<th>{escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(
-        f"<td{' class=num' if c in numeric else ''}>{escape(v)}</td>"
+        f"<td{' class=num' if c in numeric else ' class=id' if c in WRAP else ''}>"
+        f"{escape(v)}</td>"
         for c, v in zip(columns, r, strict=True)) + "</tr>" for r in rows)
     return f"<div class=tw><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
