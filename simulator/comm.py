@@ -5,9 +5,9 @@ step's start and at its end, as the producers close them (``collectors.comm_wind
 every op is counted in the window its end falls in. Per (rank, window, group, op, peer)
 one ``ops`` entry: ``n``, ``blocked_s`` (the simulated rank is blocked for the whole of
 each op, so the sum of durations), ``min_s``/``max_s``, ``bytes``, ``first_seq``/
-``last_seq``, ``first_start_ts``. Every window is a record, empty ones included (a
-producer closes them whether or not an op ended), so a rank-step costs
-``ceil(step_s / window_s)`` records whatever the number of collectives.
+``last_seq``, ``first_start_ts``. As the producers do, a window in which no op ended
+sends no record, so a rank-step costs at most ``ceil(step_s / window_s)`` records
+whatever the number of collectives.
 
 The aggregation is numpy (one sort, segment reductions); only the entries are built as
 dicts, about five per rank and window.
@@ -85,10 +85,14 @@ def comm_table(out: StepOut, skew: np.ndarray, window_s: float, *, job: Const,
         entry["last_seq"] = s1
         entry["first_start_ts"] = st
         ops[r].append(entry)
+    # As the producers: no record for a window in which no op ended.
+    keep = np.flatnonzero([bool(o) for o in ops])
+    ops = [ops[i] for i in keep.tolist()]
+    rank_of, w, w_start, w_end = rank_of[keep], w[keep], w_start[keep], w_end[keep]
     is_end = (w == nwin[rank_of] - 1).astype(np.int64)
     return Table([
         ("v", Const(1)), ("kind", Const("comm")), ("ts", Num(w_end, 6)), ("job_id", job),
         ("rank", Num(rank_of)), ("host", Pick(rank_of, host)),
-        ("window_start_ts", Num(w_start, 6)), ("ops", Pick(np.arange(rows), Choices(ops))),
+        ("window_start_ts", Num(w_start, 6)), ("ops", Pick(np.arange(len(ops)), Choices(ops))),
         ("step", Const(out.step)), ("step_end", Pick(is_end, _STEP_END)),
         ("world_size", Const(world)), ("gpu", Num(gpu[rank_of]))], w_end)
