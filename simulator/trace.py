@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,31 +20,15 @@ import orjson
 from simulator.comm import DEFAULT_WINDOW_S, GRAINS
 from simulator.effects import host_index, physics_effects
 from simulator.emit import JobEvents
+from simulator.job import JobRun
 from simulator.jsonl import Table, ordered_dicts, ordered_lines
 from simulator.physics import JobSim, StepOut
-from simulator.spec import FaultSpec, JobSpec, Scenario, SimulatorError
+from simulator.spec import FaultSpec, Scenario, SimulatorError
 from simulator.telemetry import Target, Telemetry
 from simulator.topology import Layout
 from simulator.truth import make_truth
 
 DEFAULT_START_TS = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed so traces are reproducible
-
-
-@dataclass
-class _Job:
-    spec: JobSpec
-    lay: Layout
-    sim: JobSim
-    faults: list[FaultSpec]
-    gpus: np.ndarray                    # global GPU index of each rank
-    limit: int
-    done: int = 0
-    fired: set[int] = field(default_factory=set)
-    last_ckpt: int | None = None
-    onset: dict[int, int] = field(default_factory=dict)   # fault index -> first step
-    series: list[tuple[float, float, bool]] = field(default_factory=list)  # t_rel, step_s, clean
-    ended_ts: float | None = None
-    emit: JobEvents | None = None
 
 
 class Trace:
@@ -113,10 +97,10 @@ class Trace:
 
     # -- the loop -------------------------------------------------------------
 
-    def _setup(self) -> tuple[list[_Job], int]:
+    def _setup(self) -> tuple[list[JobRun], int]:
         sc = self.scenario
         G = sc.gpus_per_host
-        jobs: list[_Job] = []
+        jobs: list[JobRun] = []
         offset = 0
         for k, spec in enumerate(sc.jobs):
             lay = Layout(spec.hosts * G, spec.tp, spec.pp, G, offset)
@@ -131,14 +115,14 @@ class Trace:
                 if f.host is not None and not 0 <= host_index(f.host) < self._n_hosts():
                     raise SimulatorError(f"{f.kind}: no host {f.host!r} in this cluster")
             gpus = lay.host_index * G + lay.gpu
-            jobs.append(_Job(spec, lay, sim, faults, gpus, spec.steps or sc.steps))
+            jobs.append(JobRun(spec, lay, sim, faults, gpus, spec.steps or sc.steps))
             offset += spec.hosts
         return jobs, offset + sc.idle_hosts
 
     def _n_hosts(self) -> int:
         return sum(j.hosts for j in self.scenario.jobs) + self.scenario.idle_hosts
 
-    def _targets(self, jobs: list[_Job]) -> list[Target]:
+    def _targets(self, jobs: list[JobRun]) -> list[Target]:
         G = self.scenario.gpus_per_host
         by_id = {j.spec.job_id: j for j in jobs}
         out = []
@@ -157,7 +141,7 @@ class Trace:
             out.append(Target(f.kind, f.start_s, f.end_s, f.intensity, gpus, nics, hosts))
         return out
 
-    def _advance(self, job: _Job, tel: Telemetry | None, benign: list[dict]) -> StepOut | None:
+    def _advance(self, job: JobRun, tel: Telemetry | None, benign: list[dict]) -> StepOut | None:
         sc, sim = self.scenario, job.sim
         t_rel = float(sim.ready.min()) - self.start_ts
         ended = any(f.kind == "job_end" and f.start_s <= t_rel for f in job.faults)
@@ -268,7 +252,8 @@ class Trace:
             ready = held.until(float("inf"))
             if ready is not None:
                 yield ready
-        self._truth = make_truth(self, jobs, hosts, benign, last_ts)
+        self._truth = make_truth(self.scenario, self.seed, self.start_ts, jobs, hosts, benign,
+                                 last_ts)
 
 
 class _Held:

@@ -15,17 +15,18 @@ from simulator.effects import host_index
 from simulator.spec import FAULT_KINDS
 
 if TYPE_CHECKING:
-    from simulator.trace import Trace, _Job
+    from simulator.job import JobRun
+    from simulator.spec import Scenario
 
 
-def _job_baseline(job: _Job) -> float:
+def _job_baseline(job: JobRun) -> float:
     clean = [s for _, s, ok in job.series if ok]
     if not clean:
         return job.spec.step_s
     return float(np.median(clean))
 
 
-def _slowdown(job: _Job, start_s: float, end_s: float | None, base: float) -> float | None:
+def _slowdown(job: JobRun, start_s: float, end_s: float | None, base: float) -> float | None:
     during = [s for t, s, _ in job.series
               if t >= start_s and (end_s is None or t < end_s)]
     if not during:
@@ -33,10 +34,8 @@ def _slowdown(job: _Job, start_s: float, end_s: float | None, base: float) -> fl
     return round(100.0 * (float(np.median(during)) / base - 1.0), 2)
 
 
-def make_truth(trace: Trace, jobs: list[_Job], hosts: list[str], benign: list[dict],
-               end_ts: float) -> dict:
-    sc = trace.scenario
-    t0 = trace.start_ts
+def make_truth(sc: Scenario, seed: int, t0: float, jobs: list[JobRun], hosts: list[str],
+               benign: list[dict], end_ts: float) -> dict:
     by_id = {j.spec.job_id: j for j in jobs}
     faults = []
     for job in jobs:
@@ -70,7 +69,7 @@ def make_truth(trace: Trace, jobs: list[_Job], hosts: list[str], benign: list[di
     benign.sort(key=lambda b: b["start_ts"])
     first = jobs[0]
     return {
-        "scenario": sc.name, "seed": trace.seed,
+        "scenario": sc.name, "seed": seed,
         "job_ids": [j.spec.job_id for j in jobs],
         "world_size": first.lay.world,
         "step_s": round(_job_baseline(first), 6),

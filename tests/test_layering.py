@@ -16,8 +16,6 @@ LOWER = ("schema", "models", "storage", "collectors", "alerting", "simulator", "
 KNOWN_CIRCLES = {
     frozenset({"models.attribution", "models.job", "models.localize"}),
     frozenset({"storage.report", "storage.report.page"}),
-    frozenset({"simulator.emit", "simulator.telemetry"}),
-    frozenset({"simulator.trace", "simulator.truth"}),
 }
 # Dotted module names only: "failslow" (a database, a user agent) and topic names such as
 # "failslow.steps" are strings too.
