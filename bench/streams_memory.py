@@ -74,16 +74,24 @@ def measure(bootstrap: str, scenario: str, steps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--only", metavar="SCENARIO",
+                    help="one run (e.g. large_1024 --steps 30: how RSS grows with the steps "
+                         "read as a backlog), no slope")
     args = ap.parse_args()
     broker = start_broker()
     try:
         runs = [measure(broker.bootstrap, s, args.steps)
-                for s in ("healthy_16", "large_1024", "large_4096")]
+                for s in ([args.only] if args.only else
+                          ("healthy_16", "large_1024", "large_4096"))]
     finally:
         broker.stop(2)
     for r in runs:
-        print(f"{r['ranks']:>5} ranks: RSS {r['rss_bytes'] / 2**20:7.1f} MiB, "
-              f"snapshot {r['snapshot_bytes'] / 2**10:8.1f} KiB (zlib)")
+        print(f"{r['ranks']:>5} ranks, {args.steps} steps, {r['events']:.0f} events: RSS "
+              f"{r['rss_bytes'] / 2**20:7.1f} MiB "
+              f"({r['rss_bytes'] / 2**20 / r['ranks'] * 1000:.0f} MiB per 1,000 ranks, fixed "
+              f"cost included), snapshot {r['snapshot_bytes'] / 2**10:8.1f} KiB (zlib)")
+    if args.only:
+        return
     a, b = runs[1], runs[2]
     per_k = (b["rss_bytes"] - a["rss_bytes"]) / ((b["ranks"] - a["ranks"]) / 1000)
     snap_k = (b["snapshot_bytes"] - a["snapshot_bytes"]) / ((b["ranks"] - a["ranks"]) / 1000)
