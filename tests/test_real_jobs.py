@@ -19,9 +19,10 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install failslow[torch])")
 
+from realjobs import run_jobs  # noqa: E402
+from realjobs.verdict import judge  # noqa: E402
+
 from failslow.cli import main  # noqa: E402
-from tests.realjobs import run_jobs  # noqa: E402
-from tests.realjobs.verdict import judge  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -37,11 +37,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from hook_jobs import BUCKET_MB, DIMS
 
 from collectors.file_publisher import FilePublisher
 from collectors.torch_hook import TrainingHook
 from failslow.stack import free_port
-from tests.hook_jobs import BUCKET_MB, DIMS
 
 WORLD = 4
 CULPRIT = 2
