@@ -82,6 +82,10 @@ class JobConfig:
 class JobState(Attribution):
     """Everything failslow knows about one job, fed one event at a time."""
 
+    # ranks' steps judged and not yet counted by the Detector (``take_rank_steps``); a
+    # class default, so snapshots taken before it existed restore
+    rank_steps = 0
+
     def __init__(self, job_id: str, cfg: JobConfig) -> None:
         self.job_id = job_id
         self.cfg = cfg
@@ -212,6 +216,11 @@ class JobState(Attribution):
                 "gpu": ev.get("gpu")}
         return self.add_step(step, real=False)
 
+    def take_rank_steps(self) -> int:
+        """The ranks' steps judged since the last call (a count, decisions unchanged)."""
+        n, self.rank_steps = self.rank_steps, 0
+        return n
+
     def drain(self) -> list[tuple[int, list[Finding], float]]:
         return [self.evaluate(s) for s in sorted(self.pending)]
 
@@ -282,6 +291,7 @@ class JobState(Attribution):
             warm[:] = False
         job_s = median(dur)
         self.judged += 1
+        self.rank_steps += n
         early = self.judged <= cfg.warm_steps
         # Warm-up steps (compilation, allocator, autotuning) differ from rank to rank
         # for no lasting reason: no evidence from them.

@@ -85,6 +85,7 @@ class Detector:
     last_error = ""
     job_idle_s = JOB_IDLE_S
     jobs_ended = 0
+    judged_rank_steps = 0
     _now = -math.inf
     _jump = False
 
@@ -116,6 +117,7 @@ class Detector:
         self._now = -math.inf      # event time: the newest ts seen (a lone jump ignored)
         self._jump = False
         self.jobs_ended = 0
+        self.judged_rank_steps = 0  # ranks' steps judged (one per rank of each judged step)
 
     def clone(self) -> Detector:
         return Detector(self.min_rel, self.z_min, self.confirm_steps, self.resolve_steps,
@@ -331,6 +333,8 @@ class Detector:
         return out
 
     def _judge(self, job: JobState, findings: list, ts: float) -> list[dict[str, Any]]:
+        # every judged step reaches here (those judged together: counted at the first)
+        self.judged_rank_steps += job.take_rank_steps()
         found = []
         job_hosts = set(job.rank_host.values())
         self._release(job_hosts, ts - self.telemetry_delay_s)

@@ -393,7 +393,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     capped_seen: dict[tuple[int, str], int] = {}
     counted = (("duplicates", metrics.duplicates), ("late", metrics.late),
                ("late_samples", metrics.late_samples),
-               ("detector_errors", metrics.detector_errors), ("jobs_ended", metrics.jobs_ended))
+               ("detector_errors", metrics.detector_errors), ("jobs_ended", metrics.jobs_ended),
+               ("judged_rank_steps", metrics.judged))
 
     def count(state: JobPartition, before: dict[str, int]) -> None:
         for name, metric in counted:

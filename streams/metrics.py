@@ -35,6 +35,9 @@ class Metrics:
         self.jobs_ended = Counter("failslow_stream_jobs_ended_total",
                                   "Jobs closed after --job-idle seconds without events: open "
                                   "incidents resolved (job ended), state dropped", registry=r)
+        self.judged = Counter("failslow_stream_judged_rank_steps_total",
+                              "Ranks' steps the Detector judged (one per rank of each judged "
+                              "step), all jobs", registry=r)
         self.capped = Counter("failslow_stream_capped_events_total",
                               "Events dropped by an input cap (streams.limits): more distinct "
                               "jobs, hosts, or ranks / groups / hosts in one job than allowed",

@@ -85,7 +85,8 @@ class EventOrder:
     ``jitter_s`` (wall s): in a live stream, how long an event waits for the stragglers of
     other sources; 0 turns this off (the watermark then waits for every source).
     ``delay`` (event-time s): how far the Detector's device samples trail its steps.
-    ``counts``: the partition's counters; ``late`` and ``replay_skipped`` are kept here.
+    ``counts``: the partition's counters; ``late`` and ``replay_skipped`` are kept here
+    (``events`` is not: ``JobPartition.ingest`` counts each event once, before the caps).
     """
 
     def __init__(self, lateness: float, idle_s: float, expect_s: float | None,
@@ -203,7 +204,6 @@ class EventOrder:
                 heappush(self._buf, _Chunk(chunk[0]["ts"] - shift, self._seq,
                                            chunk[-1]["ts"] - shift, offset, chunk, now, shift))
                 self.buffered += len(chunk)
-        self.counts["events"] += len(events)
         return late
 
     def runs_on(self, host: str) -> bool:

@@ -93,10 +93,12 @@ class JobPartition:
         self.lateness = lateness
         self._restore_detector = detector_restore
         self.detector = detector_factory()
+        # "events": valid events taken by ``ingest`` (counted there, once, capped ones
+        # included); "judged_rank_steps": ranks' steps the Detector judged
         self.counts = {"events": 0, "late": 0, "duplicates": 0, "late_samples": 0,
                        "detector_errors": 0, "replay_skipped": 0, "incidents": 0,
                        "incidents_suppressed": 0, "capped": 0,
-                       "jobs_ended": 0}
+                       "jobs_ended": 0, "judged_rank_steps": 0}
         self.order = EventOrder(lateness, idle_s, expect_s, jitter_s, self._delay, self.counts)
         self._marks: dict[tuple, tuple] = {}
         # comm source -> its records at the mark: a producer splits one window into several
@@ -190,8 +192,10 @@ class JobPartition:
         det = self.detector
         late, errors = getattr(det, "late_samples", 0), getattr(det, "errors", 0)
         ended = getattr(det, "jobs_ended", 0)
+        judged = getattr(det, "judged_rank_steps", 0)
         incidents = det.process_batch(fresh)
         self.counts["jobs_ended"] += getattr(det, "jobs_ended", 0) - ended
+        self.counts["judged_rank_steps"] += getattr(det, "judged_rank_steps", 0) - judged
         self.counts["late_samples"] += getattr(det, "late_samples", 0) - late
         self.counts["detector_errors"] += getattr(det, "errors", 0) - errors
         return self._dedupe(incidents)

@@ -34,3 +34,13 @@ def test_summary_line_reports_rates_latency_lag_and_dead_letters():
     assert line is not None
     assert "failslow.gpu=0/s, failslow.steps=0/s" in line
     assert "processing latency > 30 s / > 30 s" in line
+
+
+def test_judged_rank_steps_metric_is_exposed():
+    from prometheus_client import generate_latest
+
+    m = Metrics()
+    m.judged.inc(48)
+    text = generate_latest(m.registry).decode()
+    assert "# TYPE failslow_stream_judged_rank_steps_total counter" in text
+    assert "failslow_stream_judged_rank_steps_total 48.0" in text

@@ -234,3 +234,34 @@ def test_one_step_stamped_a_day_ahead_does_not_drop_the_rank_s_next_steps():
     got = run(messages(events), part)
     assert part.counts["duplicates"] == 0
     assert any(i["fault"] == "slow_rank" and i["rank"] == culprit for i in got)
+
+
+def test_each_event_is_counted_once():
+    """counts["events"]: every valid event ``ingest`` takes, once (issue 16: the ordering
+    counted it again), events a new job's probation holds included."""
+    events = trace()
+    msgs = interleave(messages(events), seed=3)
+    part = JobPartition(0)
+    run(msgs, part)
+    assert part.counts["events"] == len(events) == sum(map(len, msgs))
+
+
+def test_judged_rank_steps_counts_one_per_rank_of_each_judged_step():
+    """N ranks x S steps, all judged (the job ends: its last steps are judged too) ->
+    counts["judged_rank_steps"] == N x S, the value failslow_stream_judged_rank_steps_total
+    adds."""
+    n_ranks, n_steps, t0 = 4, 12, 1_767_225_600.0
+    events = [{"v": 1, "kind": "step", "ts": t0 + s + 0.01 * r, "job_id": "j", "rank": r,
+               "world_size": n_ranks, "host": f"h{r // 2}", "step": s, "duration_s": 1.0,
+               "gpu": r % 2}
+              for s in range(n_steps) for r in range(n_ranks)]
+    # two device samples later in event time: the Detector's clock moves past the job's
+    # --job-idle and the job ends, judging the steps it still held
+    last = t0 + n_steps
+    events += [{"v": 1, "kind": "host", "ts": last + dt, "host": "h0", "cpu_util_pct": 10.0}
+               for dt in (20.0, 40.0)]
+    part = JobPartition(0, detector_factory=lambda: Detector(job_idle_s=30.0))
+    run(messages(events), part)
+    assert part.counts["jobs_ended"] == 1
+    assert part.counts["judged_rank_steps"] == n_ranks * n_steps
+    assert part.detector.judged_rank_steps == n_ranks * n_steps
