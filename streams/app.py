@@ -36,7 +36,7 @@ from typing import Any
 
 import faust
 import orjson
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
@@ -138,12 +138,16 @@ def ensure_internal_topics(cfg: WorkerConfig) -> int:
     """Create the internal topics with as many partitions as the incidents topic, with
     their retention (``internal_topic_configs``; a topic that exists is left as it is);
     return N."""
+    from streams import StreamsError
+
     admin = AdminClient(client_conf(cfg.bootstrap))
-    meta = admin.list_topics(timeout=10)
+    try:
+        meta = admin.list_topics(timeout=10)
+    except KafkaException as exc:  # no broker: one line, not a traceback
+        raise StreamsError(f"broker {cfg.bootstrap} unreachable ({exc.args[0].str()}): is it "
+                           "running? (`failslow status` checks)") from None
     incidents = meta.topics.get(cfg.topics.for_kind("incident"))
     if incidents is None or not incidents.partitions:
-        from streams import StreamsError
-
         raise StreamsError(f"topic {cfg.topics.for_kind('incident')} does not exist on "
                            f"{cfg.bootstrap} (run `failslow up` or create the topics)")
     n = len(incidents.partitions)
