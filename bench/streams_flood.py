@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import uuid
 from pathlib import Path
 
-from streams_memory import rss_bytes  # noqa: I001 - bench/ is on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from flood_support import hostile_events  # noqa: E402, I001 - tests/ put on sys.path
+from streams_memory import rss_bytes  # noqa: E402 - bench/ is on sys.path
 from streams_throughput import processed, publish_sliced
 
 from collectors.publisher import Publisher
@@ -43,20 +47,7 @@ UNCAPPED = ["--max-jobs", "100000000", "--max-hosts", "100000000", "--max-ranks-
 
 
 def flood_events(t0: float, t1: float, n: int) -> list[dict]:
-    out: list[dict] = []
-    for u in range(n):
-        ts = t0 + (t1 - t0) * u / n
-        step = {"v": 1, "kind": "step", "ts": ts, "rank": 0, "world_size": 1, "host": "fh0",
-                "step": u, "duration_s": 1.0}
-        out.append({**step, "job_id": f"flood-{u}"})
-        out.append({**step, "job_id": "hostile", "rank": u, "world_size": 1 << 24,
-                    "host": f"fh{u}"})
-        out.append({"v": 1, "kind": "collective", "ts": ts, "job_id": "hostile", "rank": 0,
-                    "host": "fh0", "group": f"g{u}", "group_size": 2, "op": "allreduce",
-                    "seq": u, "start_ts": ts - 0.01, "duration_s": 0.01, "bytes": 8})
-        out.append({"v": 1, "kind": "gpu", "ts": ts, "host": f"flood-host-{u}", "gpu": 0,
-                    "uuid": f"GPU-{u}"})
-    return out
+    return [e for u in range(n) for e in hostile_events(t0 + (t1 - t0) * u / n, u, 1 << 24)]
 
 
 def metric(port: int, name: str) -> float:

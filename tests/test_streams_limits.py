@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import pickle
 
+from flood_support import hostile_events
 from test_streams_partition import canon, messages, run, trace
 
 from streams.limits import InputLimits
@@ -19,20 +20,7 @@ CAPS = {"max_jobs": 4, "max_hosts": 8, "max_ranks_per_job": 32, "max_groups_per_
 def flood(ts: float, i: int, n: int) -> list[dict]:
     """``n`` events of each hostile kind around ``ts``: a new job per step event, a new
     host per gpu sample, and one job that invents ranks, hosts and groups."""
-    out: list[dict] = []
-    for k in range(n):
-        u = i * n + k
-        step = {"v": 1, "kind": "step", "ts": ts, "rank": 0, "world_size": 1, "host": "fh0",
-                "step": u, "duration_s": 1.0}
-        out.append({**step, "job_id": f"flood-{u}"})
-        out.append({**step, "job_id": "hostile", "rank": u, "world_size": 1 << 20,
-                    "host": f"fh{u}"})
-        out.append({"v": 1, "kind": "collective", "ts": ts, "job_id": "hostile", "rank": 0,
-                    "host": "fh0", "group": f"g{u}", "group_size": 2, "op": "allreduce",
-                    "seq": u, "start_ts": ts - 0.01, "duration_s": 0.01, "bytes": 8})
-        out.append({"v": 1, "kind": "gpu", "ts": ts, "host": f"flood-host-{u}", "gpu": 0,
-                    "uuid": f"GPU-{u}"})
-    return out
+    return [e for k in range(n) for e in hostile_events(ts, i * n + k)]
 
 
 def with_flood(msgs: list[list[dict]], per_msg: int) -> list[list[dict]]:
