@@ -140,7 +140,9 @@ def ensure_internal_topics(cfg: WorkerConfig) -> int:
     return N."""
     from streams import StreamsError
 
-    admin = AdminClient(client_conf(cfg.bootstrap))
+    # librdkafka's own lines go through logging (quiet), never straight to stderr after
+    # the one-line error below
+    admin = AdminClient(client_conf(cfg.bootstrap, {"logger": quiet.RDKAFKA_LOG}))
     try:
         meta = admin.list_topics(timeout=10)
     except KafkaException as exc:  # no broker: one line, not a traceback
