@@ -61,6 +61,8 @@ def run_one(name: str, seed: int, grain: str = "comm") -> dict:
     det = Detector()
     incidents: list[dict] = []
     step_end: dict[tuple[str, int], float] = {}
+    # (job, step) -> rank -> start of the rank's step (its first op of the step)
+    step_start: dict[tuple[str, int], dict[int, float]] = defaultdict(dict)
     n = 0
     t0 = time.perf_counter()
     for chunk in trace.batches():
@@ -70,6 +72,7 @@ def run_one(name: str, seed: int, grain: str = "comm") -> dict:
                 k = (ev["job_id"], ev["step"])
                 if ev["ts"] > step_end.get(k, 0.0):
                     step_end[k] = ev["ts"]
+                step_start[k][ev["rank"]] = ev["ts"] - ev["duration_s"]
         incidents.extend(det.process_batch(chunk))
     incidents.extend(det.flush())
     elapsed = time.perf_counter() - t0
@@ -101,9 +104,16 @@ def run_one(name: str, seed: int, grain: str = "comm") -> dict:
                                                / step_s[f["job_id"]], 2)
             page = next((e["ts"] for e in incidents if e["incident_id"] == inc["incident_id"]
                          and e["severity"] != "info"), None)
+            first_op = _first_slowed_op(f, step_start)
+            res["step_s"] = step_s[f["job_id"]]
+            res["from_first_step"] = f["onset_step"] == 0
+            if first_op is not None:
+                res["detect_s"] = round(inc["detected_ts"] - first_op, 3)
             if page is not None:
                 res["page_latency_steps"] = sum(1 for (j, _), ts in step_end.items()
                                                 if j == f["job_id"] and f["onset_ts"] < ts <= page)
+                if first_op is not None:
+                    res["page_s"] = round(page - first_op, 3)
         results.append(res)
     false = [i for iid, i in first.items() if iid not in used and i["severity"] != "info"]
     return {"scenario": name, "seed": seed, "events": n, "seconds": round(elapsed, 3),
@@ -112,6 +122,20 @@ def run_one(name: str, seed: int, grain: str = "comm") -> dict:
                                  "root_cause": last[i["incident_id"]].get("root_cause")}
                                 for i in false],
             "info_incidents": sum(1 for i in first.values() if i["severity"] == "info")}
+
+
+def _first_slowed_op(f: dict, step_start: dict[tuple[str, int], dict[int, float]]
+                     ) -> float | None:
+    """Event time of the culprit's first slowed op: the start of its first step under the
+    fault (the simulator applies a fault from the first step that starts after its onset);
+    for a host or a link, the earliest rank's."""
+    k = f.get("onset_step")
+    starts = step_start.get((f["job_id"], k)) if k is not None else None
+    if not starts:
+        return None
+    if f["rank"] is not None and f["rank"] in starts:
+        return starts[f["rank"]]
+    return min(starts.values())
 
 
 def pct(a: int, b: int) -> str:
@@ -155,6 +179,43 @@ def summarize(runs: list[dict]) -> dict:
     return table
 
 
+def _q(xs: list[float], q: float) -> float | None:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 2) if xs else None
+
+
+def seconds_table(runs: list[dict]) -> dict:
+    """Event-time latency from the culprit's first slowed op, by the job's step time: to
+    the first incident event (detect) and to the first page (warning or critical);
+    faults present from the job's first step separately, against their bar (paged
+    within 5 steps or 10 s, whichever is longer)."""
+    bands: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        for f in r["faults"]:
+            if "step_s" not in f:
+                continue
+            if f["from_first_step"]:
+                bands["first_step"].append(f)
+            elif f["step_s"] >= 2.0:
+                bands["steps>=2s"].append(f)
+            else:
+                bands["steps<2s"].append(f)
+    out = {}
+    for band, fs in sorted(bands.items()):
+        det = [f["detect_s"] for f in fs if "detect_s" in f]
+        page = [f["page_s"] for f in fs if "page_s" in f]
+        row = {"faults": len(fs), "detect_p50_s": _q(det, 0.5), "detect_p95_s": _q(det, 0.95),
+               "paged": len(page), "page_p50_s": _q(page, 0.5), "page_p95_s": _q(page, 0.95),
+               "page_p50_steps": _q([f["page_s"] / f["step_s"] for f in fs if "page_s" in f], 0.5),
+               "page_p95_steps": _q([f["page_s"] / f["step_s"] for f in fs if "page_s" in f],
+                                    0.95)}
+        if band == "first_step":
+            row["paged_in_bar"] = sum(1 for f in fs if "page_s" in f
+                                      and f["page_s"] <= max(5 * f["step_s"], 10.0))
+        out[band] = row
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
@@ -193,12 +254,20 @@ def main() -> int:
     print(f"\nbenign runs: {b['runs']}, incidents above info: {b['false_incidents']}, "
           f"info incidents: {b['info_incidents']}; false incidents in all runs: "
           f"{table['_all_false']}")
+    secs = seconds_table(runs)
+    print("\nlatency from the culprit's first slowed op (event time, seconds):")
+    for band, t in secs.items():
+        extra = f"  paged within max(5 steps, 10 s): {t['paged_in_bar']}/{t['faults']}" \
+            if "paged_in_bar" in t else ""
+        print(f"  {band:10s} faults {t['faults']:3d}  detect p50 {t['detect_p50_s']} "
+              f"p95 {t['detect_p95_s']}  page p50 {t['page_p50_s']} p95 {t['page_p95_s']} "
+              f"({t['page_p50_steps']} / {t['page_p95_steps']} steps){extra}")
     print(f"grain: {args.grain}")
     suffix = "" if args.grain == "comm" else f"_{args.grain}"
     out = ROOT / "bench" / "results" / f"detect_quality{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps({"seeds": args.seeds, "grain": args.grain, "table": table,
-                                  "runs": runs},
+                                  "seconds": secs, "runs": runs},
                                  option=orjson.OPT_INDENT_2))
     print(f"wrote {out.relative_to(ROOT)}")
     return 0

@@ -8,6 +8,7 @@ default 1 s steps, step N starts near N seconds (warm-up steps are longer).
 
 from __future__ import annotations
 
+from simulator.scenarios_long import LONG_STEPS
 from simulator.spec import FaultSpec as F
 from simulator.spec import JobSpec, Scenario
 
@@ -93,4 +94,5 @@ _ALL = [
                                  F("slow_link", 20, None, 0.5, rank=1030, peer_rank=1542))),
 ]
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ALL}
+# Long steps (2-30 s), faults from the first step, short stalls: simulator/scenarios_long.py
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (*_ALL, *LONG_STEPS)}
