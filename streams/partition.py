@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from streams.detector import COUNTERS, StreamDetector
 from streams.limits import InputLimits
 from streams.ordering import SOURCE, EventOrder
 
@@ -67,13 +68,13 @@ def _digest(ev: dict) -> str:
                            digest_size=8).hexdigest()
 
 
-def _default_detector_factory() -> Any:
+def _default_detector_factory() -> StreamDetector:
     from models.pipeline import Detector
 
     return Detector()
 
 
-def _default_detector_restore(state: Any) -> Any:
+def _default_detector_restore(state: Any) -> StreamDetector:
     from models.pipeline import Detector
 
     return Detector.from_state(state)
@@ -84,15 +85,15 @@ class JobPartition:
     ``idle_s``, ``expect_s`` and ``jitter_s``: see ``EventOrder``."""
 
     def __init__(self, partition: int, lateness: float = 10.0, idle_s: float = 2.0,
-                 detector_factory: Callable[[], Any] = _default_detector_factory,
-                 detector_restore: Callable[[Any], Any] = _default_detector_restore,
+                 detector_factory: Callable[[], StreamDetector] = _default_detector_factory,
+                 detector_restore: Callable[[Any], StreamDetector] = _default_detector_restore,
                  expect_s: float | None = None, jitter_s: float = 0.3,
                  limits: InputLimits | None = None) -> None:
         self.partition = partition
         self.limits = limits or InputLimits(partition=partition)
         self.lateness = lateness
         self._restore_detector = detector_restore
-        self.detector = detector_factory()
+        self.detector: StreamDetector = detector_factory()
         # "events": valid events taken by ``ingest`` (counted there, once, capped ones
         # included); "judged_rank_steps": ranks' steps the Detector judged
         self.counts = {"events": 0, "late": 0, "duplicates": 0, "late_samples": 0,
@@ -190,14 +191,11 @@ class JobPartition:
         if not fresh:
             return []
         det = self.detector
-        late, errors = getattr(det, "late_samples", 0), getattr(det, "errors", 0)
-        ended = getattr(det, "jobs_ended", 0)
-        judged = getattr(det, "judged_rank_steps", 0)
+        before = [getattr(det, attr, 0) for attr, _ in COUNTERS]
         incidents = det.process_batch(fresh)
-        self.counts["jobs_ended"] += getattr(det, "jobs_ended", 0) - ended
-        self.counts["judged_rank_steps"] += getattr(det, "judged_rank_steps", 0) - judged
-        self.counts["late_samples"] += getattr(det, "late_samples", 0) - late
-        self.counts["detector_errors"] += getattr(det, "errors", 0) - errors
+        counts = self.counts
+        for (attr, name), was in zip(COUNTERS, before, strict=True):
+            counts[name] += getattr(det, attr, 0) - was
         return self._dedupe(incidents)
 
     def _dedupe(self, incidents: list[dict]) -> list[dict]:

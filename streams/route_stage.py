@@ -1,0 +1,139 @@
+"""The route stage: every input topic -> the job topic's partition(s) of each message.
+
+Step and collective/comm messages carry the job in their key and go on to the job's
+home partition as raw bytes (no decode: the cost is per message, not per event), many
+input messages packed into one internal message (``routing.pack``). Telemetry, keyed by
+host, goes to the home partitions of the jobs on that host (``HostMap``: learned from the
+step messages routed here and from the job stage's announcements, which
+``HostMapReader`` reads); telemetry of a host not known yet goes to every partition, so
+no partition sees a job's early telemetry late.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from schema import decode_lenient
+from schema.kafka_security import client_conf
+from streams import quiet
+from streams.config import WorkerConfig
+from streams.metrics import Metrics
+from streams.outputs import Outputs
+from streams.routing import PART_MAX_BYTES, HostMap, home_partition, job_of_key, split_value
+
+
+class HostMapReader(threading.Thread):
+    """Reads every partition of the host-map topic from the start, for as long as it runs."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, hostmap: HostMap) -> None:
+        super().__init__(name="failslow-hostmap", daemon=True)
+        self._consumer = Consumer(client_conf(bootstrap, {
+            "group.id": f"failslow-hostmap-{os.getpid()}-{id(self)}",
+            "enable.auto.commit": False, "fetch.wait.max.ms": 50,
+            "logger": quiet.RDKAFKA_LOG}))
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.hostmap = hostmap
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for m in self._consumer.consume(num_messages=500, timeout=0.1):
+                    value = m.value()
+                    if m.error() is None and value:
+                        entry = orjson.loads(value)
+                        self.hostmap.add(entry["host"], entry["partition"], time.time())
+        finally:
+            self._consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def job_from_value(value: bytes | None) -> str | None:
+    """The first ``job_id`` in a message's value (a message whose key does not name it)."""
+    events, _ = decode_lenient(value or b"")
+    return next((e["job_id"] for e in events if isinstance(e.get("job_id"), str)), None)
+
+
+class RouteStage:
+    """Routes batches of input messages (``route_batch``) for the ``route`` agent."""
+
+    def __init__(self, cfg: WorkerConfig, partitions: int, out: Outputs, metrics: Metrics,
+                 hostmap: HostMap) -> None:
+        self.partitions = partitions
+        self.out = out
+        self.metrics = metrics
+        self.hostmap = hostmap
+        self.src_kind = cfg.source_kinds()
+        self.steps_topic = cfg.topics.for_kind("step")
+
+    async def route_batch(self, messages: list[Any], now: float) -> None:
+        """Route one batch of Kafka messages and send the packs on."""
+        packs: dict[int, list[tuple]] = {}
+        for msg in messages:  # first the steps: they tell where the telemetry goes
+            if self.steps_topic == msg.topic and msg.key:
+                self.learn_hosts(msg.value, home_partition(msg.key.decode("utf-8", "replace"),
+                                                           self.partitions), now)
+        for msg in messages:
+            self.metrics.seen(msg.topic, msg.timestamp, now)
+            await self.route_one(msg, now, packs)
+        await self.out.forward(packs)
+
+    def learn_hosts(self, value: bytes | None, home: int, now: float) -> None:
+        """The hosts of the step events this worker routes run a job homed at ``home``: map
+        them at once, without waiting for the job stage's announcement to come back
+        through the broker. While a backlog is read, the announcement trails the
+        telemetry by many seconds, and until then every partition decodes and holds a
+        copy of every sample. (Invalid records are the job stage's to report; a step
+        message without a key is left to the announcement.)"""
+        try:
+            items = orjson.loads(value or b"")
+        except orjson.JSONDecodeError:
+            return
+        for ev in items if type(items) is list else (items,):
+            host = ev.get("host") if type(ev) is dict else None
+            if type(host) is str:
+                self.hostmap.add(host, home, now)
+
+    async def route_one(self, msg: Any, now: float, packs: dict[int, list[tuple]]) -> None:
+        """Add ``msg`` to the packs of its home partition(s); only one copy of a message
+        that goes to several partitions reports its bad records to the dead-letter topic."""
+        kind = self.src_kind[msg.topic]
+        key = (msg.key or b"").decode("utf-8", errors="replace")
+        ts0 = float(msg.timestamp or 0.0)
+        values = split_value(msg.value or b"")
+        if values is None:
+            await self.out.dead_letter(f"message of {len(msg.value)} bytes is larger than "
+                                       f"{PART_MAX_BYTES} and is not an array that can be split",
+                                       msg.topic, msg.key, msg.value)
+            return
+        if kind in ("step", "collective"):
+            # the collectives topic carries comm (keyed job_id) and collective (job_id/group)
+            job = (job_of_key(key, msg.value or b"") if kind == "collective" else key) or None
+            job = job or job_from_value(msg.value)
+            if job is None:
+                await self.out.dead_letter("no job_id in the key or the value", msg.topic,
+                                           msg.key, msg.value)
+                return
+            packs.setdefault(home_partition(job, self.partitions), []).extend(
+                (msg.topic, ts0, True, msg.key, v) for v in values)
+            return
+        if not key:
+            events, errors = decode_lenient(msg.value or b"")
+            key = events[0]["host"] if events else ""
+            if not key:
+                await self.out.dead_letter("; ".join(errors) or "no host", msg.topic, msg.key,
+                                           msg.value)
+                return
+        homes = self.hostmap.partitions(key, now)
+        if not homes:
+            self.metrics.unmapped.inc()
+        for n, p in enumerate(homes or range(self.partitions)):
+            packs.setdefault(p, []).extend((msg.topic, ts0, n == 0, msg.key, v) for v in values)
