@@ -253,6 +253,96 @@ GROUP BY day, job_id"""
 _COMM_STEP_KEY = ("ALTER TABLE {db}.comm ADD COLUMN IF NOT EXISTS step_key Int64, "
                   "MODIFY ORDER BY (job_id, `group`, rank, ts, op, ifNull(peer, -1), step_key)")
 
+# Migration 9: what `failslow query --preset` reads (storage/presets.py), so a preset over
+# hours of a large cluster reads minutes, not samples (issue 19).
+# - steps.own_s: a rank's own work in a step (compute + input wait when reported, else
+#   the step less the time blocked in collectives), computed once at insert: the step
+#   presets read one Float64 instead of four Nullable columns and an expression per row.
+# - gpu_clocks_1m / nic_1m: per-minute rollups, filled by a materialized view on insert
+#   and, once, from the rows already there. Every column is a sum, min, max, any or an
+#   argMin/argMax state, so a range of whole minutes re-aggregated from them equals the
+#   same range over the raw rows; a preset reads the whole minutes here and the partial
+#   minutes at the edges of its range from the raw table.
+# The one-time backfill takes the raw rows that arrived before the view existed (ingest_ts
+# before the view's creation second) and only while the rollup holds none of them, so
+# running the migration again adds nothing twice; rows that arrive during the very second
+# the view is created may miss the rollup (run `failslow migrate` with the sink stopped
+# to be exact).
+OWN_S = "ifNull(compute_s + ifNull(data_s, 0.), duration_s - ifNull(comm_s, 0.))"
+_STEPS_OWN = (f"ALTER TABLE {{db}}.steps ADD COLUMN IF NOT EXISTS own_s Float64 "
+              f"MATERIALIZED {OWN_S} AFTER data_s")
+# Older parts compute own_s on read until this (an asynchronous mutation on a server).
+_STEPS_OWN_FILL = "ALTER TABLE {db}.steps MATERIALIZE COLUMN own_s"
+
+# PFC pause (tx + rx), CNP (sent + handled), ECN marks and bytes (tx + rx) of a NIC port.
+NIC_COUNTERS = ("tuple(ifNull(tx_pause_total, 0) + ifNull(rx_pause_total, 0), "
+                "ifNull(cnp_sent_total, 0) + ifNull(cnp_handled_total, 0), "
+                "ifNull(ecn_marked_total, 0), tx_bytes_total + rx_bytes_total)")
+
+_GPU_CLOCKS_1M = """CREATE TABLE IF NOT EXISTS {db}.gpu_clocks_1m (
+    minute DateTime64(0, 'UTC'), host LowCardinality(String), gpu Int32,
+    clock_mhz Float64, reason_bits Int64,
+    job_id SimpleAggregateFunction(any, LowCardinality(Nullable(String))),
+    rank SimpleAggregateFunction(any, Nullable(Int32)),
+    samples SimpleAggregateFunction(sum, UInt64),
+    max_sm_clock_mhz SimpleAggregateFunction(max, Nullable(Float64)),
+    temp_c_max SimpleAggregateFunction(max, Nullable(Float64)),
+    power_w_sum SimpleAggregateFunction(sum, Float64),
+    power_w_samples SimpleAggregateFunction(sum, UInt64),
+    ingest_ts SimpleAggregateFunction(max, DateTime64(0, 'UTC'))
+) ENGINE = AggregatingMergeTree ORDER BY (minute, host, gpu, clock_mhz, reason_bits)
+TTL ingest_ts + INTERVAL {rollup_ttl_days} DAY"""
+
+_NIC_1M = """CREATE TABLE IF NOT EXISTS {db}.nic_1m (
+    minute DateTime64(0, 'UTC'), host LowCardinality(String), nic LowCardinality(String),
+    port Int32, samples SimpleAggregateFunction(sum, UInt64),
+    first_ts SimpleAggregateFunction(min, DateTime64(3, 'UTC')),
+    last_ts SimpleAggregateFunction(max, DateTime64(3, 'UTC')),
+    first_counters AggregateFunction(argMin, Tuple(Int64, Int64, Int64, Int64),
+                                     DateTime64(3, 'UTC')),
+    last_counters AggregateFunction(argMax, Tuple(Int64, Int64, Int64, Int64),
+                                    DateTime64(3, 'UTC')),
+    speed_gbps SimpleAggregateFunction(max, Nullable(Float64)),
+    ingest_ts SimpleAggregateFunction(max, DateTime64(0, 'UTC'))
+) ENGINE = AggregatingMergeTree ORDER BY (minute, host, nic, port)
+TTL ingest_ts + INTERVAL {rollup_ttl_days} DAY"""
+
+# (rollup, raw table, its columns and aggregates per minute, row filter, group keys)
+_ROLLUPS = [
+    ("gpu_clocks_1m", "gpu",
+     "host, gpu, assumeNotNull(sm_clock_mhz) AS clock_mhz, "
+     "ifNull(clocks_event_reasons, 0) AS reason_bits, any(job_id) AS job_id, "
+     "any(rank) AS rank, count() AS samples, max(max_sm_clock_mhz) AS max_sm_clock_mhz, "
+     "max(temp_c) AS temp_c_max, sum(ifNull(power_w, 0.)) AS power_w_sum, "
+     "count(power_w) AS power_w_samples",
+     "sm_clock_mhz IS NOT NULL", "minute, host, gpu, clock_mhz, reason_bits"),
+    ("nic_1m", "nic",
+     "host, nic, port, count() AS samples, min(ts) AS first_ts, max(ts) AS last_ts, "
+     f"argMinState({NIC_COUNTERS}, ts) AS first_counters, "
+     f"argMaxState({NIC_COUNTERS}, ts) AS last_counters, max(speed_gbps) AS speed_gbps",
+     "", "minute, host, nic, port"),
+]
+
+
+def _rollup_sql(rollup: str, raw: str, columns: str, where: str, keys: str) -> list[str]:
+    """The materialized view that fills ``rollup`` from ``raw`` on insert, then the
+    one-time backfill from the rows already in ``raw`` (see above)."""
+    select = (f"SELECT toStartOfMinute(ts) AS minute, {columns}, {{ingest}} AS ingest_ts "
+              f"FROM {{source}}{f' WHERE {where}' if where else ''} GROUP BY {keys}")
+    cutoff = ("(SELECT max(metadata_modification_time) FROM system.tables "
+              f"WHERE database = '{{db}}' AND name = '{rollup}_mv')")
+    before = (f"(SELECT * FROM {{db}}.{raw} WHERE ingest_ts < {cutoff} AND (SELECT count() "
+              f"FROM {{db}}.{rollup} WHERE ingest_ts < {cutoff}) = 0)")
+    view = (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.{rollup}_mv TO {{db}}.{rollup} AS "
+            + select.format(ingest="max(now64(0))", source=f"{{db}}.{raw}"))
+    backfill = f"INSERT INTO {{db}}.{rollup} " + select.format(ingest="max(ingest_ts)",
+                                                               source=before)
+    return [view, backfill]
+
+
+_PRESET_ROLLUPS = [_STEPS_OWN, _STEPS_OWN_FILL, _GPU_CLOCKS_1M, _NIC_1M,
+                   *(sql for spec in _ROLLUPS for sql in _rollup_sql(*spec))]
+
 _SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
     version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree ORDER BY version"""
@@ -272,6 +362,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (7, "incidents_current.gpu_hours_lost and gpu_hours_lost_daily",
      [_INCIDENTS_CURRENT_COST, _GPU_HOURS_DAILY]),
     (8, "comm: the step in the sort key", [_COMM_STEP_KEY]),
+    (9, "steps.own_s, gpu_clocks_1m and nic_1m (for the query presets)", _PRESET_ROLLUPS),
 ]
 
 

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from storage.errors import QueryError
+from storage.migrations import NIC_COUNTERS
 
 # Parameter kinds: how the text is checked and converted, and the ClickHouse type.
 KINDS = {"str": "String", "count": "UInt32", "int": "Int32", "num": "Float64",
@@ -134,9 +135,21 @@ _UNTIL = Param("until", "time", "end of the time range", "now")
 _LIMIT = Param("limit", "count", "rows at most", "20")
 _RANGE = ("ts >= toDateTime64({since:Float64}, 3, 'UTC') "
           "AND ts < toDateTime64({until:Float64}, 3, 'UTC')")
-# A rank's own work in a step: compute + input wait when reported, else the step less
-# the time blocked in collectives (everyone's step time is the slowest member's).
-_OWN = "ifNull(compute_s + ifNull(data_s, 0.), duration_s - ifNull(comm_s, 0.))"
+# A rank's own work in a step is steps.own_s (storage.migrations.OWN_S: compute + input
+# wait when reported, else the step less the time blocked in collectives; everyone's step
+# time is the slowest member's), computed at insert.
+
+# Long ranges of GPU and NIC samples read the per-minute rollups (gpu_clocks_1m, nic_1m,
+# storage/migrations.py) for the whole minutes of the range and the raw rows only for
+# the partial minutes at its two edges: the same answer as the raw rows alone, from a
+# few rows per device and minute. A range with no partial minute skips the raw table
+# (a constant false condition reads no part).
+_M0 = "ceil({since:Float64} / 60) * 60"
+_M1 = "greatest(ceil({since:Float64} / 60), floor({until:Float64} / 60)) * 60"
+_WHOLE = (f"minute >= toDateTime64({_M0}, 3, 'UTC') "
+          f"AND minute < toDateTime64({_M1}, 3, 'UTC')")
+_EDGES = (f"{_RANGE} AND ({{since:Float64}} < {_M0} OR {{until:Float64}} > {_M1}) "
+          f"AND NOT (ts >= toDateTime64({_M0}, 3, 'UTC') AND ts < toDateTime64({_M1}, 3, 'UTC'))")
 
 # vs_job: against the median rank (a window over the per-rank rows: one scan, not two).
 # Step time is shared by every rank of a synchronous job: its mean is enough here.
@@ -146,7 +159,7 @@ SELECT rank, host, steps, own_s_median,
        step_s_mean, step_s_max
 FROM (
     SELECT rank, any(host) AS host, count() AS steps,
-           round(median({_OWN}), 4) AS own_s_median, round(avg(duration_s), 4) AS step_s_mean,
+           round(median(own_s), 4) AS own_s_median, round(avg(duration_s), 4) AS step_s_mean,
            round(max(duration_s), 4) AS step_s_max
     FROM steps
     WHERE job_id = {{job:String}} AND {_RANGE}
@@ -157,8 +170,8 @@ LIMIT {{limit:UInt32}}"""
 
 _RANK_VS_PEERS = f"""
 SELECT step, max(ts) AS step_end_ts,
-       round(anyIf({_OWN}, rank = {{rank:Int32}}), 4) AS rank_own_s,
-       round(medianIf({_OWN}, rank != {{rank:Int32}}), 4) AS peers_own_s_median,
+       round(anyIf(own_s, rank = {{rank:Int32}}), 4) AS rank_own_s,
+       round(medianIf(own_s, rank != {{rank:Int32}}), 4) AS peers_own_s_median,
        round(rank_own_s / nullIf(peers_own_s_median, 0), 3) AS ratio,
        round(anyIf(duration_s, rank = {{rank:Int32}}), 4) AS step_s,
        countIf(rank != {{rank:Int32}}) AS peers
@@ -191,9 +204,10 @@ _REASONS = [(0x20, "sw_thermal"), (0x40, "hw_thermal"), (0x04, "sw_power_cap"),
 _DECODE = "arrayFilter(x -> x != '', [" + ", ".join(
     f"if(bitAnd(bits, {bit}) != 0, '{name}', '')" for bit, name in _REASONS) + "])"
 
-# One pass over the samples, grouped by (GPU, clock, reasons) first: SM clocks take a few
-# discrete values, so the reference (max_sm_clock_mhz, else the GPU's highest clock in the
-# range) is a window over those few rows, not over every sample.
+# Samples grouped by (GPU, clock, reasons) first (whole minutes from gpu_clocks_1m, the
+# edges from gpu): SM clocks take a few discrete values, so the reference
+# (max_sm_clock_mhz, else the GPU's highest clock in the range) is a window over those
+# few rows, not over every sample.
 _LOW = "clk < (1 - {min_drop_pct:Float64} / 100.) * ref_mhz"
 _GPU_CLOCK_DROPS = f"""
 SELECT host, gpu, gpu_job AS job_id, gpu_rank AS rank, samples, low_samples,
@@ -212,12 +226,25 @@ FROM (
     FROM (
         SELECT *, ifNull(ref, max(clk) OVER (PARTITION BY host, gpu)) AS ref_mhz
         FROM (
-            SELECT host, gpu, sm_clock_mhz AS clk, ifNull(clocks_event_reasons, 0) AS reason_bits,
-                   any(job_id) AS job, any(rank) AS rnk,
-                   count() AS n, max(max_sm_clock_mhz) AS ref, max(temp_c) AS temp_max,
-                   sum(ifNull(power_w, 0.)) AS power_sum, count(power_w) AS power_n
-            FROM gpu
-            WHERE {_RANGE} AND sm_clock_mhz IS NOT NULL
+            SELECT host, gpu, clk, reason_bits, any(job) AS job, any(rnk) AS rnk, sum(n) AS n,
+                   max(ref) AS ref, max(temp_max) AS temp_max, sum(power_sum) AS power_sum,
+                   sum(power_n) AS power_n
+            FROM (
+                SELECT host, gpu, clock_mhz AS clk, reason_bits, job_id AS job, rank AS rnk,
+                       samples AS n, max_sm_clock_mhz AS ref, temp_c_max AS temp_max,
+                       power_w_sum AS power_sum, power_w_samples AS power_n
+                FROM gpu_clocks_1m
+                WHERE {_WHOLE}
+                UNION ALL
+                SELECT host, gpu, assumeNotNull(sm_clock_mhz) AS clk,
+                       ifNull(clocks_event_reasons, 0) AS reason_bits, any(job_id) AS job,
+                       any(rank) AS rnk, count() AS n, max(max_sm_clock_mhz) AS ref,
+                       max(temp_c) AS temp_max, sum(ifNull(power_w, 0.)) AS power_sum,
+                       count(power_w) AS power_n
+                FROM gpu
+                WHERE {_EDGES} AND sm_clock_mhz IS NOT NULL
+                GROUP BY host, gpu, clk, reason_bits
+            )
             GROUP BY host, gpu, clk, reason_bits
         )
     )
@@ -228,15 +255,11 @@ ORDER BY low_samples DESC, drop_pct DESC, host, gpu
 LIMIT {{limit:UInt32}}"""
 
 
-# Counters summed per port (tx + rx pause, sent + handled CNP), then what each grew over
-# the range in one pass with no sort: the last sample's values less the first's (one
-# argMin and one argMax of a tuple). A counter that was reset in the range (a decrease)
+# Counters summed per port (tx + rx pause, sent + handled CNP: storage.migrations.
+# NIC_COUNTERS), then what each grew over the range with no sort: the last sample's
+# values less the first's (argMin / argMax of the tuple, merged from nic_1m's whole
+# minutes and the edges' raw rows). A counter that was reset in the range (a decrease)
 # counts from the reset only: undercounted, never negative.
-_COUNTERS = ("ifNull(tx_pause_total, 0) + ifNull(rx_pause_total, 0)",
-             "ifNull(cnp_sent_total, 0) + ifNull(cnp_handled_total, 0)",
-             "ifNull(ecn_marked_total, 0)", "tx_bytes_total + rx_bytes_total")
-
-
 def _grown(i: int) -> str:
     first, last = f"first_.{i}", f"last_.{i}"
     return f"if({last} >= {first}, {last} - {first}, {last})"
@@ -248,12 +271,23 @@ SELECT host, nic, port, samples, seconds,
        round({_grown(3)} / seconds, 1) AS ecn_per_s,
        round(8 * {_grown(4)} / seconds / 1e9, 3) AS gbps, speed_gbps
 FROM (
-    SELECT host, nic, port, count() AS samples,
-           greatest(dateDiff('millisecond', min(ts), max(ts)) / 1000., 1e-3) AS seconds,
-           argMin(tuple({", ".join(_COUNTERS)}), ts) AS first_,
-           argMax(tuple({", ".join(_COUNTERS)}), ts) AS last_, max(speed_gbps) AS speed_gbps
-    FROM nic
-    WHERE {_RANGE}
+    SELECT host, nic, port, sum(n) AS samples,
+           greatest(dateDiff('millisecond', min(t0), max(t1)) / 1000., 1e-3) AS seconds,
+           argMinMerge(first_c) AS first_, argMaxMerge(last_c) AS last_,
+           max(speed) AS speed_gbps
+    FROM (
+        SELECT host, nic, port, samples AS n, first_ts AS t0, last_ts AS t1,
+               first_counters AS first_c, last_counters AS last_c, speed_gbps AS speed
+        FROM nic_1m
+        WHERE {_WHOLE}
+        UNION ALL
+        SELECT host, nic, port, count() AS n, min(ts) AS t0, max(ts) AS t1,
+               argMinState({NIC_COUNTERS}, ts) AS first_c,
+               argMaxState({NIC_COUNTERS}, ts) AS last_c, max(speed_gbps) AS speed
+        FROM nic
+        WHERE {_EDGES}
+        GROUP BY host, nic, port
+    )
     GROUP BY host, nic, port
     HAVING samples >= 2
 )

@@ -97,7 +97,9 @@ def _ts_converter(nullable: bool) -> Converter:
 def _text(value: Any) -> str | None:
     if value is None or type(value) is str:
         return value
-    return orjson.dumps(value).decode()
+    # numpy scalars too: with numpy 2, round() of a numpy float stays a numpy float, and
+    # evidence built from numpy results must not cost the incident its row.
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
 def converter_for(chtype: str) -> Converter:

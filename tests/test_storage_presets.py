@@ -155,3 +155,48 @@ def test_nic_storms_counts_a_reset_counter_from_its_reset(ch):  # noqa: F811
         "since": "1767225600", "until": "1767225700", "min_per_s": "0"}))
     (storm,) = [dict(zip(cols, r, strict=True)) for r in rows]
     assert storm["pause_per_s"] == 30_000 / 20  # since the reset; never negative
+
+
+def _raw(sql: str, params: dict) -> list[tuple]:
+    client = simulated_job().client()
+    try:
+        return client.query(sql, params)[1]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(("start", "end", "width"), [
+    (0.0, 0.0, None), (0.4, 0.0, None), (0.0, 1.0, None), (20.5, 25.0, None), (20.5, 0, 25.0)])
+def test_rollup_minutes_and_raw_edges_count_every_sample_once(start, end, width):
+    # The GPU and NIC presets read gpu_clocks_1m / nic_1m for the range's whole minutes and
+    # the raw rows for its partial edges: a range that is minute-aligned, starts or ends
+    # mid-minute, or lies inside one minute (width) counts exactly the raw samples in it.
+    job = simulated_job()
+    since = (job.start_ts // 60) * 60 + start
+    until = since + width if width else -(-(job.end_ts + 1) // 60) * 60 - end
+    window = {"since": str(since), "until": str(until)}
+    params = {"since": since, "until": until}
+    rng = ("ts >= toDateTime64({since:Float64}, 3, 'UTC') "
+           "AND ts < toDateTime64({until:Float64}, 3, 'UTC')")
+    raw_gpu = dict(((h, g), n) for h, g, n in _raw(
+        f"SELECT host, gpu, count() FROM gpu WHERE {rng} AND host = '{CULPRIT_HOST}' "
+        f"AND gpu = {CULPRIT_GPU} AND sm_clock_mhz IS NOT NULL GROUP BY host, gpu", params))
+    gpus = _run("gpu_clock_drops", **window, min_samples=0, min_drop_pct=0, limit=1000)
+    got = {(r["host"], r["gpu"]): r["samples"] for r in gpus
+           if (r["host"], r["gpu"]) == (CULPRIT_HOST, CULPRIT_GPU)}
+    assert got == raw_gpu and raw_gpu
+    raw_nic = {(h, n, p): (c, s) for h, n, p, c, s in _raw(
+        f"SELECT host, nic, port, count(), dateDiff('millisecond', min(ts), max(ts)) / 1000. "
+        f"FROM nic WHERE {rng} AND host = '{CONGESTED_HOST}' GROUP BY host, nic, port "
+        "HAVING count() >= 2", params)}
+    nics = {(r["host"], r["nic"], r["port"]): (r["samples"], r["seconds"])
+            for r in _run("nic_storms", **window, min_per_s=0, limit=1000)
+            if r["host"] == CONGESTED_HOST}
+    assert nics == raw_nic and raw_nic
+
+
+def test_the_rollups_hold_every_raw_sample():
+    (gpu,) = _raw("SELECT (SELECT sum(samples) FROM gpu_clocks_1m), "
+                  "(SELECT count() FROM gpu WHERE sm_clock_mhz IS NOT NULL)", {})
+    (nic,) = _raw("SELECT (SELECT sum(samples) FROM nic_1m), (SELECT count() FROM nic)", {})
+    assert gpu[0] == gpu[1] > 0 and nic[0] == nic[1] > 0

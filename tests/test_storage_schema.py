@@ -122,3 +122,37 @@ def test_a_column_added_by_a_migration_comes_back_with_its_table(ch):  # noqa: F
     assert "gpu_hours_lost" in _columns(ch, "incidents")
     assert "gpu_hours_lost" in _columns(ch, "incidents_current")
     assert migrate(ch) == []
+
+
+def _sums(client):
+    _, rows = client.query("SELECT (SELECT sum(samples) FROM gpu_clocks_1m), "
+                           "(SELECT sum(samples) FROM nic_1m)")
+    return rows[0]
+
+
+def test_the_preset_rollups_are_backfilled_once(ch):  # noqa: F811
+    # A database at version 8 that holds samples: migration 9 fills gpu_clocks_1m and
+    # nic_1m from them; running it again (a view dropped) adds nothing twice, and samples
+    # written after it reach the rollups through the views.
+    import datetime as dt
+
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    ts = [dt.datetime.fromtimestamp(1_767_225_600 + t, dt.UTC) for t in (0, 30, 70)]
+    ch.insert("gpu", {"ts": ts, "host": ["h0"] * 3, "gpu": [0] * 3, "uuid": ["u"] * 3,
+                      "sm_clock_mhz": [1980.0, 1500.0, None],
+                      "ingest_ts": [old] * 3})
+    ch.insert("nic", {"ts": ts, "host": ["h0"] * 3, "nic": ["mlx5_0"] * 3, "port": [1] * 3,
+                      "tx_bytes_total": [0, 1, 2], "rx_bytes_total": [0, 1, 2],
+                      "ingest_ts": [old] * 3})
+    for name in ("gpu_clocks_1m", "nic_1m"):
+        ch.execute(f"DROP TABLE {ch.database}.{name}_mv")
+        ch.execute(f"DROP TABLE {ch.database}.{name}")
+    assert migrate(ch) == [9]
+    assert _sums(ch) == (2, 3)  # the sample with no SM clock is not a clock sample
+    ch.execute(f"DROP TABLE {ch.database}.nic_1m_mv")
+    assert migrate(ch) == [9]
+    assert _sums(ch) == (2, 3)
+    ch.insert("nic", {"ts": ts[:1], "host": ["h1"], "nic": ["mlx5_0"], "port": [1],
+                      "tx_bytes_total": [0], "rx_bytes_total": [0]})
+    assert _sums(ch) == (2, 4)
+    assert "own_s" in _columns(ch, "steps")
