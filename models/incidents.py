@@ -25,20 +25,32 @@ from __future__ import annotations
 from typing import Any
 
 from models.findings import Finding
+from models.rootcause import attribute
+from models.telemetry import TelemetryStore
 from schema.events import FAULTS, MITIGATIONS, SEVERITIES
 
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 LADDER = MITIGATIONS
 JOB_ENDED = "job ended"
+# Collectors sample about once a second (CONTRACT.md): a cause still unknown after a late
+# sample is looked at again one sample period of sample time later.
+RECHECK_S = 1.0
 
 
 class Incident:
     """An open incident: its last emitted event and what drives its updates."""
 
-    __slots__ = ("event", "absent", "age", "causes", "emitted")
+    __slots__ = ("event", "absent", "age", "causes", "emitted", "lost_s", "lost_ts", "where",
+                 "recheck")
 
     def __init__(self, event: dict[str, Any]) -> None:
         self.event = event
+        self.lost_s = 0.0         # a link's job seconds lost so far (``_link_lost``)
+        self.lost_ts: float | None = None
+        # (hosts, gpus, data share) of the culprit as last seen: what a late sample
+        # re-attributes with (``IncidentTracker.late_sample``)
+        self.where: tuple[list[str], list[tuple[str, int]], float] = ([], [], 0.0)
+        self.recheck = -1e300     # a late sample before this ts re-attributes nothing
         self.absent = 0
         self.age = 0              # steps the culprit was present since the incident opened
         self.causes: dict[str, int] = {}
@@ -127,6 +139,40 @@ class IncidentTracker:
                 out.append(ev)
         return out
 
+    def late_sample(self, host: str, sample_ts: float, now: float, store: TelemetryStore,
+                    job_hosts: Any) -> list[dict[str, Any]]:
+        """A device sample of ``host`` arrived after the steps it explains were judged
+        (telemetry delivered late, e.g. replayed): an open rank or host incident whose root
+        cause is still ``unknown`` and whose culprit is on ``host`` is attributed again once
+        the late samples reach the moment it was detected (what its judge would have seen
+        on time), then every ``RECHECK_S`` of sample time while the cause stays unknown.
+        A cause found is an incident update at ``now`` (event time), and is kept (a known
+        cause outvotes ``unknown``, ``vote_cause``). ``job_hosts(job_id)``: the hosts of the
+        job, its culprit's peers. Same input order, same output: offline and in the stream."""
+        out: list[dict[str, Any]] = []
+        for (job_id, _), inc in sorted(self.open.items()):
+            ev = inc.event
+            where = getattr(inc, "where", None)     # None: restored from an older snapshot
+            if (ev["root_cause"] != "unknown" or where is None or host not in where[0]
+                    or ev["fault"] not in ("slow_rank", "slow_host")
+                    or sample_ts < max(inc.recheck, ev["detected_ts"] - RECHECK_S)):
+                continue
+            inc.recheck = sample_ts + RECHECK_S
+            hosts, gpus, data_share = where
+            cause, rc_ev = attribute(ev["fault"], store, hosts, gpus, set(job_hosts(job_id)),
+                                     data_share)
+            if cause == "unknown":
+                continue
+            inc.causes[cause] = inc.causes.get(cause, 0) + 1
+            ts = max(float(now), ev["ts"])
+            evidence = dict(ev.get("evidence") or {}, root_cause=rc_ev,
+                            root_cause_from="late telemetry")
+            ev.update(ts=ts, root_cause=cause, evidence=evidence)
+            if inc.emitted:
+                inc.emitted = dict(inc.emitted, root_cause=cause, ts=ts)
+            out.append(dict(ev))
+        return out
+
     def end_job(self, job_id: str, ts: float) -> list[dict[str, Any]]:
         """The job ended (no events for a while, or the end of the input): resolve its
         open incidents at ``ts`` with ``resolved_reason`` "job ended", and forget it."""
@@ -147,16 +193,17 @@ class IncidentTracker:
               rc_ev: dict, pct: float, ts: float) -> bool:
         """Refresh the incident's fields; True when the change deserves an update event."""
         ev = inc.event
-        sev = self.severity(f.fault, pct, cause) if inc.age >= self.page_after_steps else "info"
-        if f.imbalance or pct < self.open_min_pct:
-            # The layout, or a slowdown the planner would ignore: recorded, never paged.
-            sev = "info"
-        if SEVERITY_ORDER[sev] < SEVERITY_ORDER[ev["severity"]]:
-            sev = ev["severity"]
         last = inc.emitted
         # Escalation only: a mitigation once recommended stays until a stronger one.
         if last and LADDER.index(action) < LADDER.index(last["mitigation"]):
             action = last["mitigation"]
+        sev = self.severity(f.fault, pct, cause) if inc.age >= self.page_after_steps else "info"
+        if f.imbalance or pct < self.open_min_pct or action == "ignore":
+            # The layout, or a slowdown the planner would ignore: recorded, never paged.
+            # (A paged incident's mitigation never falls back to ignore: the ladder above.)
+            sev = "info"
+        if SEVERITY_ORDER[sev] < SEVERITY_ORDER[ev["severity"]]:
+            sev = ev["severity"]
         prev = last.get("slowdown_pct", pct)
         # A page (a new severity) goes out at once; other changes at most once per
         # min_update_s of event time, so a noisy estimate does not flood the channel.
@@ -165,14 +212,35 @@ class IncidentTracker:
                    and (cause != last.get("root_cause") or action != last.get("mitigation")
                         or abs(pct - prev) > max(0.5 * prev, 5.0)))
         extra: dict[str, Any] = {"root_cause": rc_ev, "mitigation_reason": why}
-        if f.lost_s is not None:
-            extra["lost_s"] = round(f.lost_s, 3)
-            extra["gpu_hours_lost"] = round(f.world * f.lost_s / 3600.0, 6)
+        lost_s = f.lost_s
+        if lost_s is None and f.fault == "slow_link":
+            lost_s = self._link_lost(inc, f, ts)
+        world = f.world or int(f.evidence.get("world_size") or 0)
+        if lost_s is not None:
+            extra["lost_s"] = round(lost_s, 3)
+            if world:
+                extra["gpu_hours_lost"] = round(world * lost_s / 3600.0, 6)
         ev.update(ts=ts, severity=sev, slowdown_pct=pct, root_cause=cause, mitigation=action,
                   evidence={**f.evidence, **extra})
+        inc.where = (list(f.hosts), list(f.gpus), float(f.data_share))
         if "gpu_hours_lost" in extra:      # CONTRACT.md: top-level, current with every change
             ev["gpu_hours_lost"] = extra["gpu_hours_lost"]
         if changed:
             inc.emitted = {"severity": sev, "root_cause": cause, "mitigation": action,
                            "slowdown_pct": pct, "ts": ts}
         return changed
+
+    @staticmethod
+    def _link_lost(inc: Incident, f: Finding, ts: float) -> float:
+        """A slow link's job seconds lost so far, priced as a rank's are: from real elapsed
+        time, each stretch of it (since the onset, then since the previous step the link
+        was seen) slower by ``slowdown_pct``, so ``slowdown / (1 + slowdown)`` of it is
+        extra (a step of ``(1 + s) x base`` seconds loses ``s x base``)."""
+        # getattr: incidents restored from a snapshot taken before these slots existed
+        since = getattr(inc, "lost_ts", None)
+        if since is None:
+            since = float(f.onset_ts)
+        share = max(f.slowdown_pct, 0.0) / (100.0 + max(f.slowdown_pct, 0.0))
+        inc.lost_s = getattr(inc, "lost_s", 0.0) + max(ts - since, 0.0) * share
+        inc.lost_ts = max(ts, since)
+        return inc.lost_s

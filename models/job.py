@@ -370,7 +370,12 @@ class JobState(Attribution):
         colls.extend(self.comm.take_step(s))
         findings.extend(localize(self, present, s, job_s, perf, ranks, colls))
         findings.extend(imbalances(self, ranks, self.job_recent or job_s))
-        findings.extend(self.links.evaluate(s, colls, self.rank_host, ts_max, job_s))
+        # issue 19 hook (owner of models/incidents.py): a link's price needs the world size,
+        # carried in its evidence (refine_with_nics rebuilds the finding, keeps evidence)
+        for f in self.links.evaluate(s, colls, self.rank_host, ts_max, job_s):
+            f.world = self.world
+            f.evidence["world_size"] = self.world
+            findings.append(f)
         self.aligner.expire(s)
         self.comm.expire(s)
         findings.extend(self._job_level(s, job_s, ts_max, bool(findings)))

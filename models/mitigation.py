@@ -4,18 +4,31 @@ ski-rental rule.
 The levels, cheapest first: ignore; rebalance micro-batches away from a
 compute straggler (data parallel); adjust the pipeline around a slow link;
 migrate the node (live migration, TrainMover: ~20 s of downtime) for a
-persistent hardware fault; checkpoint-restart as the last resort. The rule:
-keep paying for the slowdown until what it has cost so far (fraction slower x
-seconds elapsed, in job-seconds) reaches the one-off cost of the next level,
-then buy that level (a ski-rental break-even, 2-competitive). Slowdowns below
-``min_pct`` are ignored outright. Causes that a new machine does not fix
+persistent hardware fault; checkpoint-restart as the last resort.
+
+``ignore`` means the slowdown is not worth any action: below ``min_pct``, or the
+whole job slower together (no culprit). It is the only recommendation that never
+pages (``models.incidents``), so it must not stand for "not yet".
+
+The first action is recommended as soon as a culprit at ``min_pct`` or more is
+confirmed: it costs a few steps (re-planning), and a fail-slow the evidence
+confirmed over a window of steps lasts minutes to hours (FALCON's traces),
+far longer than its break-even (``rebalance_steps / slowdown`` steps: 40 steps at
+5 %, 4 at 50 %). Waiting for the measured loss to reach that cost first would
+only delay the page by that many steps. The expensive levels (migration,
+restart: tens of seconds to minutes of downtime) follow the ski-rental rule:
+keep paying for the slowdown until what it has cost so far (measured job
+seconds lost) reaches the one-off cost of the next level, then buy that level
+(a break-even, 2-competitive). Causes that a new machine does not fix
 (congestion, input stalls, contention) never escalate past the first action.
 
 >>> p = Planner()
->>> p.plan("slow_rank", "gpu_thermal", slowdown_pct=30.0, elapsed_s=10.0, step_s=1.0)[0]
+>>> p.plan("slow_rank", "gpu_thermal", slowdown_pct=30.0, elapsed_s=2.0, step_s=1.0)[0]
 'rebalance_microbatches'
 >>> p.plan("slow_rank", "gpu_errors", slowdown_pct=30.0, elapsed_s=120.0, step_s=1.0)[0]
 'migrate_node'
+>>> p.plan("slow_rank", "gpu_errors", slowdown_pct=3.0, elapsed_s=1e4, step_s=1.0)[0]
+'ignore'
 """
 
 from __future__ import annotations
@@ -59,16 +72,19 @@ class Planner:
         lost = lost_s if lost_s is not None else slowdown_pct / 100.0 * elapsed_s
         first = FIRST.get(fault, "rebalance_microbatches")
         steps = self.pipeline_steps if first == "adjust_pipeline" else self.rebalance_steps
-        ladder = [(first, steps * step_s)]
+        cost = steps * step_s
+        # each step loses slowdown x the step time before it: repaid in steps / slowdown
+        choice = first
+        why = (f"{slowdown_pct:.0f}% slower, {lost:.1f} s lost so far; {first} costs "
+               f"{cost:.1f} s, repaid in {100.0 * steps / slowdown_pct:.0f} steps")
         if root_cause in PERSISTENT:
-            ladder += [("migrate_node", self.migrate_s), ("checkpoint_restart", self.restart_s)]
-        choice, why = "ignore", f"lost {lost:.1f} s so far, less than the cheapest action"
-        for action, cost in ladder:
-            if lost >= cost:
-                choice = action
-                why = (f"lost {lost:.1f} s ({slowdown_pct:.0f}% for {elapsed_s:.0f} s) "
-                       f">= {action} cost {cost:.1f} s")
-        if choice != "ignore" and root_cause not in PERSISTENT:
+            for action, cost in (("migrate_node", self.migrate_s),
+                                 ("checkpoint_restart", self.restart_s)):
+                if lost >= cost:
+                    choice = action
+                    why = (f"lost {lost:.1f} s ({slowdown_pct:.0f}% for {elapsed_s:.0f} s) "
+                           f">= {action} cost {cost:.1f} s")
+        if root_cause not in PERSISTENT:
             why += f"; {root_cause} is not fixed by new hardware"
         return choice, why
 

@@ -98,10 +98,12 @@ def test_mitigation_ladder_escalates_with_cost():
     p = Planner()
     assert p.plan("job_slowdown", "unknown", 50, 1000, 1.0)[0] == "ignore"
     assert p.plan("slow_rank", "gpu_thermal", 3.0, 1000, 1.0)[0] == "ignore"
-    assert p.plan("slow_rank", "gpu_thermal", 30, 1, 1.0)[0] == "ignore"
-    assert p.plan("slow_rank", "gpu_thermal", 30, 10, 1.0)[0] == "rebalance_microbatches"
-    assert p.plan("slow_link", "nic_errors", 30, 10, 1.0)[0] == "ignore"  # 3 s < 5 steps
-    assert p.plan("slow_link", "nic_errors", 30, 20, 1.0)[0] == "adjust_pipeline"
+    # A confirmed culprit above the floor gets the first action at once, even before
+    # it has cost the action's price (a fail-slow outlasts its break-even).
+    action, why = p.plan("slow_rank", "gpu_thermal", 30, 1, 1.0, lost_s=0.3)
+    assert action == "rebalance_microbatches" and "repaid in 7 steps" in why
+    assert p.plan("slow_link", "nic_errors", 30, 10, 1.0)[0] == "adjust_pipeline"
+    assert p.plan("slow_rank", "gpu_errors", 30, 60, 1.0)[0] == "rebalance_microbatches"
     assert p.plan("slow_rank", "gpu_errors", 30, 100, 1.0)[0] == "migrate_node"
     assert p.plan("slow_rank", "gpu_errors", 30, 3000, 1.0)[0] == "checkpoint_restart"
     # Congestion is not fixed by another machine: never past the first action.
@@ -117,19 +119,20 @@ def finding(confirmed=True, pct=30.0, fault="slow_rank"):
 def test_tracker_open_update_resolve_without_flapping():
     tr = IncidentTracker(resolve_steps=3, min_update_s=3.0)
     assert tr.step("j", 11.0, [(finding(confirmed=False), "unknown", "ignore", "", {})]) == []
-    opened = tr.step("j", 12.0, [(finding(), "gpu_thermal", "ignore", "why", {})])
+    act = "rebalance_microbatches"
+    opened = tr.step("j", 12.0, [(finding(), "gpu_thermal", act, "why", {})])
     assert [e["status"] for e in opened] == ["open"] and opened[0]["incident_id"] == "j:slow_rank:r5:7"
     assert opened[0]["severity"] == "info"
     schema.validate(opened[0])
     # Still there two steps later: it pages (critical: 30% of the job).
-    assert tr.step("j", 13.0, [(finding(), "gpu_thermal", "ignore", "why", {})]) == []
-    paged = tr.step("j", 13.5, [(finding(), "gpu_thermal", "ignore", "why", {})])
+    assert tr.step("j", 13.0, [(finding(), "gpu_thermal", act, "why", {})]) == []
+    paged = tr.step("j", 13.5, [(finding(), "gpu_thermal", act, "why", {})])
     assert [e["severity"] for e in paged] == ["critical"]
     # Gone for two steps, back: still the same incident.
     assert tr.step("j", 14.0, []) == [] and tr.step("j", 15.0, []) == []
     assert tr.step("j", 16.0, [(finding(confirmed=False), "gpu_thermal", "ignore", "", {})]) == []
-    upd = tr.step("j", 17.0, [(finding(), "gpu_thermal", "rebalance_microbatches", "", {})])
-    assert upd[0]["mitigation"] == "rebalance_microbatches"
+    upd = tr.step("j", 17.0, [(finding(), "gpu_thermal", "migrate_node", "", {})])
+    assert upd[0]["mitigation"] == "migrate_node"
     # A weaker recommendation later does not de-escalate.
     assert tr.step("j", 18.0, [(finding(), "gpu_thermal", "ignore", "", {})]) == []
     out = []
@@ -152,7 +155,8 @@ def test_updates_are_rate_limited_but_pages_are_not():
     out = []
     for k in range(40):       # a slowdown estimate that swings every step, 0.5 s steps
         pct = 30.0 if k % 2 else 60.0
-        out += tr.step("j", 10.0 + 0.5 * k, [(finding(pct=pct), "gpu_thermal", "ignore", "", {})])
+        out += tr.step("j", 10.0 + 0.5 * k, [(finding(pct=pct), "gpu_thermal",
+                                               "rebalance_microbatches", "", {})])
     ts = [e["ts"] for e in out]
     assert out[0]["severity"] == "info" and out[1]["severity"] == "critical"
     assert ts[1] - ts[0] < 5.0                      # the page went out at once
@@ -168,3 +172,55 @@ def test_a_slowdown_the_planner_ignores_never_pages():
         f.own_pct = 40.0      # its own work is well above its peers, the job barely slower
         out += tr.step("j", 10.0 + k, [(f, "unknown", "ignore", "", {})])
     assert out and {e["severity"] for e in out} == {"info"}
+
+
+def test_ignore_never_pages_whatever_the_slowdown():
+    # 30 % on the finding, but the mitigation says ignore (a caller's planner, a floor
+    # raised): recorded, never a page, on any event.
+    tr = IncidentTracker()
+    out = []
+    for k in range(10):
+        out += tr.step("j", 10.0 + k, [(finding(pct=30.0), "unknown", "ignore", "", {})])
+    assert out and {e["severity"] for e in out} == {"info"}
+    # The planner says the first action as soon as it can: the page is not delayed.
+    out = tr.step("j", 20.0, [(finding(pct=30.0), "unknown", "rebalance_microbatches", "", {})])
+    assert [e["severity"] for e in out] == ["critical"]
+
+
+def test_planner_and_tracker_page_a_fresh_fault_at_once_never_with_ignore():
+    # A 2x rank confirmed at step 3 of its onset (1 s steps, 50 % slower: 1.5 s lost,
+    # less than the 2-step rebalance): it pages page_after_steps later, mitigation set.
+    p, tr = Planner(), IncidentTracker()
+    out = []
+    for k in range(4):
+        f = finding(pct=50.0)
+        f.lost_s = 0.5 * (k + 3)
+        action, why = p.plan("slow_rank", "unknown", 50.0, k + 3.0, 1.0, f.lost_s)
+        out += tr.step("j", 13.0 + k, [(f, "unknown", action, why, {})])
+    assert [e["severity"] for e in out][:2] == ["info", "critical"]
+    assert out[1]["ts"] == 15.0          # opened at 13, paged two steps later
+    # every event of every run: loud implies a mitigation other than ignore
+    for pct in (2.0, 4.9, 5.0, 12.0, 80.0):
+        tr = IncidentTracker()
+        for k in range(8):
+            f = finding(pct=pct)
+            action, why = p.plan("slow_rank", "unknown", pct, k + 1.0, 1.0, 0.1 * k)
+            for e in tr.step("j", 13.0 + k, [(f, "unknown", action, why, {})]):
+                assert e["severity"] == "info" or e["mitigation"] != "ignore", e
+
+
+def test_a_slow_link_is_priced_from_elapsed_time():
+    tr = IncidentTracker()
+    out = []
+    for k in range(6):       # onset at 10.0, 25 % slower, seen every second from 12.0
+        f = Finding(key="slow_link:r1-r2", fault="slow_link", confirmed=True, onset_ts=10.0,
+                    onset_step=7, slowdown_pct=25.0, own_pct=60.0, rank=1, peer_rank=2,
+                    evidence={"world_size": 16})
+        out += tr.step("j", 12.0 + k, [(f, "nic_errors", "adjust_pipeline", "", {})])
+    inc = tr.open[("j", "slow_link:r1-r2")].event
+    # 7 s since the onset, a fifth of it extra (1.25 x base: 0.25 / 1.25)
+    assert inc["evidence"]["lost_s"] == pytest.approx(1.4)
+    assert inc["gpu_hours_lost"] == pytest.approx(16 * 1.4 / 3600, rel=1e-3)
+    assert all(e.get("gpu_hours_lost") for e in out)
+    lost = [e["gpu_hours_lost"] for e in out]
+    assert lost == sorted(lost)

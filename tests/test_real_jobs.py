@@ -3,7 +3,9 @@
 Gloo on CPU, one spawn running five jobs one after another (tests/realjobs/harness.py):
 DDP benign, DDP with one rank at 2x its own forward+backward (proportional to what it
 measured of itself before the onset), DDP with a loader stall on one rank, FSDP2 with
-one rank at 2x, and a 4-stage pipeline whose last stage is heavier by design. The
+one rank at 2x, a 4-stage pipeline whose last stage is heavier by design, and tensor
+parallel (DTensor Colwise/RowwiseParallel over the 4 ranks) benign and with one rank
+at 2x. The
 rank files go to `failslow detect` as they are (it merges them by ts). Asserted: the
 culprit named, no loud incident on anything but the culprit, the root cause of the
 stall, and ``slowdown_pct`` within +-50 % of the job's measured step-time increase.
@@ -27,7 +29,8 @@ from failslow.cli import main  # noqa: E402
 pytestmark = pytest.mark.integration
 
 JOBS = [("ddp", "benign"), ("ddp", "compute2x"), ("ddp", "loader_stall"),
-        ("fsdp2", "compute2x"), ("pipeline", "heavy_stage")]
+        ("fsdp2", "compute2x"), ("pipeline", "heavy_stage"), ("tp", "benign"),
+        ("tp", "compute2x")]
 # The culprit's extra compute as device time (a sleep, as a host thread waiting on a
 # slower GPU): matmuls on this 2-core VM's 4 ranks would take a core from its peers too,
 # so the job's slowdown would depend on the other tenants' load. bench/real_ddp.py runs
@@ -47,6 +50,27 @@ def results(tmp_path_factory) -> dict[str, tuple[dict, list[dict]]]:
             for (kind, scenario, out), truth in zip(jobs, truths, strict=True)}
 
 
+def rank_events(out: Path, rank: int) -> list[dict]:
+    return [orjson.loads(line) for line in (out / f"rank{rank}.jsonl").read_bytes().splitlines()]
+
+
+@pytest.mark.parametrize("job", ["tp-benign", "tp-compute2x"])
+def test_tensor_parallel_all_reduces_are_seen(results, job):
+    # DTensor's all-reduces are functional collectives: the hook sees them, on the tp
+    # group named from the mesh, in every step, and the steps carry the layout
+    truth, _ = results[job]
+    out = Path(truth["out_dir"])
+    for rank in range(4):
+        evs = rank_events(out, rank)
+        steps = [e for e in evs if e["kind"] == "step"]
+        assert [s["step"] for s in steps] == list(range(STEPS))
+        assert all((s["dp_rank"], s["tp_rank"]) == (0, rank) for s in steps)
+        ars = [e for e in evs if e["kind"] == "collective" and e["op"] == "allreduce"]
+        assert {e["group"] for e in ars} == {"tp0"} and {e["group_size"] for e in ars} == {4}
+        assert {e["step"] for e in ars} == set(range(STEPS))
+        assert sum(s["comm_s"] > 0 for s in steps) >= STEPS - 2
+
+
 def detect(out: Path) -> list[dict]:
     incidents = out / "incidents.jsonl"
     files = sorted(str(f) for f in out.glob("rank*.jsonl"))
@@ -59,14 +83,15 @@ def show(incs: list[dict]) -> list[tuple]:
              i["slowdown_pct"]) for i in incs]
 
 
-@pytest.mark.parametrize("job", ["ddp-benign", "pipeline-heavy_stage"])
+@pytest.mark.parametrize("job", ["ddp-benign", "pipeline-heavy_stage", "tp-benign"])
 def test_healthy_jobs_page_nobody(results, job):
     truth, incs = results[job]
     v = judge(truth, incs)
     assert v.loud_healthy == 0, show(incs)
 
 
-@pytest.mark.parametrize("job", ["ddp-compute2x", "fsdp2-compute2x", "ddp-loader_stall"])
+@pytest.mark.parametrize("job", ["ddp-compute2x", "fsdp2-compute2x", "ddp-loader_stall",
+                                 "tp-compute2x"])
 def test_culprit_named_priced_and_alone(results, job):
     truth, incs = results[job]
     v = judge(truth, incs)

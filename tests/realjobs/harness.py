@@ -10,7 +10,9 @@ own step events) and every step's end (``step_end_ts``). ``run_job`` runs one.
 
 Kinds: ``ddp`` (tests/hook_jobs.py's MLP sizes, 8.4 MB of gradients in 4-5 DDP buckets,
 so all-reduces overlap backward), ``fsdp2`` (the same MLP, ``fully_shard`` per layer over
-a DeviceMesh), ``pipeline`` (4 stages, one rank each, send/recv per micro-batch).
+a DeviceMesh), ``pipeline`` (4 stages, one rank each, send/recv per micro-batch), ``tp``
+(tensor parallel over the 4 ranks: DTensor Colwise/RowwiseParallel, functional all-reduces
+in forward and backward).
 
 The injected work is proportional to what the culprit does anyway, so "2x" is 2x on
 any machine and under any load: the culprit times its own forward+backward (a pipeline
@@ -85,6 +87,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "ddp": ("benign", "compute1.5x", "compute2x", "compute3x", "loader_stall", "busy_backward"),
     "fsdp2": ("benign", "compute2x"),
     "pipeline": ("benign", "heavy_stage", "compute2x"),
+    "tp": ("benign", "compute2x"),
 }
 
 
@@ -270,7 +273,46 @@ def _pipeline(rank: int, scenario: str, out: str, steps: int, onset: int, grain:
     job.close()
 
 
-_RUN = {"ddp": _ddp, "fsdp2": _fsdp2, "pipeline": _pipeline}
+def _tp(rank: int, scenario: str, out: str, steps: int, onset: int, grain: str) -> None:
+    """Tensor parallel over the 4 ranks (DTensor ``parallelize_module``): two MLP blocks,
+    each a ColwiseParallel then a RowwiseParallel linear, so every forward all-reduces the
+    partial outputs (functional collectives) and every backward the input gradients. All
+    ranks see the same batch; each computes its quarter of every block."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    job = _Job(rank, "tp", scenario, out, onset, grain)
+    mesh = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp", "tp"))
+    job.hook.set_layout_from_mesh(mesh)
+    width, hidden = DIMS[0], 4 * DIMS[0]
+    layers: list[torch.nn.Module] = []
+    plan: dict[str, Any] = {}
+    for b in range(2):
+        layers += [torch.nn.Linear(width, hidden), torch.nn.ReLU(),
+                   torch.nn.Linear(hidden, width)]
+        plan[str(3 * b)], plan[str(3 * b + 2)] = ColwiseParallel(), RowwiseParallel()
+    model = torch.nn.Sequential(*layers)
+    parallelize_module(model, mesh["tp"], plan)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(BATCH // 2, width, generator=g) for _ in range(4)]
+    for i, x in enumerate(job.hook.wrap_loader(job.loader(batches, steps))):
+        with job.hook.step(i):
+            burn(job.extra_s())
+            t0 = time.perf_counter()
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            job.timed(time.perf_counter() - t0)
+            opt.step()
+    job.close()
+
+
+_RUN = {"ddp": _ddp, "fsdp2": _fsdp2, "pipeline": _pipeline, "tp": _tp}
 
 
 def _rank_main(rank: int, port: int, jobs: list[tuple[str, str, str]], steps: int,
@@ -353,7 +395,7 @@ def _truth(kind: str, scenario: str, out: Path, steps: int, onset: int, seed: in
         "heavy_stage": WORLD - 1 if sc.heavy_stage else None,
         "root_cause": "input_stall" if sc.stall else None,
         "measured_increase_pct": None if inc is None else round(100.0 * inc, 1),
-        "wall_s": wall_s,
+        "wall_s": wall_s, "out_dir": str(out),
         "step_end_ts": [ts for _, (_, ts) in sorted(job_steps(out).items())],
     }
     (out / "truth.json").write_text(json.dumps(truth) + "\n")
