@@ -34,6 +34,7 @@ from streams.metrics import Metrics
 from streams.outputs import Outputs
 from streams.route_stage import HostMapReader, RouteStage
 from streams.routing import HostMap
+from streams.sends import Sends, TopicWatch
 from streams.snapshots import SnapshotStore
 
 __all__ = ["CRASH_EXIT", "SNAPSHOT_SHARE", "HostMapReader", "WorkerConfig", "build_app",
@@ -66,16 +67,22 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     inputs = app.topic(*t.inputs(), value_serializer="raw", key_serializer="raw")
     job_topic = app.topic(cfg.internal("job"), value_serializer="raw", key_serializer="raw")
     metrics = Metrics()
-    out = Outputs(metrics, job=job_topic,
-                  incidents=app.topic(t.for_kind("incident"), value_serializer="raw"),
-                  dead=app.topic(t.deadletter, value_serializer="raw"),
-                  hostmap=app.topic(cfg.internal("hostmap"), value_serializer="raw"),
+    # issue 17 (streams/sends.py): every send is tracked until the broker acks it; a failed
+    # one, or internal topics the broker lost, exit the worker loudly (70) instead of a
+    # silent drop; the route confirms its sends before its batch is acked
+    sends = Sends()
+    watch = TopicWatch(cfg.bootstrap, internal_topic_configs(cfg), nparts)
+    out = Outputs(metrics, job=sends.track(job_topic),
+                  incidents=sends.track(app.topic(t.for_kind("incident"), value_serializer="raw")),
+                  dead=sends.track(app.topic(t.deadletter, value_serializer="raw")),
+                  hostmap=sends.track(app.topic(cfg.internal("hostmap"), value_serializer="raw")),
                   partitions=nparts)
     hostmap = HostMap()
     reader = HostMapReader(cfg.bootstrap, cfg.internal("hostmap"), nparts, hostmap)
     router = RouteStage(cfg, nparts, out, metrics, hostmap)
     stage = JobStage(cfg, nparts, out, metrics, hostmap,
-                     SnapshotStore(cfg.bootstrap, cfg.internal("snapshots")))
+                     SnapshotStore(cfg.bootstrap, cfg.internal("snapshots"),
+                                   barrier=sends.barrier))  # issue 17: sends acked first
     app.failslow_metrics = metrics  # type: ignore[attr-defined]  # for tests and the CLI
     app.failslow_stages = (router, stage)  # type: ignore[attr-defined]
 
@@ -84,6 +91,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
         try:
             async for batch in stream.take_events(2000, within=0.01):
                 await router.route_batch([event.message for event in batch], time.time())
+                await sends.confirm()  # issue 17: forwarded before the batch is acked
         except Exception:
             _fatal("route agent")
 
@@ -127,10 +135,12 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     async def on_shutdown(sender: Any, **kwargs: Any) -> None:
         await stage.snapshot_all(ack=False, force=True)
         reader.stop()
+        watch.stop()
 
     @app.task
     async def start_reader() -> None:
         reader.start()
+        watch.start()  # issue 17
         if cfg.metrics_port is not None:
             metrics.serve(cfg.metrics_port, cfg.metrics_addr)
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, cfg.metrics_port)

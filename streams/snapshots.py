@@ -11,13 +11,25 @@ scanning the topic. If the tail does not hold a complete snapshot the whole
 partition is scanned and the newest complete one wins.
 
 Snapshot topic partition = home partition; a single worker owns a partition at
-a time, so one snapshot's chunks are contiguous.
+a time, so one snapshot's chunks are normally contiguous. A snapshot is found by its
+``sid`` header, not by contiguity, so chunks of an undelivered snapshot that the broker
+still took later cannot spoil the next one.
+
+A snapshot that cannot be delivered (the broker unreachable for longer than a chunk's
+flush, 10 s) is skipped, not fatal (issue 17: a 10 s outage made the worker exit 70):
+``try_write_blob`` returns None, the worker acks nothing for it and snapshots again on
+its next round (after ``RETRY_S``, so an outage costs one flush wait, not one per
+partition). Snapshots only bound the replay after a restart; until one is written the
+job topic is simply not acked past the previous one.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -28,6 +40,9 @@ from schema.kafka_security import client_conf
 from streams.quiet import RDKAFKA_LOG
 
 CHUNK_BYTES = 512 * 1024
+FLUSH_S = 10.0   # the longest one chunk may take to be acknowledged
+RETRY_S = 5.0    # after an undelivered snapshot, no other is tried for this long
+log = logging.getLogger("failslow.worker")
 
 
 class SnapshotError(FailslowError):
@@ -64,9 +79,16 @@ def scan(bootstrap: str, topic: str, partition: int, start: int = 0,
 class SnapshotStore:
     """Write and read snapshots of home partitions (``topic`` partition = home partition)."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str,
+                 barrier: Callable[[], None] | None = None) -> None:
+        """``barrier`` runs before each write (in the writer's thread): the worker's sends
+        must be acknowledged before a snapshot that counts them as done is written."""
         self.bootstrap = bootstrap
         self.topic = topic
+        self.barrier = barrier
+        self.skipped = 0          # snapshots not delivered (skipped), in all
+        self._skipping = 0        # ... since the last delivered one
+        self._retry_at = 0.0
         self._producer = Producer(client_conf(bootstrap, {
             "linger.ms": 0, "compression.type": "none", "acks": "all",
             "message.max.bytes": 2 * CHUNK_BYTES, "logger": RDKAFKA_LOG}))
@@ -95,11 +117,41 @@ class SnapshotStore:
                 ("sid", sid), ("chunk", str(i).encode()), ("of", str(len(chunks)).encode())]
             self._producer.produce(self.topic, chunk, key=str(partition).encode(),
                                    partition=partition, headers=headers, on_delivery=delivered)
-            left = self._producer.flush(10.0)
+            left = self._producer.flush(FLUSH_S)
             if left or errors:
+                # nothing of it may land later, behind a newer snapshot's chunks
+                self._producer.purge()
+                self._producer.poll(0)
                 raise SnapshotError(f"snapshot of partition {partition} not delivered: "
                                     f"{errors[0] if errors else 'timeout'}")
         return len(blob)
+
+    def try_write_blob(self, partition: int, blob: bytes) -> int | None:
+        """``write_blob`` after the ``barrier``; None when the snapshot was not delivered
+        (or not tried: an undelivered one less than ``RETRY_S`` ago). One log line when
+        snapshots stop being delivered and one when they are again."""
+        if self.barrier is not None:
+            self.barrier()
+        if time.monotonic() < self._retry_at:
+            self._skip()
+            return None
+        try:
+            size = self.write_blob(partition, blob)
+        except SnapshotError as exc:
+            self._retry_at = time.monotonic() + RETRY_S
+            if not self._skipping:
+                log.warning("%s; snapshots are skipped until the broker takes them again "
+                            "(the job topic is not acked meanwhile; nothing is lost)", exc)
+            self._skip()
+            return None
+        if self._skipping:
+            log.warning("snapshots delivered again (%d skipped)", self._skipping)
+            self._skipping = 0
+        return size
+
+    def _skip(self) -> None:
+        self.skipped += 1
+        self._skipping += 1
 
     def read_latest(self, partition: int) -> dict | None:
         """The newest complete snapshot of ``partition``, or None."""
@@ -143,15 +195,23 @@ def _assemble(msgs: list[Any]) -> dict | None:
 
 
 def _newest(msgs: list[Any]) -> dict | None:
-    """The last complete snapshot in a scan of a whole partition."""
-    newest: dict | None = None
-    run: list[Any] = []
+    """The newest complete snapshot in a scan of a whole partition: the one whose last
+    chunk comes last, its chunks gathered by ``sid`` (another snapshot's chunks may sit
+    between them)."""
+    chunks: dict[bytes, dict[int, Any]] = {}
+    complete: list[bytes] = []   # sids in the order their snapshots became complete
     for m in msgs:
         h = dict(m.headers() or [])
-        if int(h.get("chunk", b"-1")) == 0:
-            run = []
-        run.append(m)
-        if int(h.get("chunk", b"-1")) == int(h.get("of", b"0")) - 1:
-            newest = _assemble(run) or newest
-            run = []
-    return newest
+        sid, n, i = h.get("sid"), int(h.get("of", b"0")), int(h.get("chunk", b"-1"))
+        if not isinstance(sid, bytes) or not 0 <= i < n:
+            continue
+        got = chunks.setdefault(sid, {})
+        got[i] = m
+        if len(got) == n:
+            complete.append(sid)
+    for sid in reversed(complete):
+        got = chunks[sid]
+        snap = _assemble([got[i] for i in range(len(got))])
+        if snap is not None:
+            return snap
+    return None
