@@ -44,7 +44,10 @@ def _field_check(name: str, ftype, optional: bool, low, pad: str) -> list[str]:
 
 def _bad(ftype, v: str) -> list[str]:
     if ftype == "num":
-        return [f"type({v}) not in NUM"]
+        # a float is finite (orjson yields no other); an int must fit 64 bits, as in
+        # validate (orjson decodes integers up to 2**64 - 1)
+        return [f"type({v}) is not float and (type({v}) is not int "
+                f"or not {INT_MIN} <= {v} <= {INT_MAX})"]
     if ftype == "time":
         return [f"type({v}) not in NUM", f"not {TIME_MIN!r} <= {v} < {TIME_MAX!r}"]
     if ftype == "int":
@@ -54,8 +57,7 @@ def _bad(ftype, v: str) -> list[str]:
     if ftype == "str":
         return [f"type({v}) is not str"]
     if ftype == "ints":
-        return [f"type({v}) is not list",
-                f"any(type(x) is not int or not {INT_MIN} <= x <= {INT_MAX} for x in {v})"]
+        return [f"type({v}) is not list", f"({v} and not ints_ok({v}))"]
     if ftype == "obj":
         return [f"type({v}) is not dict"]
     if ftype == "bool":
@@ -82,6 +84,12 @@ def _spec_lines(rules: str, required, optional, pad: str) -> list[str]:
     return src
 
 
+def ints_ok(xs: list) -> bool:
+    """Every element of ``xs`` is an int in the 64-bit range (orjson decodes integers
+    up to 2**64 - 1)."""
+    return all(type(x) is int for x in xs) and INT_MIN <= min(xs) and max(xs) <= INT_MAX
+
+
 def _compile_all():
     """``all_valid(objs)``: True when every object decoded by orjson certainly
     passes ``schema.validate``. One generated function with the SPECS table
@@ -102,7 +110,7 @@ def _compile_all():
                 "  if type(o) is not dict: return False", "  g = o.get", "  try:"]
         src += _spec_lines(ftype, required, optional, "   ")
         src += ["  except KeyError:", "   return False", " return True"]
-    scope: dict = {"NUM": frozenset((int, float))}
+    scope: dict = {"NUM": frozenset((int, float)), "ints_ok": ints_ok}
     exec("\n".join(src), scope)  # noqa: S102 - code built from the SPECS table only
     return scope["all_valid"]
 

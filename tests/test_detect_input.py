@@ -7,6 +7,8 @@ from collections import defaultdict
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from failslow.cli import main
 from failslow.commands import detect
@@ -100,3 +102,55 @@ def test_some_valid_lines_keep_going_and_count_the_skipped(trace, tmp_path, caps
     rc, out, err = run([mixed], capsys)
     assert rc == 0 and out
     assert err.strip().splitlines()[-1].endswith("; 2 invalid line(s) skipped")
+
+
+def _reference_order(events, window):
+    """The ordering as first written, one key tuple per event: what ``ordered_chunks``
+    must reproduce, errors included."""
+    held: list[tuple] = []
+    last = None
+    full = window + max(window // 4, 1)
+    for seq, ev in enumerate(events):
+        rank = ev.get("rank")
+        key = (ev["ts"], -1 if rank is None else rank, ev.get("host") or "", seq)
+        if last is not None and key < last:
+            raise detect.OutOfOrderError(f"at {seq}")
+        held.append((key, ev))
+        if len(held) >= full:
+            held.sort(key=lambda item: item[0])
+            last = held[len(held) - window - 1][0]
+            yield from (ev for _, ev in held[:len(held) - window])
+            del held[:len(held) - window]
+    held.sort(key=lambda item: item[0])
+    yield from (ev for _, ev in held)
+
+
+def _order_or_error(make, events, window):
+    out = []
+    try:
+        for ev in make(events, window):
+            out.append(ev)
+    except detect.OutOfOrderError:
+        return out, True
+    return out, False
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.sampled_from([None, 0, 1, 2]),
+                          st.sampled_from(["h0", "h1", None])), max_size=120),
+       st.integers(0, 12), st.integers(1, 9))
+def test_chunked_ordering_is_the_per_event_ordering_with_its_errors(items, window, chunk):
+    # many equal timestamps across ranks and hosts, some events far out of order: the
+    # same events in the same order come out, and the error comes at the same event
+    events = [{"kind": "step", "ts": float(t), "host": h, "i": i} | ({} if r is None
+                                                                      else {"rank": r})
+              for i, (t, r, h) in enumerate(items)]
+    want, want_err = _order_or_error(_reference_order, events, window)
+
+    def chunked(evs, window):
+        chunks = [evs[i:i + chunk] for i in range(0, len(evs), chunk)]
+        for part in detect.ordered_chunks(iter(chunks), window):
+            yield from part
+    got, got_err = _order_or_error(chunked, events, window)
+    assert got_err == want_err
+    assert [e["i"] for e in got] == [e["i"] for e in want]
