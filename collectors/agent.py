@@ -1,4 +1,8 @@
-"""The host agent's loop: run the samplers every interval, publish, report once a minute."""
+"""The host agent's loop: run the samplers every interval, publish, report once a minute.
+
+Device samples (``gpu``, ``nic``, ``host``) are published on change plus a heartbeat
+by default (``collectors.samplers.OnChange``: about half of them on the simulator's
+scenarios, with the same incidents); ``on_change=False`` publishes every sample."""
 
 from __future__ import annotations
 
@@ -7,21 +11,32 @@ import time
 from collections import Counter
 from typing import Any, Protocol
 
+from collectors.samplers import OnChange, OnChangeConfig
+from schema.events import GpuEvent, HostEvent, NicEvent
+
+# What a sampler returns: device samples (GpuEvent, NicEvent, HostEvent), or the comm /
+# collective records of the NCCL Inspector tailer (CommEvent, CollectiveEvent).
+Sample = GpuEvent | NicEvent | HostEvent | dict[str, Any]
+
 log = logging.getLogger(__name__)
 
 
 class Sampler(Protocol):
     name: str
 
-    def sample(self) -> list[dict]: ...
+    def sample(self) -> list[Any]: ...
 
 
 class Agent:
     """Samples every ``interval_s`` seconds (on a fixed grid, not drifting with the work) and
-    publishes; logs one line per ``report_s`` with counts per sampler and the publisher's."""
+    publishes; logs one line per ``report_s`` with counts per sampler and the publisher's.
+
+    ``on_change``: publish device samples on change plus a heartbeat (True: the defaults
+    of ``OnChangeConfig``; a config; False: every sample). ``counts`` are samples taken,
+    ``on_change.kept`` / ``.dropped`` what the filter did with device samples."""
 
     def __init__(self, samplers: list[Sampler], publisher: Any, interval_s: float = 1.0,
-                 report_s: float = 60.0) -> None:
+                 report_s: float = 60.0, on_change: OnChangeConfig | bool = True) -> None:
         self.samplers = samplers
         self.publisher = publisher
         self.interval_s = interval_s
@@ -30,10 +45,14 @@ class Agent:
         self.counts: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self._window: Counter[str] = Counter()
+        self.on_change: OnChange | None = None
+        if on_change is not False:
+            self.on_change = OnChange(on_change if isinstance(on_change, OnChangeConfig)
+                                      else None)
 
     def cycle(self) -> int:
-        """Sample every sampler once and publish; returns the number of events."""
-        events: list[dict] = []
+        """Sample every sampler once and publish; returns the number of events published."""
+        events: list[Sample] = []
         got_by: Counter[str] = Counter()
         for s in self.samplers:
             try:
@@ -46,6 +65,8 @@ class Agent:
                 continue
             got_by[s.name] += len(got)
             events += got
+        if self.on_change is not None:
+            events = self.on_change.filter(events)
         if events:
             self.publisher.publish(events)
         self._window.update(got_by)
@@ -72,8 +93,12 @@ class Agent:
     def report(self) -> None:
         per = " ".join(f"{k}={v}" for k, v in sorted(self._window.items())) or "none"
         st = self.publisher.stats
-        log.info("collect: last %.0f s: events %s; publisher delivered=%d pending=%d "
+        oc = self.on_change
+        kept = f"{sum(oc.kept.values())}/{sum(oc.kept.values()) + sum(oc.dropped.values())}" \
+            if oc is not None else "all"
+        log.info("collect: last %.0f s: events %s; device samples published (on change) "
+                 "since start %s; publisher delivered=%d pending=%d "
                  "spooled=%d dropped=%d failed=%d; sampler errors=%d",
-                 self.report_s, per, st["delivered"], st["pending"], st["spooled"],
+                 self.report_s, per, kept, st["delivered"], st["pending"], st["spooled"],
                  st["dropped"], st["failed"], sum(self.errors.values()))
         self._window.clear()

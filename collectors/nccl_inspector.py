@@ -36,8 +36,10 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 from collectors.comm_windows import comm_records, split_blocked, summarize
+from schema.events import CollectiveEvent
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +96,9 @@ class InspectorTailer:
             out += [os.path.join(root, n) for n in names if not n.startswith(".")]
         return sorted(out)
 
-    def sample(self) -> list[dict]:
-        events: list[dict] = []
+    def sample(self) -> list[Any]:
+        """New records as ``collective`` events, or (grain ``comm``) as ``comm`` records."""
+        events: list[CollectiveEvent] = []
         seen = set()
         for path in self._list():
             seen.add(path)
@@ -123,10 +126,10 @@ class InspectorTailer:
             return self._summarize(events)
         return events
 
-    def _summarize(self, events: list[dict]) -> list[dict]:
+    def _summarize(self, events: list[CollectiveEvent]) -> list[dict]:
         now, since = self.clock(), self._last_sample
         self._last_sample = now
-        by_rank: dict[tuple[int, str], list[dict]] = {}
+        by_rank: dict[tuple[int, str], list[CollectiveEvent]] = {}
         for ev in events:
             by_rank.setdefault((ev["rank"], ev["host"]), []).append(ev)
         out = []
@@ -135,7 +138,8 @@ class InspectorTailer:
             out.extend(comm_records(self.job_id, rank, host,
                                     min(since, min(ev["ts"] for ev in evs)),
                                     max(now, max(ev["ts"] for ev in evs)),
-                                    summarize(evs, split_blocked(spans, [], spans)),
+                                    summarize(cast(list[dict], evs),
+                                              split_blocked(spans, [], spans)),
                                     step=None, step_end=None))
         return out
 
@@ -162,7 +166,7 @@ class InspectorTailer:
         state.buffer = text[pos:]
         return out
 
-    def _event(self, rec: dict) -> dict | None:
+    def _event(self, rec: dict) -> CollectiveEvent | None:
         try:
             header, meta, perf = rec["header"], rec.get("metadata", {}), rec["coll_perf"]
             op = _OPS.get(str(perf["coll"]).lower())

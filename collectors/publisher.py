@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -43,6 +43,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from collectors.spool import Record, Spool
 from schema import Topics, encode
 from schema.errors import FailslowError
+from schema.events import Event
 from schema.kafka_security import client_conf
 from schema.topics import key_for
 
@@ -151,9 +152,10 @@ class Publisher:
             out["pending"] = self._pending_events()
             return out
 
-    def publish(self, events: Iterable[dict]) -> None:
-        """Queue events of any kinds; grouped per (topic, key) into JSON-array messages."""
-        groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    def publish(self, events: Iterable[Event | Mapping[str, Any]]) -> None:
+        """Queue events of any kinds (``schema.events`` records: GpuEvent, CommEvent,
+        ...); grouped per (topic, key) into JSON-array messages."""
+        groups: dict[tuple[str, str], list[Event | Mapping[str, Any]]] = defaultdict(list)
         for ev in events:
             groups[(self.topics.for_kind(ev["kind"]), key_for(ev))].append(ev)
         n = self.batch_events

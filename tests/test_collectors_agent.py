@@ -211,3 +211,35 @@ def test_replay_publishes_in_ts_order(broker, topics, tmp_path: Path):
     assert "replayed 5 of 5 events" in out and "1 bad lines" in out and ":3:" in out
     got = read_events(broker.bootstrap, topics.for_kind("host"), expect_events=5)
     assert [e["ts"] - 1.7e9 for e in got] == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+class _Gpus:
+    """Eight quiet GPUs of one host and a step event, every cycle."""
+
+    name = "gpus"
+
+    def __init__(self) -> None:
+        self.t = 1.7e9
+
+    def sample(self) -> list[dict]:
+        self.t += 1.0
+        step = {"v": 1, "kind": "step", "ts": self.t, "job_id": "j", "rank": 0,
+                "world_size": 1, "host": "h", "step": int(self.t), "duration_s": 1.0}
+        return [step, *({"v": 1, "kind": "gpu", "ts": self.t, "host": "h", "gpu": i,
+                         "uuid": f"GPU-{i}", "sm_clock_mhz": 1980.0, "temp_c": 60.0}
+                        for i in range(8))]
+
+
+def test_agent_publishes_device_samples_on_change_by_default(caplog):
+    pub = _ListPublisher()
+    agent = Agent([_Gpus()], pub, interval_s=0.0, report_s=0.0)
+    caplog.set_level("INFO")
+    agent.run(threading.Event(), cycles=11)
+    kinds = [e["kind"] for e in pub.events]
+    # every step; all GPUs once, then one GPU a cycle (the host's gpu kind stays alive)
+    assert kinds.count("step") == 11 and kinds.count("gpu") == 8 + 10
+    assert agent.counts["gpus"] == 11 * 9 and agent.on_change.dropped["gpu"] == 70
+    assert "device samples published (on change) since start 18/88" in caplog.text
+    every = _ListPublisher()
+    Agent([_Gpus()], every, interval_s=0.0, on_change=False).run(threading.Event(), cycles=11)
+    assert len(every.events) == 11 * 9

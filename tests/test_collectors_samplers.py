@@ -13,6 +13,7 @@ from fakes.nvml import FakeGpu, FakeNVML
 from collectors.gpu import GpuSampler
 from collectors.host import HostSampler
 from collectors.nic import NicSampler
+from collectors.samplers import BANDS, RATE_COUNTERS, OnChange, OnChangeConfig
 from schema import validate
 
 FIXTURE_SYS = Path(__file__).parent / "fixtures" / "sysfs"
@@ -166,3 +167,124 @@ def test_host_missing_proc_gives_nulls(tmp_path):
     e = HostSampler(host="h0", proc_root=str(tmp_path)).sample()[0]
     validate(e)
     assert e["load1"] is None and e["mem_available_bytes"] is None
+
+
+# -- on change (collectors.samplers.OnChange) ---------------------------------------------------
+
+class _Clock:
+    def __init__(self, t: float = 1.7e9) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _gpus_on_change(**config) -> tuple[FakeNVML, GpuSampler, _Clock, OnChange]:
+    nvml, clock = eight_gpus(), _Clock()
+    return nvml, GpuSampler(nvml=nvml, host="h0", clock=clock), clock, \
+        OnChange(OnChangeConfig(**config))
+
+
+def _cycle(sampler, clock: _Clock, flt: OnChange) -> list[dict]:
+    clock.t += 1.0
+    return flt.filter(sampler.sample())
+
+
+def test_on_change_quiet_gpus_one_sample_per_cycle_and_a_heartbeat_each():
+    nvml, sampler, clock, flt = _gpus_on_change(heartbeat_s=10.0)
+    assert len(_cycle(sampler, clock, flt)) == 8            # first samples: all
+    sent: dict[int, list[float]] = {i: [] for i in range(8)}
+    for _ in range(30):
+        out = _cycle(sampler, clock, flt)
+        # nothing moved: one sample a cycle (the host keeps publishing its kind), the GPU
+        # that waited longest; so every GPU is heard from well within the heartbeat
+        assert len(out) == 1
+        sent[out[0]["gpu"]].append(out[0]["ts"])
+    for ts in sent.values():
+        assert ts and max(b - a for a, b in zip([1.7e9 + 1, *ts], ts, strict=False)) <= 10.0
+    assert flt.kept["gpu"] == 8 + 30 and flt.dropped["gpu"] == 30 * 7
+
+
+def test_on_change_without_the_per_host_minimum_only_heartbeats():
+    nvml, sampler, clock, flt = _gpus_on_change(heartbeat_s=5.0, per_host_min=False)
+    _cycle(sampler, clock, flt)
+    counts = [len(_cycle(sampler, clock, flt)) for _ in range(10)]
+    assert counts == [0, 0, 0, 0, 8, 0, 0, 0, 0, 8]
+
+
+def test_on_change_a_throttle_is_published_with_its_settling_samples_a_jiggle_is_not():
+    nvml, sampler, clock, flt = _gpus_on_change(settle=3, per_host_min=False)
+    _cycle(sampler, clock, flt)
+    nvml.gpus[2].sm_clock = 1975            # 0.3 %: inside the 2 % band
+    nvml.gpus[4].temp = 65                  # 1 C: inside the 2 C band
+    assert _cycle(sampler, clock, flt) == []
+    nvml.gpus[5].sm_clock = 1200
+    nvml.gpus[5].reasons = 0x40
+    out = [[e["gpu"] for e in _cycle(sampler, clock, flt)] for _ in range(6)]
+    assert out == [[5], [5], [5], [5], [], []]   # the move, then 3 to settle
+    out = _cycle(sampler, clock, flt)
+    nvml.gpus[4].temp = 66                  # 2 C above the sample kept: still inside
+    nvml.gpus[3].temp = 67                  # 3 C above: out
+    assert [e["gpu"] for e in _cycle(sampler, clock, flt)] == [3]
+
+
+def test_on_change_never_drops_an_xid_or_a_pcie_link_change():
+    nvml, sampler, clock, flt = _gpus_on_change(settle=0, per_host_min=False)
+    _cycle(sampler, clock, flt)
+    nvml.inject_xid(6, 79)
+    nvml.gpus[1].pcie_width = 8
+    out = _cycle(sampler, clock, flt)
+    assert {e["gpu"]: e for e in out}.keys() == {1, 6}
+    assert {e["gpu"]: e for e in out}[6]["xid"] == [79]
+
+
+def test_on_change_error_counters_that_start_counting_are_published():
+    nvml, sampler, clock, flt = _gpus_on_change(settle=0, per_host_min=False)
+    _cycle(sampler, clock, flt)
+    _cycle(sampler, clock, flt)
+    nvml.gpus[7].ecc_sbe += 2               # within the noise of a rate of 0
+    assert _cycle(sampler, clock, flt) == []
+    nvml.gpus[7].pcie_replay += 500         # 500 replays in a second: a move
+    out = _cycle(sampler, clock, flt)
+    assert [e["gpu"] for e in out] == [7] and out[0]["pcie_replay_total"] == 500
+    nvml.gpus[7].pcie_replay += 510         # the same rate again: nothing new
+    assert _cycle(sampler, clock, flt) == []
+
+
+def test_on_change_nic_congestion_from_the_fake_sysfs_tree(tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURE_SYS, root)
+    clock = _Clock()
+    sampler = NicSampler(host="h0", sys_root=str(root), clock=clock)
+    flt = OnChange(OnChangeConfig(settle=0, per_host_min=False))
+    assert len(_cycle(sampler, clock, flt)) == 3
+    port = root / "class/infiniband/mlx5_0/ports/1"
+    (port / "counters/port_xmit_data").write_text("900000\n")   # traffic alone: quiet
+    assert _cycle(sampler, clock, flt) == []
+    (port / "hw_counters/np_cnp_sent").write_text("5007\n")     # 5,000 CNPs in a second
+    out = _cycle(sampler, clock, flt)
+    assert [(e["nic"], e["cnp_sent_total"]) for e in out] == [("mlx5_0", 5007)]
+
+
+def test_on_change_passes_other_kinds_and_keeps_the_order():
+    flt = OnChange()
+    step = {"v": 1, "kind": "step", "ts": 1.0, "job_id": "j", "rank": 0, "world_size": 1,
+            "host": "h0", "step": 0, "duration_s": 1.0}
+    host = {"v": 1, "kind": "host", "ts": 1.0, "host": "h0", "load1": 3.0}
+    assert flt.filter([step, host, step]) == [step, host, step]
+    assert flt.filter([step, dict(host, ts=2.0), step]) == [step, dict(host, ts=2.0), step]
+
+
+def test_on_change_bands_cover_what_the_root_cause_reads():
+    from models import telemetry
+
+    read = {*telemetry.GPU_GAUGES, *telemetry.HOST_GAUGES, "speed_gbps", "state",
+            "clocks_event_reasons"}
+    assert read <= set(BANDS)
+    assert {*telemetry.GPU_COUNTERS, *telemetry.NIC_COUNTERS} <= set(RATE_COUNTERS)
+
+
+def test_on_change_config_is_checked():
+    for bad in ({"heartbeat_s": 0}, {"settle": -1}, {"bands": {"temp_c": ("pct", 1.0)}}):
+        with pytest.raises(ValueError):
+            OnChangeConfig(**bad)
