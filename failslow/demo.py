@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -23,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from failslow import stack
 from failslow.config import Settings
+from failslow.embedded import PLAINTEXT_FLAGS, start_broker
 from failslow.errors import FailslowError
+from failslow.worker_process import WorkerProcess
 from schema import Topics
 
 log = logging.getLogger("failslow.demo")
@@ -105,9 +103,9 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
     t0 = time.monotonic()
 
     _say(out, "failslow demo: starting the embedded stack")
-    broker = stack.start_broker_with_topics(topics, log_path=home / "tansu.log")
+    broker = start_broker(topics, log_path=home / "tansu.log")
     threads = _Threads()
-    worker: subprocess.Popen | None = None
+    worker: WorkerProcess | None = None
     client = None
     server = None
     try:
@@ -118,7 +116,9 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
         server = QueryServer(client).start()
         _say(out, f"  database  chdb folder {folder}")
 
-        worker = _start_worker(settings, broker.bootstrap, home)
+        worker = WorkerProcess(broker.bootstrap, topics, group="failslow-demo-worker",
+                               log_path=home / "worker.log",
+                               extra=["--home", str(home), *PLAINTEXT_FLAGS])
         sink = Sink(client, broker.bootstrap, topics, group_id="failslow-demo-sink",
                     max_delay_s=0.3)
         threads.start("sink", lambda stop: sink.run(stop))
@@ -154,9 +154,9 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
         if opts.keep_running:
             _say(out, "\n--keep-running: the stack stays up; Ctrl-C to stop")
             with contextlib.suppress(KeyboardInterrupt):
-                while worker.poll() is None:
+                while worker.proc.poll() is None:
                     time.sleep(1)
-        _stop_worker(worker)
+        worker.stop(20)
         worker = None
         threads.join(15)
         rows = client.query(
@@ -171,7 +171,7 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
         return 1 if threads.errors else 0
     finally:
         if worker is not None:
-            _stop_worker(worker)
+            worker.stop(20)
         threads.join(5)
         if server is not None:
             server.stop()
@@ -188,30 +188,7 @@ def _target(f: dict) -> str:
     return f"host {f['host']}"
 
 
-def _start_worker(settings: Settings, bootstrap: str, home: Path) -> subprocess.Popen:
-    logf = open(home / "worker.log", "ab")  # noqa: SIM115 - handed to the child
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "failslow.cli", "worker", "--bootstrap", bootstrap,
-             "--topic-prefix", settings.topic_prefix, "--home", str(home),
-             "--group", "failslow-demo-worker", "--log-level", "warning"],
-            stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    finally:
-        logf.close()
-
-
-def _stop_worker(worker: subprocess.Popen) -> None:
-    if worker.poll() is None:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(5)
-
-
-def _play(trace: Any, pub: Any, speed: float, worker: subprocess.Popen, out: TextIO) -> int:
+def _play(trace: Any, pub: Any, speed: float, worker: WorkerProcess, out: TextIO) -> int:
     """Publish the trace paced to the wall clock; a progress line every ~10 s of job time."""
     start = trace.truth["start_ts"]
     wall0 = time.monotonic()
@@ -229,8 +206,8 @@ def _play(trace: Any, pub: Any, speed: float, worker: subprocess.Popen, out: Tex
         if t_rel >= next_note:
             _say(out, f"  .. job time +{t_rel:4.0f} s, {n:,} events published")
             next_note += 10.0
-        if worker.poll() is not None:
-            raise FailslowError(f"the worker exited with code {worker.returncode}; "
+        if worker.proc.poll() is not None:
+            raise FailslowError(f"the worker exited with code {worker.proc.returncode}; "
                                 "see worker.log in the demo folder")
     return n
 

@@ -1,5 +1,6 @@
 """The one-machine stack behind `failslow up` / `down`: Tansu plus the process that owns
-the chdb folder (the sink, which also answers other processes' queries).
+the chdb folder (the sink, which also answers other processes' queries). `failslow demo`
+starts its broker here too (``start_broker``), and its worker with ``PLAINTEXT_FLAGS``.
 
 chdb lets one process open a data folder at a time, so the sink is that owner:
 `failslow query` and the demo read through it while it runs.
@@ -18,15 +19,26 @@ from failslow.config import Settings, read_stack_state, state_path
 from schema import Topics, kafka_security
 from storage.url import mask
 
+# The embedded broker is plaintext on loopback (Tansu serves no TLS): the FAILSLOW_KAFKA_*
+# settings are for a real Kafka, not for it. A child command that talks to it gets these
+# flags (they override the variables it inherits).
+PLAINTEXT_FLAGS = ["--kafka-security-protocol", "PLAINTEXT"]
+
+
+def start_broker(topics: Topics, partitions: int = 4, port: int | None = None,
+                 log_path: Path | None = None, detach: bool = False) -> stack.Broker:
+    """The embedded broker with its topics, as `failslow up` and `failslow demo` start it;
+    from here on this process's Kafka clients are plaintext (see PLAINTEXT_FLAGS)."""
+    kafka_security.use(kafka_security.PLAINTEXT)
+    return stack.start_broker_with_topics(topics, partitions, port, log_path=log_path,
+                                          detach=detach)
+
 
 def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> dict:
     home = settings.home
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # The embedded broker is plaintext on loopback (Tansu serves no TLS): the
-    # FAILSLOW_KAFKA_* settings are for a real Kafka, not for it.
-    kafka_security.use(kafka_security.PLAINTEXT)
-    broker = stack.start_broker_with_topics(Topics(settings.topic_prefix), partitions, port,
-                                            log_path=home / "tansu.log", detach=True)
+    broker = start_broker(Topics(settings.topic_prefix), partitions, port,
+                          log_path=home / "tansu.log", detach=True)
     state: dict = {}
     try:
         state = {"pid": broker.pid, "port": broker.port, "topic_prefix": settings.topic_prefix,
@@ -71,12 +83,13 @@ def _start_db_owner(settings: Settings, bootstrap: str, home: Path, metrics_port
     """Run `failslow sink` in the background: it migrates and owns the chdb folder, and
     serves its metrics on 127.0.0.1:metrics_port."""
     log = open(home / "sink.log", "ab")  # noqa: SIM115 - handed to the child
+    # Without the FAILSLOW_KAFKA_* variables too: a TLS file named there must not even be read.
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_KAFKA_")}
     env["FAILSLOW_HOME"] = str(home)
     proc = subprocess.Popen(
         [sys.executable, "-m", "failslow.cli", "sink", "--bootstrap", bootstrap,
          "--clickhouse", settings.clickhouse, "--topic-prefix", settings.topic_prefix,
-         "--home", str(home), "--metrics-port", str(metrics_port)],
+         "--home", str(home), "--metrics-port", str(metrics_port), *PLAINTEXT_FLAGS],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, env=env)
     log.close()

@@ -155,3 +155,15 @@ def test_down_keeps_what_the_broker_acknowledged(tmp_path):
     # One sink fetch (100 ms) of events can be acknowledged and not yet read when the
     # broker stops; not the ~7 s its SIGTERM takes.
     assert rows[0][0] >= delivered - 30, (rows, delivered)
+
+
+@pytest.mark.integration
+def test_demo_is_plaintext_like_up_whatever_the_kafka_settings_say(tmp_path):
+    # FAILSLOW_KAFKA_* describe a real (TLS) Kafka; the demo's embedded Tansu is plaintext,
+    # for the demo process and for the worker it starts, as for `failslow up`.
+    env = {"FAILSLOW_HOME": str(tmp_path / "home"), "FAILSLOW_KAFKA_SECURITY_PROTOCOL": "SSL"}
+    out = fs("demo", "--steps", "30", "--speed", "10", env=env, timeout=240)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
+    assert "summary" in out.stdout and "error:" not in out.stdout
+    worker_log = (tmp_path / "home" / "demo" / "worker.log").read_text(errors="replace")
+    assert "SSL" not in worker_log and "ssl" not in worker_log.lower(), worker_log[-2000:]
