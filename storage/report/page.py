@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+import storage.report.svg as svg  # the module, not the package: no import circle
 from storage.client import Client
-from storage.report import svg
 from storage.report.data import (
     AFTER_S,
     BEFORE_S,
