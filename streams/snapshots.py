@@ -119,11 +119,11 @@ class SnapshotStore:
                                    partition=partition, headers=headers, on_delivery=delivered)
             left = self._producer.flush(FLUSH_S)
             if left or errors:
+                why = errors[0] if errors else f"not acknowledged within {FLUSH_S:.0f} s"
                 # nothing of it may land later, behind a newer snapshot's chunks
                 self._producer.purge()
                 self._producer.poll(0)
-                raise SnapshotError(f"snapshot of partition {partition} not delivered: "
-                                    f"{errors[0] if errors else 'timeout'}")
+                raise SnapshotError(f"snapshot of partition {partition} not delivered: {why}")
         return len(blob)
 
     def try_write_blob(self, partition: int, blob: bytes) -> int | None:
