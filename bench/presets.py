@@ -15,8 +15,12 @@ Each preset runs `--repeat` times (default 5); prints min and median wall second
 process CPU seconds of the fastest run (user + system, all of chdb's threads: on a loaded
 machine the wall time mostly measures the queue for a core, the CPU time the query's own
 work), with the load average, and writes bench/results/presets.json. Target (issue 19):
-every preset < 1 s.
-    python bench/presets.py [--steps 2442] [--ranks 4096] [--repeat 5]
+every preset < 1 s. ``--baseline REV`` times REV's presets too, interleaved with
+today's on the same rows (the wall time on a shared machine moves with its load; the two
+columns side by side do not). The range ends mid-minute (10 s after the last step), so the GPU and
+NIC presets read their rollups' whole minutes and the raw rows of the last partial minute.
+    python bench/presets.py [--steps 2442] [--ranks 4096] [--repeat 5] [--baseline REV]
+                            [--keep DIR]
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ import platform
 import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import orjson
@@ -116,6 +123,28 @@ FROM (SELECT number, number % 200 AS j, intDiv(number, 10) AS i FROM numbers(200
     return counts
 
 
+def _settle(client, timeout_s: float = 600.0) -> None:
+    """Wait for the schema's mutations (migration 9 fills steps.own_s in the parts of a
+    reused folder) so that no timed query shares the CPU with them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, rows = client.query("SELECT count() FROM system.mutations "
+                               "WHERE database = currentDatabase() AND NOT is_done")
+        if not rows[0][0]:
+            return
+        time.sleep(1.0)
+
+
+def _baseline(rev: str) -> dict:
+    """The PRESETS of storage/presets.py as of git ``rev``."""
+    source = subprocess.run(["git", "show", f"{rev}:storage/presets.py"], check=True,
+                            capture_output=True, text=True, cwd=Path(__file__).parent).stdout
+    module = types.ModuleType(f"presets_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, f"{rev}:storage/presets.py", "exec"), module.__dict__)
+    return dict(module.PRESETS)
+
+
 def _cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -134,6 +163,9 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=2442)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also time storage/presets.py as of git REV, interleaved with "
+                         "today's, on the same rows (REV's SQL must run on today's schema)")
     ap.add_argument("--keep", type=Path, metavar="DIR",
                     help="load into DIR and keep it; a later run with the same DIR reuses it")
     args = ap.parse_args()
@@ -149,33 +181,43 @@ def main() -> None:
         else:
             counts = load(client, args.ranks, args.steps)
         load_s = time.perf_counter() - t
+        _settle(client)
         print(f"{'reused' if reuse else 'loaded'} {counts} in {load_s:.1f} s "
               "(INSERT ... SELECT FROM numbers())", flush=True)
-        results = {}
+        old = _baseline(args.baseline) if args.baseline else {}
+        results, baseline = {}, {}
         for name, preset in PRESETS.items():
-            sql = readonly_sql(preset.sql.strip())
-            bound = bind(preset, params(name, args.steps))
-            times, cpus, first = [], [], None
-            for _ in range(args.repeat):
-                t, c = time.perf_counter(), _cpu_s()
-                cols, rows = client.query(sql, bound)
-                times.append(time.perf_counter() - t)
-                cpus.append(_cpu_s() - c)
-                first = first or (dict(zip(cols, rows[0], strict=True)) if rows else {})
-            results[name] = {"min_s": round(min(times), 4),
-                             "median_s": round(statistics.median(times), 4),
-                             "cpu_s": round(cpus[times.index(min(times))], 4),
-                             "load1": round(os.getloadavg()[0], 1), "rows": len(rows)}
-            top = {k: first[k] for k in list(first)[:2]} if first else {}
-            print(f"{name:<20} wall min {min(times):6.3f} s  median "
-                  f"{statistics.median(times):6.3f} s  cpu {results[name]['cpu_s']:6.3f} s  "
-                  f"load {results[name]['load1']:4.1f}  rows {len(rows):>4}  first {top}",
-                  flush=True)
+            runs = {"now": (preset, {"times": [], "cpus": []})}
+            if name in old:
+                runs["baseline"] = (old[name], {"times": [], "cpus": []})
+            rows: list = []
+            for _ in range(args.repeat):  # interleaved: both see the same machine
+                for which, (p, got) in runs.items():
+                    bound = bind(p, params(name, args.steps))
+                    t, c = time.perf_counter(), _cpu_s()
+                    cols, out = client.query(readonly_sql(p.sql.strip()), bound)
+                    got["times"].append(time.perf_counter() - t)
+                    got["cpus"].append(_cpu_s() - c)
+                    if which == "now":
+                        rows = [dict(zip(cols, r, strict=True)) for r in out]
+            for which, (_, got) in runs.items():
+                times, cpus = got["times"], got["cpus"]
+                stats = {"min_s": round(min(times), 4),
+                         "median_s": round(statistics.median(times), 4),
+                         "cpu_s": round(cpus[times.index(min(times))], 4),
+                         "load1": round(os.getloadavg()[0], 1), "rows": len(rows)}
+                (results if which == "now" else baseline)[name] = stats
+                top = {k: rows[0][k] for k in list(rows[0])[:2]} if rows else {}
+                print(f"{name:<20} {which:<8} wall min {stats['min_s']:6.3f} s  median "
+                      f"{stats['median_s']:6.3f} s  cpu {stats['cpu_s']:6.3f} s  "
+                      f"load {stats['load1']:4.1f}  rows {len(rows):>4}  first {top}",
+                      flush=True)
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_bytes(orjson.dumps({
             "rows": counts, "ranks": args.ranks, "steps": args.steps, "repeat": args.repeat,
             "load_s": None if reuse else round(load_s, 1), "reused_folder": reuse,
             "presets": results, "cpus": os.cpu_count(),
+            **({"baseline": {"rev": args.baseline, "presets": baseline}} if baseline else {}),
             "machine": platform.platform(),
             "note": "rows generated by INSERT ... SELECT FROM numbers() in the simulator's "
                     "shape; chdb, one process; noisy shared VM unless said otherwise",
