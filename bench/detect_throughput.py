@@ -12,15 +12,25 @@ GPUs; traces at ``--grain comm`` (default: windows, as the producers publish) or
 ``collective`` (one event per op). Writes bench/results/detect_throughput.json
 (``detect_throughput_collective.json`` for the collective grain).
 
+With ``--on-change`` the trace's device samples are those host agents publish by default
+(``collectors.samplers.filter_trace``: on change plus a heartbeat), not every sample.
+With ``--baseline REV`` the input path of git revision REV (its
+``failslow/commands/detect.py`` and ``schema/fast.py``; the detector is this tree's in
+both) runs in the same process, alternating with this tree's run by run, so a loaded
+machine slows both alike: before/after and their ratio are printed and written.
+
     .venv/bin/python bench/detect_throughput.py [--scenario NAME ...] [--repeat 2] [--grain comm]
+        [--baseline REV] [--on-change]
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
+import types
 from itertools import islice
 from pathlib import Path
 
@@ -29,17 +39,34 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from collectors.samplers import filter_trace  # noqa: E402
 from failslow.commands.detect import BATCH, detect_lines  # noqa: E402
 from models.pipeline import Detector  # noqa: E402
 from simulator import GRAINS, SCENARIOS, simulate  # noqa: E402
 
 
-def full_run(path: Path) -> tuple[float, float, int]:
+def full_run(path: Path, detect=detect_lines) -> tuple[float, float, int]:
     """(CPU s, wall s, events) of the CLI path over the file."""
     c0, w0 = time.process_time(), time.perf_counter()
     with path.open("rb") as f:
-        n, _, _ = detect_lines(f, Detector(), lambda inc: None, lambda no, why: None)
+        n, _, _ = detect(f, Detector(), lambda inc: None, lambda no, why: None)
     return time.process_time() - c0, time.perf_counter() - w0, n
+
+
+def baseline_detect(rev: str):
+    """``detect_lines`` of git revision ``rev``, with that revision's ``schema.fast``."""
+    def module(name: str, path: str) -> types.ModuleType:
+        src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout
+        mod = types.ModuleType(name)
+        mod.__file__ = f"{rev}:{path}"
+        sys.modules[name] = mod       # dataclasses and the like look modules up by name
+        exec(compile(src, mod.__file__, "exec"), mod.__dict__)  # noqa: S102 - our own history
+        return mod
+    fast = module("baseline_schema_fast", "schema/fast.py")
+    detect = module("baseline_detect", "failslow/commands/detect.py")
+    detect.all_valid = fast.all_valid
+    return detect.detect_lines
 
 
 def detector_run(path: Path) -> tuple[float, dict[str, int]]:
@@ -68,20 +95,43 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--grain", choices=GRAINS, default="comm")
     ap.add_argument("--steps", type=int, help="steps per trace (default: the scenario's)")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also run REV's input path (detect.py, schema/fast.py), alternating")
+    ap.add_argument("--on-change", action="store_true",
+                    help="device samples as the agents publish them (on change + heartbeat)")
     args = ap.parse_args()
+    base = baseline_detect(args.baseline) if args.baseline else None
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.scenario:
             path = Path(tmp) / f"{name}.jsonl"
-            n = simulate(SCENARIOS[name], seed=0, steps=args.steps,
-                         grain=args.grain).write_jsonl(path)
-            runs = [full_run(path) for _ in range(args.repeat)]
+            sim = simulate(SCENARIOS[name], seed=0, steps=args.steps, grain=args.grain)
+            if args.on_change:
+                kept = filter_trace(list(sim.events()))
+                path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in kept))
+                n = len(kept)
+            else:
+                n = sim.write_jsonl(path)
+            runs, before = [], []
+            for _ in range(args.repeat):
+                if base is not None:
+                    before.append(full_run(path, base))
+                runs.append(full_run(path))
             cpu, wall = min(r[0] for r in runs), min(r[1] for r in runs)
-            assert all(r[2] == n for r in runs)
+            assert all(r[2] == n for r in runs + before)
             core, kinds = detector_run(path)
             path.unlink()
             rs = kinds.get("step", 0)
-            results[name] = {"events": n, "kinds": kinds, "rank_steps": rs,
+            extra = {}
+            if before:
+                b_cpu = min(r[0] for r in before)
+                extra = {"baseline": args.baseline,
+                         "baseline_rank_steps_per_s": round(rs / b_cpu),
+                         "speedup": round(b_cpu / cpu, 3)}
+                print(f"{name:22s} baseline {args.baseline}: {rs / b_cpu:8,.0f} rank-steps/s, "
+                      f"this tree: {rs / cpu:8,.0f} rank-steps/s ({b_cpu / cpu:.2f}x; "
+                      f"CPU s {b_cpu:.3f} -> {cpu:.3f}, best of {args.repeat} each)", flush=True)
+            results[name] = {"events": n, "kinds": kinds, "rank_steps": rs, **extra,
                              "events_per_rank_step": round(n / max(rs, 1), 2),
                              "detect_events_per_s": round(n / cpu),
                              "detect_rank_steps_per_s": round(rs / cpu),
@@ -95,11 +145,14 @@ def main() -> int:
     total = sum(r["events"] for r in results.values())
     full_s = sum(r["events"] / r["detect_events_per_s"] for r in results.values())
     print(f"{'overall':22s} {total:8d} events  {total / full_s:9,.0f} ev/s (one core, CPU time)")
-    suffix = "" if args.grain == "comm" else f"_{args.grain}"
+    suffix = ("" if args.grain == "comm" else f"_{args.grain}") + \
+        ("_onchange" if args.on_change else "")
     out = ROOT / "bench" / "results" / f"detect_throughput{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps({"scenarios": results, "clock": "process CPU time",
                                   "grain": args.grain, "steps": args.steps,
+                                  "device_samples": "on change + heartbeat (agent default)"
+                                  if args.on_change else "every sample",
                                   "overall_events_per_s": round(total / full_s)},
                                  option=orjson.OPT_INDENT_2))
     print(f"wrote {out.relative_to(ROOT)}")

@@ -205,3 +205,30 @@ class OnChange:
             if r < 0 or abs(r - r0) > max(rel * abs(r0), 3 * max(abs(r0), 1.0) ** 0.5 + 3):
                 return True
         return False
+
+
+def filter_trace(events: list[Any], config: OnChangeConfig | None = None) -> list[Any]:
+    """``events`` (a trace: any kinds, in ts order) less the device samples that host
+    agents with this config would not publish: each host's samples go through its own
+    filter one cycle at a time (a cycle ends when a device of the host shows up again).
+    For benchmarks and experiments on simulated traces."""
+    filters: dict[str, OnChange] = {}
+    cycles: dict[str, tuple[set, list[Any]]] = {}   # host -> (devices, its samples)
+    kept: set[int] = set()
+
+    def close(host: str) -> None:
+        flt = filters.get(host) or filters.setdefault(host, OnChange(config))
+        kept.update(map(id, flt.filter(cycles.pop(host)[1])))
+
+    for e in events:
+        if e["kind"] not in DEVICE_KINDS:
+            continue
+        dev = device_of(e)
+        if e["host"] in cycles and dev in cycles[e["host"]][0]:
+            close(e["host"])
+        seen, samples = cycles.setdefault(e["host"], (set(), []))
+        seen.add(dev)
+        samples.append(e)
+    for host in list(cycles):
+        close(host)
+    return [e for e in events if e["kind"] not in DEVICE_KINDS or id(e) in kept]

@@ -13,7 +13,13 @@ from fakes.nvml import FakeGpu, FakeNVML
 from collectors.gpu import GpuSampler
 from collectors.host import HostSampler
 from collectors.nic import NicSampler
-from collectors.samplers import BANDS, RATE_COUNTERS, OnChange, OnChangeConfig
+from collectors.samplers import (
+    BANDS,
+    RATE_COUNTERS,
+    OnChange,
+    OnChangeConfig,
+    filter_trace,
+)
 from schema import validate
 
 FIXTURE_SYS = Path(__file__).parent / "fixtures" / "sysfs"
@@ -288,3 +294,22 @@ def test_on_change_config_is_checked():
     for bad in ({"heartbeat_s": 0}, {"settle": -1}, {"bands": {"temp_c": ("pct", 1.0)}}):
         with pytest.raises(ValueError):
             OnChangeConfig(**bad)
+
+
+def test_filter_trace_is_each_host_agent_s_filter_cycle_by_cycle():
+    def gpu(host: str, i: int, t: float, clock: float = 1980.0) -> dict:
+        return {"v": 1, "kind": "gpu", "ts": t, "host": host, "gpu": i, "uuid": f"{host}-{i}",
+                "sm_clock_mhz": clock}
+    trace = []
+    for t in range(1, 13):
+        for host in ("a", "b"):
+            trace += [gpu(host, i, t + 0.001 * i, 1500.0 if (host, i, t) == ("b", 1, 7)
+                          else 1980.0) for i in range(4)]
+    kept = filter_trace(trace, OnChangeConfig(settle=0))
+    by_host = {h: [(e["ts"], e["gpu"]) for e in kept if e["host"] == h] for h in "ab"}
+    assert len(by_host["a"]) == 4 + 11                 # first cycle, then one per cycle
+    assert [g for t, g in by_host["a"][4:]] == [0, 1, 2, 3] * 2 + [0, 1, 2]
+    # the clock drop at t=7 and the return at t=8 are published, not just the round
+    assert (7.001, 1) in by_host["b"] and (8.001, 1) in by_host["b"]
+    ids = set(map(id, kept))
+    assert kept == [e for e in trace if id(e) in ids]           # in the trace's order
