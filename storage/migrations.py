@@ -25,6 +25,7 @@ Design (why the tables look like this):
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from storage.client import Client
 from storage.errors import StorageError
@@ -307,28 +308,39 @@ _NIC_1M = """CREATE TABLE IF NOT EXISTS {db}.nic_1m (
 ) ENGINE = AggregatingMergeTree ORDER BY (minute, host, nic, port)
 TTL ingest_ts + INTERVAL {rollup_ttl_days} DAY"""
 
-# (rollup, raw table, its columns and aggregates per minute, row filter, group keys)
-_ROLLUPS = [
-    ("gpu_clocks_1m", "gpu",
-     "host, gpu, assumeNotNull(sm_clock_mhz) AS clock_mhz, "
-     "ifNull(clocks_event_reasons, 0) AS reason_bits, any(job_id) AS job_id, "
-     "any(rank) AS rank, count() AS samples, max(max_sm_clock_mhz) AS max_sm_clock_mhz, "
-     "max(temp_c) AS temp_c_max, sum(ifNull(power_w, 0.)) AS power_w_sum, "
-     "count(power_w) AS power_w_samples",
-     "sm_clock_mhz IS NOT NULL", "minute, host, gpu, clock_mhz, reason_bits"),
-    ("nic_1m", "nic",
-     "host, nic, port, count() AS samples, min(ts) AS first_ts, max(ts) AS last_ts, "
-     f"argMinState({NIC_COUNTERS}, ts) AS first_counters, "
-     f"argMaxState({NIC_COUNTERS}, ts) AS last_counters, max(speed_gbps) AS speed_gbps",
-     "", "minute, host, nic, port"),
-]
+class Rollup(NamedTuple):
+    """A per-minute rollup of a raw table: a minute's ``columns`` per group (``keys``, less
+    the minute) over the raw rows that pass ``where``. The view, the backfill and the
+    presets' raw edges (storage/presets.py) all aggregate with these ``columns``."""
+
+    raw: str
+    columns: str
+    where: str
+    keys: str
 
 
-def _rollup_sql(rollup: str, raw: str, columns: str, where: str, keys: str) -> list[str]:
-    """The materialized view that fills ``rollup`` from ``raw`` on insert, then the
-    one-time backfill from the rows already in ``raw`` (see above)."""
-    select = (f"SELECT toStartOfMinute(ts) AS minute, {columns}, {{ingest}} AS ingest_ts "
-              f"FROM {{source}}{f' WHERE {where}' if where else ''} GROUP BY {keys}")
+ROLLUPS = {
+    "gpu_clocks_1m": Rollup(
+        "gpu", "host, gpu, assumeNotNull(sm_clock_mhz) AS clock_mhz, "
+        "ifNull(clocks_event_reasons, 0) AS reason_bits, any(job_id) AS job_id, "
+        "any(rank) AS rank, count() AS samples, max(max_sm_clock_mhz) AS max_sm_clock_mhz, "
+        "max(temp_c) AS temp_c_max, sum(ifNull(power_w, 0.)) AS power_w_sum, "
+        "count(power_w) AS power_w_samples",
+        "sm_clock_mhz IS NOT NULL", "host, gpu, clock_mhz, reason_bits"),
+    "nic_1m": Rollup(
+        "nic", "host, nic, port, count() AS samples, min(ts) AS first_ts, max(ts) AS last_ts, "
+        f"argMinState({NIC_COUNTERS}, ts) AS first_counters, "
+        f"argMaxState({NIC_COUNTERS}, ts) AS last_counters, max(speed_gbps) AS speed_gbps",
+        "", "host, nic, port"),
+}
+
+
+def _rollup_sql(rollup: str, spec: Rollup) -> list[str]:
+    """The materialized view that fills ``rollup`` from its raw table on insert, then the
+    one-time backfill from the rows already there (see above)."""
+    raw, where = spec.raw, f" WHERE {spec.where}" if spec.where else ""
+    select = (f"SELECT toStartOfMinute(ts) AS minute, {spec.columns}, {{ingest}} AS ingest_ts "
+              f"FROM {{source}}{where} GROUP BY minute, {spec.keys}")
     cutoff = ("(SELECT max(metadata_modification_time) FROM system.tables "
               f"WHERE database = '{{db}}' AND name = '{rollup}_mv')")
     before = (f"(SELECT * FROM {{db}}.{raw} WHERE ingest_ts < {cutoff} AND (SELECT count() "
@@ -341,7 +353,7 @@ def _rollup_sql(rollup: str, raw: str, columns: str, where: str, keys: str) -> l
 
 
 _PRESET_ROLLUPS = [_STEPS_OWN, _STEPS_OWN_FILL, _GPU_CLOCKS_1M, _NIC_1M,
-                   *(sql for spec in _ROLLUPS for sql in _rollup_sql(*spec))]
+                   *(sql for name, spec in ROLLUPS.items() for sql in _rollup_sql(name, spec))]
 
 _SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
     version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from storage.errors import QueryError
-from storage.migrations import NIC_COUNTERS
+from storage.migrations import ROLLUPS
 
 # Parameter kinds: how the text is checked and converted, and the ClickHouse type.
 KINDS = {"str": "String", "count": "UInt32", "int": "Int32", "num": "Float64",
@@ -144,6 +144,9 @@ _RANGE = ("ts >= toDateTime64({since:Float64}, 3, 'UTC') "
 # the partial minutes at its two edges: the same answer as the raw rows alone, from a
 # few rows per device and minute. A range with no partial minute skips the raw table
 # (a constant false condition reads no part).
+# The raw edges aggregate as the rollups do (ROLLUPS: the same columns, in the same order,
+# so UNION ALL lines them up with the rollup's rows by position).
+_GPU, _NIC = ROLLUPS["gpu_clocks_1m"], ROLLUPS["nic_1m"]
 _M0 = "ceil({since:Float64} / 60) * 60"
 _M1 = "greatest(ceil({since:Float64} / 60), floor({until:Float64} / 60)) * 60"
 _WHOLE = (f"minute >= toDateTime64({_M0}, 3, 'UTC') "
@@ -236,14 +239,10 @@ FROM (
                 FROM gpu_clocks_1m
                 WHERE {_WHOLE}
                 UNION ALL
-                SELECT host, gpu, assumeNotNull(sm_clock_mhz) AS clk,
-                       ifNull(clocks_event_reasons, 0) AS reason_bits, any(job_id) AS job,
-                       any(rank) AS rnk, count() AS n, max(max_sm_clock_mhz) AS ref,
-                       max(temp_c) AS temp_max, sum(ifNull(power_w, 0.)) AS power_sum,
-                       count(power_w) AS power_n
+                SELECT {_GPU.columns}
                 FROM gpu
-                WHERE {_EDGES} AND sm_clock_mhz IS NOT NULL
-                GROUP BY host, gpu, clk, reason_bits
+                WHERE {_EDGES} AND {_GPU.where}
+                GROUP BY {_GPU.keys}
             )
             GROUP BY host, gpu, clk, reason_bits
         )
@@ -255,8 +254,8 @@ ORDER BY low_samples DESC, drop_pct DESC, host, gpu
 LIMIT {{limit:UInt32}}"""
 
 
-# Counters summed per port (tx + rx pause, sent + handled CNP: storage.migrations.
-# NIC_COUNTERS), then what each grew over the range with no sort: the last sample's
+# Counters summed per port (tx + rx pause, sent + handled CNP, ECN, bytes: storage.
+# migrations.NIC_COUNTERS), then what each grew over the range with no sort: the last sample's
 # values less the first's (argMin / argMax of the tuple, merged from nic_1m's whole
 # minutes and the edges' raw rows). A counter that was reset in the range (a decrease)
 # counts from the reset only: undercounted, never negative.
@@ -281,12 +280,10 @@ FROM (
         FROM nic_1m
         WHERE {_WHOLE}
         UNION ALL
-        SELECT host, nic, port, count() AS n, min(ts) AS t0, max(ts) AS t1,
-               argMinState({NIC_COUNTERS}, ts) AS first_c,
-               argMaxState({NIC_COUNTERS}, ts) AS last_c, max(speed_gbps) AS speed
+        SELECT {_NIC.columns}
         FROM nic
         WHERE {_EDGES}
-        GROUP BY host, nic, port
+        GROUP BY {_NIC.keys}
     )
     GROUP BY host, nic, port
     HAVING samples >= 2
