@@ -8,7 +8,9 @@ an int, a time is a time), names the unknown and the missing ones, and fills def
 
 Times (``since``, ``until``) are ISO 8601 (``2026-11-24T08:00``, UTC unless it says
 otherwise), seconds since the epoch, ``now``, or relative: ``-24h``, ``-30m``, ``-7d``.
-The SQL runs unchanged on chdb and on a ClickHouse server (>= 23.3).
+The SQL runs unchanged on chdb and on a ClickHouse server (>= 23.3), on the schema of
+storage/migrations.py up to migration 9 (steps.own_s and the gpu_clocks_1m / nic_1m
+rollups that the step, GPU and NIC presets read).
 
 >>> sorted(bind(PRESETS["slowest_ranks"], {"job": "j0", "limit": "5"},
 ...             now=1e9).items())  # doctest: +NORMALIZE_WHITESPACE
@@ -138,7 +140,7 @@ _RANGE = ("ts >= toDateTime64({since:Float64}, 3, 'UTC') "
 # A rank's own work in a step is steps.own_s (storage.migrations.OWN_S: compute + input
 # wait when reported, else the step less the time blocked in collectives; everyone's step
 # time is the slowest member's), computed at insert.
-
+#
 # Long ranges of GPU and NIC samples read the per-minute rollups (gpu_clocks_1m, nic_1m,
 # storage/migrations.py) for the whole minutes of the range and the raw rows only for
 # the partial minutes at its two edges: the same answer as the raw rows alone, from a
