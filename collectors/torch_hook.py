@@ -81,7 +81,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from collectors.comm_windows import resolve_grain
-from collectors.torch_ops import STEP_TIMEOUT_S, Op, OpTracking, Step
+from collectors.torch_ops import STEP_TIMEOUT_S, Op, OpTracking, Step, storage_key
 from collectors.torch_seams import Seams
 
 _FUNCOL_PENDING_MAX = 4096  # functional results never waited on are forgotten past this
@@ -147,7 +147,9 @@ class TrainingHook(OpTracking):
         self._works_pending: dict[int, Op] = {}  # id(op) -> op whose end is polled (1 ms)
         self._works_blocking: dict[int, Op] = {}  # ended by their wait; polled at 0.1 s
         self._works: dict[int, Op] = {}  # id(work) -> op, to tell which ops were waited on
-        self._funcol_pending: dict[int, Op] = {}  # result tensor's _cdata -> op
+        # result tensor's storage -> op: DTensor waits on a view of the result (an
+        # AsyncCollectiveTensor re-wrapped by a view op), the same storage, another tensor
+        self._funcol_pending: dict[int, Op] = {}
         self._steps_open: list[Step] = []
         self._step: Step | None = None
         self._next_step = 0
@@ -307,7 +309,7 @@ class TrainingHook(OpTracking):
         pending = self._funcol_pending
         for out in outputs:
             if isinstance(out, torch.Tensor):
-                pending[out._cdata] = h
+                pending[storage_key(out)] = h
         while len(pending) > _FUNCOL_PENDING_MAX:
             del pending[next(iter(pending))]
 

@@ -29,6 +29,16 @@ from collectors.intervals import BlockedTime
 STEP_TIMEOUT_S = 30.0  # a step whose collectives never report is published without them
 
 
+def storage_key(t: torch.Tensor) -> int:
+    """What a functional collective's result and its wait have in common: the storage. A
+    ``wait_tensor`` may get a view of the result (DTensor re-wraps an AsyncCollectiveTensor
+    after a view op, and waits on that), another tensor object over the same memory."""
+    try:
+        return int(t.untyped_storage().data_ptr()) or t._cdata
+    except (RuntimeError, NotImplementedError):   # no storage (a subclass, a fake tensor)
+        return t._cdata
+
+
 class Step:
     """One open step: its event, clock (perf_counter), ended ops and what blocked it."""
 
@@ -165,7 +175,7 @@ class OpTracking:
             self._end_op(h, t1)
 
     def _on_funcol_wait(self, tensor: Any, t0: float, t1: float) -> None:
-        h = self._funcol_pending.pop(tensor._cdata, None)
+        h = self._funcol_pending.pop(storage_key(tensor), None)
         if self._step is not None:
             with self._lock:
                 self._step.blocked.wait(t0, t1)

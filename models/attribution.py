@@ -53,22 +53,35 @@ class Attribution:
         st.since_s, st.since_n = sum(since), len(since)
         st.quiet = 0
 
+    @staticmethod
+    def _reach(st: RankState) -> float:
+        """How many job seconds one second of the rank's own excess can cost at most: its
+        usual step over its usual own work (>= 1). In data parallel a straggler's excess
+        is the job's (everyone waits for it: ~1-2x here); a pipeline stage's excess per
+        micro-batch delays every later micro-batch and stage, so the job's step grows by
+        up to (micro-batches + stages - 1) / micro-batches times it, which the step /
+        own-work ratio of a stage covers (a stage's own work is that fraction of a step)."""
+        own, step = st.own.mean if st.own.n else 0.0, st.step.mean if st.step.n else 0.0
+        return max(step / own, 1.0) if own > 0 else 1.0
+
     def _extra(self, st: RankState, job_s: float, excess_s: float) -> float:
         """Job seconds this step lost to the rank: the step's measured excess over the
-        job's step time before the onset, bounded by the rank's own excess (a rank
-        far outside its peers since the start has no clean past: its own excess)."""
+        job's step time before the onset, bounded by what the rank's own excess can cost
+        (``_reach``; a job slower for other reasons does not bill it); a rank far outside
+        its peers since the start has no clean past: its own excess."""
         if st.kind == "change" and st.base_job_s > 0:
-            return min(max(job_s - st.base_job_s, 0.0), excess_s)
+            return min(max(job_s - st.base_job_s, 0.0), excess_s * self._reach(st))
         return min(excess_s, job_s)
 
     def slowdown_pct(self, st: RankState) -> float:
-        """The job's step-time increase attributed to the rank, percent: the job's mean
-        step time since the onset over its step time before, bounded by what the rank's own
-        excess explains; with no clean past, the excess over the job's step without it."""
+        """The job's step-time increase attributed to the rank, percent: the job's MEASURED
+        mean step time since the onset over its step time before, minus one, bounded by what
+        the rank's own excess can cost (``_reach``); with no clean past, the excess over the
+        job's step without it."""
         now = st.since_s / st.since_n if st.since_n else self.job_recent
         if st.kind == "change" and st.base_job_s > 0 and now > 0:
             return 100.0 * min(max(now / st.base_job_s - 1.0, 0.0),
-                               max(st.excess_s, 0.0) / st.base_job_s)
+                               max(st.excess_s, 0.0) * self._reach(st) / st.base_job_s)
         return _pct(st.excess_s, now)
 
     def _imbalance(self, st: RankState, s: int, ev: Any, i: int, work: float, job_s: float,

@@ -224,3 +224,31 @@ def test_a_slow_link_is_priced_from_elapsed_time():
     assert all(e.get("gpu_hours_lost") for e in out)
     lost = [e["gpu_hours_lost"] for e in out]
     assert lost == sorted(lost)
+
+
+def _culprit(own_s: float, step_s: float, excess_s: float, base_s: float, now_s: float):
+    from models.ranks import RankState
+
+    st = RankState()
+    for _ in range(20):            # its usual step and own work, learned clean
+        st.observe(1.0, own_s, 0.0, step_s, False)
+    st.kind, st.base_job_s, st.excess_s = "change", base_s, excess_s
+    st.since_s, st.since_n = 10 * now_s, 10
+    return st
+
+
+def test_slowdown_is_the_jobs_measured_increase_even_in_a_pipeline():
+    from models.attribution import Attribution
+
+    a = Attribution()
+    # a pipeline stage (own work 0.025 s of a 0.1 s step) doing 2x: +0.025 s of its own,
+    # the job +0.04 s (later micro-batches and stages wait): priced +40 %, not +25 %
+    st = _culprit(own_s=0.025, step_s=0.1, excess_s=0.025, base_s=0.1, now_s=0.14)
+    assert a.slowdown_pct(st) == pytest.approx(40.0)
+    assert a._extra(st, 0.14, 0.025) == pytest.approx(0.04)
+    # a data-parallel straggler (own work most of the step): the job's increase is its
+    # excess; a job twice slower for other reasons does not bill it more than it can cost
+    st = _culprit(own_s=0.16, step_s=0.2, excess_s=0.04, base_s=0.2, now_s=0.4)
+    assert a.slowdown_pct(st) == pytest.approx(100.0 * 0.04 * 1.25 / 0.2)
+    st = _culprit(own_s=0.16, step_s=0.2, excess_s=0.04, base_s=0.2, now_s=0.23)
+    assert a.slowdown_pct(st) == pytest.approx(15.0)
