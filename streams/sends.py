@@ -254,11 +254,15 @@ class TopicWatch(threading.Thread):
         return f"the broker lost the worker's internal topics ({what}): {done}"
 
     def run(self) -> None:
+        warned = False
         while not self._stop.wait(self.interval_s):
             try:
                 why = self.check()
-            except Exception as exc:  # a watch that dies must not go unnoticed
-                why = f"the internal-topics watch failed ({exc!r})"
+            except Exception as exc:  # not a verdict on the topics: say so once, go on
+                if not warned:
+                    log.warning("the internal-topics check failed (%r); it goes on", exc)
+                    warned = True
+                continue
             if why is not None and not self._stop.is_set():
                 self.on_lost(why)
 
