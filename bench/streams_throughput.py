@@ -7,6 +7,13 @@ taken from the workers' own metrics, from the first event processed to the last
 (worker start-up and group join are not counted).
 
     .venv/bin/python bench/streams_throughput.py [--steps 6] [--workers 1 2] [--worker-args ...]
+    .venv/bin/python bench/streams_throughput.py --ranks 16384 --steps 8   # one 16,384-rank job
+
+With ``--ranks N`` the job is N ranks, tp8 pp8 (N / 8 hosts), comm grain, 1 s steps,
+and the rate is also given in judged rank-steps/s (``failslow_stream_judged_rank_steps_total``
+over the same span). What else ran on the machine (load average, the busiest processes)
+is recorded at the start and the end of each run: the ratio of two runs is only
+meaningful when the same things ran beside them.
 
 Prints numbers and writes bench/results/streams_throughput.json.
 """
@@ -30,7 +37,11 @@ from simulator import SCENARIOS, JobSpec, Scenario, simulate
 RESULTS = Path(__file__).parent / "results"
 
 
-def scenario(jobs: int) -> Scenario:
+def scenario(jobs: int, ranks: int | None = None) -> Scenario:
+    if ranks:
+        return Scenario(f"one_{ranks}", f"one {ranks:,}-rank job tp8 pp8, comm grain",
+                        (JobSpec(job_id="big", hosts=ranks // 8, tp=8, pp=8, micro_batches=8),),
+                        steps=40, large=True)
     if jobs == 1:
         return SCENARIOS["large_4096"]
     # job5 and job1 are homed on partitions 0 and 1 of 4 (crc32 % 4), which faust gives to
@@ -87,6 +98,16 @@ def run(bootstrap: str, topics: Topics, n_events: int, n_workers: int, timeout: 
         t_end = time.monotonic()
         cpu = sum(cpu_seconds(w.proc.pid) for w in workers)
         unmapped = processed(ports, "failslow_stream_unmapped_telemetry_total")
+        judged = processed(ports, "failslow_stream_judged_rank_steps_total")
+        rss = [rss_bytes(w.proc.pid) for w in workers]
+        # The last steps of a backlog are judged once --lateness (10 s) has passed, or
+        # once a rebalance settled: wait until judging stops (15 s without growth).
+        judged_end, t_judged = judged, t_end
+        while time.monotonic() < deadline and time.monotonic() - t_judged < 15:
+            time.sleep(1.0)
+            now_judged = processed(ports, "failslow_stream_judged_rank_steps_total")
+            if now_judged != judged_end:
+                judged_end, t_judged = now_judged, time.monotonic()
     finally:
         for w in workers:
             w.stop()
@@ -94,7 +115,28 @@ def run(bootstrap: str, topics: Topics, n_events: int, n_workers: int, timeout: 
     rate = (done - first) / span if t_first and span > 0 else 0.0
     return {"workers": n_workers, "events": n_events, "processed": done, "seconds": span,
             "events_per_s": rate, "worker_cpu_s": cpu,
+            "judged_rank_steps_when_all_events_processed": judged,
+            "judged_rank_steps_per_s": judged / span if t_first and span > 0 else 0.0,
+            "judged_rank_steps": judged_end,
+            "seconds_to_last_judged": t_judged - (t_first or t_judged),
+            "worker_rss_bytes": rss,
             "telemetry_messages_to_every_partition": unmapped}
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def machine_load() -> dict:
+    """What else runs here: load average and the busiest processes (ps)."""
+    import subprocess
+
+    ps = subprocess.run(["ps", "-eo", "pcpu,rss,args", "--sort=-pcpu"], capture_output=True,
+                        text=True, check=False).stdout.splitlines()[1:9]
+    return {"loadavg": os.getloadavg(), "busiest": [line.strip()[:120] for line in ps]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -114,11 +156,14 @@ def main() -> None:
                          "the detection (one job's detection runs in one place)")
     ap.add_argument("--worker-args", default="",
                     help="extra `failslow worker` flags, e.g. '--fetch-wait-ms 30'")
+    ap.add_argument("--ranks", type=int, default=None,
+                    help="one job of this many ranks (tp8 pp8) instead of large_4096")
     args = ap.parse_args()
     t0 = time.monotonic()
-    events = list(simulate(scenario(args.jobs), seed=0, steps=args.steps).events())
-    print(f"simulated {len(events):,} events ({args.steps} steps of 4,096 ranks in "
-          f"{args.jobs} job(s) + 512 hosts) in {time.monotonic() - t0:.1f} s")
+    sc = scenario(args.jobs, args.ranks)
+    events = list(simulate(sc, seed=0, steps=args.steps).events())
+    print(f"simulated {len(events):,} events ({args.steps} steps of {sc.description}) in "
+          f"{time.monotonic() - t0:.1f} s")
     broker = start_broker()
     results = []
     try:
@@ -128,21 +173,34 @@ def main() -> None:
             t0 = time.monotonic()
             publish_sliced(broker.bootstrap, topics, events)
             print(f"published in {time.monotonic() - t0:.1f} s")
+            load0 = machine_load()
             r = run(broker.bootstrap, topics, len(events), n, args.timeout,
                     args.worker_args.split())
+            r["load_before"], r["load_after"] = load0, machine_load()
             results.append(r)
             print(f"{n} worker(s): {r['processed']:,.0f} events in {r['seconds']:.1f} s = "
-                  f"{r['events_per_s']:,.0f} events/s (worker CPU {r['worker_cpu_s']:.1f} s "
-                  f"incl. start-up; {r['telemetry_messages_to_every_partition']:.0f} telemetry "
-                  f"messages went to every partition)")
+                  f"{r['events_per_s']:,.0f} events/s, "
+                  f"{r['judged_rank_steps_per_s']:,.0f} judged rank-steps/s (all "
+                  f"{r['judged_rank_steps']:,.0f} judged after {r['seconds_to_last_judged']:.1f} s; "
+                  f"worker CPU "
+                  f"{r['worker_cpu_s']:.1f} s incl. start-up; RSS "
+                  f"{[round(b / 2**20) for b in r['worker_rss_bytes']]} MiB; "
+                  f"{r['telemetry_messages_to_every_partition']:.0f} telemetry "
+                  f"messages went to every partition; load {r['load_before']['loadavg']})")
+        if len(results) > 1 and results[0]["events_per_s"]:
+            for r in results[1:]:
+                print(f"{r['workers']} workers / {results[0]['workers']}: "
+                      f"{r['events_per_s'] / results[0]['events_per_s']:.2f}x events/s")
     finally:
         broker.stop(2)
     RESULTS.mkdir(exist_ok=True)
     name = "streams_throughput" + ("" if args.jobs == 1 else "_2jobs")
+    if args.ranks:
+        name += f"_{args.ranks}ranks"
     if args.worker_args:
         name += "_tuned"
     (RESULTS / f"{name}.json").write_text(json.dumps(
-        {"scenario": scenario(args.jobs).name, "steps": args.steps, "runs": results,
+        {"scenario": sc.name, "steps": args.steps, "runs": results,
          "worker_args": args.worker_args}, indent=2))
 
 
