@@ -100,6 +100,10 @@ def main() -> int:
     ap.add_argument("--on-change", action="store_true",
                     help="device samples as the agents publish them (on change + heartbeat)")
     args = ap.parse_args()
+    if args.baseline:       # the commit itself, not a name that moves
+        args.baseline = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT,
+                                       check=True, capture_output=True,
+                                       text=True).stdout.strip()
     base = baseline_detect(args.baseline) if args.baseline else None
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
