@@ -9,7 +9,7 @@ a host never touches a NIC). A group's *cost* is its transfer seconds per byte
 out: its cost over its own past (a protected rolling median), compared with
 the same ratio of the other groups (faster-half reference), so a change of the
 whole network is no link fault; it is confirmed by the same capped CUSUM of
-z-scores as a rank (``models.job``). A link slow from the very first step has
+z-scores as a rank (``models.cusum``). A link slow from the very first step has
 no past to differ from and is found by the NIC counters only.
 
 Localization (C4's per-pair view): among candidate culprits — each slow
@@ -25,12 +25,14 @@ local GPU k, the rail-optimized layout).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
+from models.cusum import capped_increment, cusum_update
 from models.findings import Finding
 from models.peers import lower_half_ref
 from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER, lower_quartile
@@ -130,7 +132,9 @@ class LinkMonitor:
                     continue
                 ranks = member_ranks(c)
                 hosts = {rank_host.get(r) for r in ranks}
-                if len(hosts) < 2 or None in hosts:
+                # Sends and receives of a group larger than a pair (a pipeline group) are
+                # several links at once: ``models.p2p`` judges them per rank pair.
+                if len(hosts) < 2 or None in hosts or c[OP] in P2P and len(ranks) != 2:
                     local.add(group)
                     continue
                 a = agg[group] = _GroupStep(ranks, c[OP] in P2P)
@@ -175,15 +179,14 @@ class LinkMonitor:
             st = self.groups[g]
             b = st.cost
             rel = float(peer_rel[i])
-            # Same evidence rule as for ranks (models.job): gated, capped CUSUM of z.
-            k = cfg.z_min / 2
+            # The evidence rule of ranks (models.cusum): gated, capped CUSUM of z.
             zi = float(peer_z[i])
-            inc = min(zi if rel >= cfg.min_rel else min(zi, k), cfg.z_min + k) - k
-            weak = rel >= cfg.min_rel / 2 and zi >= k
+            inc = float(capped_increment(rel, zi, cfg.min_rel, cfg))
+            weak = rel >= cfg.min_rel / 2 and zi >= cfg.z_min / 2
             if inc > 0 and st.cusum == 0.0:
                 st.onset_ts = ts - job_s
                 st.onset_step = s
-            st.cusum = min(max(0.0, st.cusum + inc), cfg.confirm_z + cfg.z_min)
+            st.cusum = cusum_update(st.cusum, inc, cfg)
             st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
             if not weak:
                 if cost[i] > 0:
@@ -268,7 +271,7 @@ class LinkMonitor:
         return f
 
 
-def refine_with_nics(f: Finding, slow_members: list[tuple[int, ...]], store: TelemetryStore,
+def refine_with_nics(f: Finding, slow_members: Sequence[tuple[int, ...]], store: TelemetryStore,
                      rank_host: dict[int, str], rank_gpu: dict[int, int]
                      ) -> tuple[Finding, bool]:
     """Re-aim a slow_link finding at the host or rank pair whose NIC counters
@@ -363,5 +366,5 @@ def _retarget(f: Finding, key: str, nic: str | None, **where: Any) -> Finding:
     fields = {"rank": None, "peer_rank": None, "host": None, "peer_host": None, **where}
     return Finding(key=key, fault=f.fault, confirmed=f.confirmed, onset_ts=f.onset_ts,
                    onset_step=f.onset_step, slowdown_pct=f.slowdown_pct, own_pct=f.own_pct,
-                   evidence=evidence,
+                   lost_s=f.lost_s, world=f.world, evidence=evidence,
                    **fields)

@@ -42,10 +42,12 @@ from operator import itemgetter
 from typing import Any, cast
 
 from models.alignment import HEAD, CollectiveAligner
+from models.findings import Finding
 from models.incidents import IncidentTracker
 from models.job import JobConfig, JobState
 from models.links import nic_slots, refine_with_nics
 from models.mitigation import Planner
+from models.p2p import P2P_OPS, P2PMonitor
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
 
@@ -118,6 +120,7 @@ class Detector:
         self._jump = False
         self.jobs_ended = 0
         self.judged_rank_steps = 0  # ranks' steps judged (one per rank of each judged step)
+        self._p2p: dict[str, P2PMonitor] = {}   # job -> its pipeline send/recv pairs
 
     def clone(self) -> Detector:
         return Detector(self.min_rel, self.z_min, self.confirm_steps, self.resolve_steps,
@@ -139,6 +142,8 @@ class Detector:
         job = cast(JobState, None)     # set before first use: job_id None matches no event
         aligner = cast(CollectiveAligner, None)
         open_get = cast(Any, None)
+        p2p = cast(P2PMonitor, None)
+        p2ps = self._p2p
         tq = self._tq
         cuts = self._cut
         queued = 0
@@ -174,15 +179,30 @@ class Detector:
                                                                   JobState(job_id, self.cfg))
                         aligner = job.aligner
                         open_get = aligner.open.get
+                        p2p = p2ps.get(job_id) or p2ps.setdefault(job_id,
+                                                                 P2PMonitor(self.cfg))
                     if t > seen.get(job.job_id, -math.inf):
                         seen[job.job_id] = t
                 if kind == "comm":
                     job.add_comm(ev)
+                    s = ev.get("step")
+                    if s is None:
+                        s = job.last_step.get(ev["rank"], -1) + 1
+                    if s > job.evaluated:
+                        p2p.add_comm(ev, s)
                 elif kind == "collective":
                     step = ev.get("step")
+                    if ev["op"] in P2P_OPS:
+                        s = step
+                        if s is None:
+                            r = ev["rank"]
+                            s = job.last_step.get(r, -1) + 1 if job.real_steps else \
+                                (job.synth[r][0] + 1 if r in job.synth else 0)
+                        if s > job.evaluated:
+                            p2p.add_collective(ev, s)
                     if step is None:
-                        for _, findings, ts in job.add_collective(ev):
-                            out.extend(self._judge(job, findings, ts))
+                        for s, findings, ts in job.add_collective(ev):
+                            out.extend(self._judge(job, s, findings, ts))
                     elif aligner.need_time:
                         aligner.add(ev, step)
                     else:
@@ -199,8 +219,8 @@ class Detector:
                                 del aligner.open[gk]
                                 aligner.complete(members)
                 elif kind == "step":
-                    for _, findings, ts in job.add_step(ev):
-                        out.extend(self._judge(job, findings, ts))
+                    for s, findings, ts in job.add_step(ev):
+                        out.extend(self._judge(job, s, findings, ts))
                 elif kind in TELEMETRY_KINDS:
                     # Queued only for hosts a judged step has already used: samples of
                     # other hosts (no job here yet, or telemetry sent to every partition
@@ -285,8 +305,8 @@ class Detector:
         out: list[dict[str, Any]] = []
         for job in self.jobs.values():
             try:
-                for _, findings, ts in job.drain():
-                    out.extend(self._judge(job, findings, ts))
+                for s, findings, ts in job.drain():
+                    out.extend(self._judge(job, s, findings, ts))
             except Exception as exc:  # noqa: BLE001 - as in process_batch
                 self._failed(exc)
         return out
@@ -317,13 +337,14 @@ class Detector:
         out: list[dict[str, Any]] = []
         if job is not None:
             try:
-                for _, findings, ts in job.drain():
-                    out.extend(self._judge(job, findings, ts))
+                for s, findings, ts in job.drain():
+                    out.extend(self._judge(job, s, findings, ts))
             except Exception as exc:  # noqa: BLE001 - as in process_batch
                 self._failed(exc)
         resolved = self.tracker.end_job(job_id, last)
         out.extend(resolved)
         self.jobs.pop(job_id, None)
+        self._p2p.pop(job_id, None)
         for k in [k for k in self._causes if k[0] == job_id]:
             del self._causes[k]
         if job is not None:
@@ -341,13 +362,15 @@ class Detector:
                  len(resolved))
         return out
 
-    def _judge(self, job: JobState, findings: list, ts: float) -> list[dict[str, Any]]:
+    def _judge(self, job: JobState, s: int, findings: list, ts: float
+               ) -> list[dict[str, Any]]:
         # every judged step reaches here (those judged together: counted at the first)
         self.judged_rank_steps += job.take_rank_steps()
         found = []
         job_hosts = set(job.rank_host.values())
         self._release(job_hosts, ts - self.telemetry_delay_s)
         step_s = job.job_step_s or 1.0
+        located = []
         for f in findings:
             if f.fault == "slow_link":
                 g, decided = refine_with_nics(f, job.links.slow_members, self.store,
@@ -358,6 +381,8 @@ class Detector:
                     waited = job.evaluated - f.onset_step
                     g.confirmed = waited >= self.confirm_steps + LINK_PATIENCE_STEPS
                 f = g
+            located.append(f)
+        for f in self._pairs(job, s, ts, located):
             if not f.confirmed and (job.job_id, f.key) not in self.tracker.open:
                 continue
             cached = self._causes.get((job.job_id, f.key))
@@ -379,6 +404,44 @@ class Detector:
             found.append((f, cause, action, why, rc_ev))
         return self.tracker.step(job.job_id, ts, found)
 
+    def _pairs(self, job: JobState, s: int, ts: float, located: list[Finding]) -> list[Finding]:
+        """The step's findings with the pipeline pairs' (``models.p2p``) merged in: a pair
+        the collective groups already name is one finding (theirs, with the pair's cost);
+        a pair on a host whose NICs a finding already blames adds nothing; a step with a
+        slow pair is no unexplained job slowdown."""
+        p2p = self._p2p.get(job.job_id)
+        if p2p is None:
+            return located
+        job_s = next((d for k, d in reversed(job.job_hist) if k == s), 0.0)
+        pf = p2p.evaluate(s, job.rank_host, ts, job_s, job.world) if job_s > 0 else []
+        by_key = {f.key: f for f in located if f.fault == "slow_link"}
+        for f in by_key.values():
+            if f.peer_rank is not None:
+                # A pair the groups name (``models.links``): their slowdown estimate, the
+                # job time it lost as the pair's own evidence measures it.
+                p2p.price(f, job.world)
+        if not pf:
+            return located
+        blamed = {f.host for f in located if f.fault == "slow_link" and f.rank is None}
+        out = [f for f in located if f.fault != "job_slowdown"]
+        for f in pf:
+            g, _ = refine_with_nics(f, p2p.members.get(f.key, []), self.store, job.rank_host,
+                                    job.rank_gpu)
+            same = by_key.get(g.key)
+            if same is not None:
+                same.confirmed = same.confirmed or g.confirmed
+                if same.lost_s is None:
+                    same.lost_s, same.world = g.lost_s, g.world
+                continue
+            # the groups named this pair before, not this step: their last estimate, so
+            # the incident's numbers do not jump with whichever of the two saw it
+            g.slowdown_pct, g.own_pct = p2p.link_pct.get(g.key, (g.slowdown_pct, g.own_pct))
+            if g.rank is not None and {g.host, g.peer_host} & blamed:
+                continue
+            by_key[g.key] = g
+            out.append(g)
+        return out
+
     # -- recovery -----------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -397,6 +460,7 @@ class Detector:
             raise ValueError(f"unknown detector state version {d.get('version')!r}")
         det = cls.__new__(cls)
         det.__dict__.update(pickle.loads(base64.b64decode(d["state"])))
+        det.__dict__.setdefault("_p2p", {})   # a snapshot from before p2p pairs
         if "_seen" not in det.__dict__:    # a snapshot from before jobs ended
             det._seen = {j: -math.inf for j in det.jobs}
         det._tq = d["queued"]

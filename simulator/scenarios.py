@@ -96,3 +96,13 @@ _ALL = [
 
 # Long steps (2-30 s), faults from the first step, short stalls: simulator/scenarios_long.py
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (*_ALL, *LONG_STEPS)}
+
+# A slow pipeline point-to-point link whose pair no data-parallel group spans (issue 15;
+# models/p2p.py): 64 ranks tp4 pp4 dp4, 2 s steps, each stage on its own two hosts (DP
+# groups stay inside a stage); the link rank 22 (h2, stage 1) <-> 38 (h4, stage 2) at 5x
+# transfer time from ~step 19 on, the job ~9 % slower.
+SCENARIOS["p2p_link_pp"] = Scenario(
+    "p2p_link_pp", "64 ranks tp4 pp4, 2 s steps: the pipeline link rank 22 (h2) <-> 38 (h4) "
+    "at 5x transfer time from 50 s on (job ~9 % slower; no DP group spans the pair)",
+    (JobSpec(hosts=8, tp=4, pp=4, micro_batches=8, step_s=2.0),), steps=60,
+    faults=(F("slow_link", 50, None, 4.0, rank=22, peer_rank=38),))

@@ -1,0 +1,378 @@
+"""Point-to-point links between pipeline stages, judged as rank pairs.
+
+A pipeline's ``send`` / ``recv`` traffic is judged per unordered rank pair ``(a, b)``
+taken from the op's rank and ``peer``, whatever the communicator is called or how
+large it is: a Megatron-style pipeline group (all stages of one data/tensor slot, group
+size = the pipeline depth), a two-member ``pp{a}-{b}`` channel or NCCL's own p2p
+communicator all give the same pairs. No data-parallel group needs to span the pair.
+
+Evidence per pair and step, from durations only (no cross-host clock): the shortest
+op, in seconds per byte. Each side of a transfer blocks from the moment it posted its
+half until the data has moved; the side that posted last waits for nobody, so its
+duration is the transfer itself, and the shortest op of a step is the one least
+inflated by waiting for the other stage. A stage that computes slower (a slow GPU, a
+last stage heavier by design) only makes its neighbours wait longer: their ops grow,
+the shortest does not. A slower link makes every op of the pair longer, the shortest
+too. The same number comes from both grains: ``collective`` events (each op's
+``duration_s`` over its ``bytes``) and ``comm`` windows (each entry's ``min_s`` over its
+bytes per op).
+
+A pair's cost is compared with
+
+- its own past (a rolling median that never learns a step of a suspected fault),
+  normalized by the same ratio of the other pairs (a change of the whole network, or
+  a new phase with other message sizes, is nobody's link fault); the full z counts
+  from ``min_rel`` up;
+- the other cross-host pairs that move ops of the same size, from the first step on
+  (no past needed); the full z counts only from ``far_rel`` up (paths differ a little
+  by design: rails, switches).
+
+and confirmed by the capped CUSUM of z-scores the ranks use (``models.cusum``): a
+one-step spike never confirms, a large slowdown in two steps. Pairs inside one host
+(NVLink) are not judged. Slow pairs that all touch one host, and most of that host's
+pairs, are that host's NICs (``slow_link:HOST``); otherwise each slow pair is named
+(``slow_link:rA-rB``, both ranks and both hosts). The job's cost comes from measured
+step durations (``Attribution``'s rule): the job's step time since the onset over its
+step time before, bounded by the pair's own extra transfer time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from models.cusum import capped_increment, cusum_update
+from models.findings import Finding
+from models.peers import lower_half_ref
+from models.stats import RollingMedian
+
+P2P_OPS = frozenset(("send", "recv"))
+NOISE_FLOOR = 0.02       # relative noise below which a pair's cost is not trusted to be
+PEERS_MIN = 4            # pairs of one op size needed for a comparison across pairs
+SIZE_BUCKET = 0.5        # log2 width of an op-size class (ops of similar size compare)
+HISTORY = 64             # the job's step times kept for pre-onset baselines
+
+
+class PairState:
+    """Baseline and evidence of one rank pair."""
+
+    __slots__ = ("cost", "cusum", "streak", "onset_ts", "onset_step", "rel", "extra_s",
+                 "base_s", "lost_s", "since_s", "since_n", "active", "size")
+
+    def __init__(self) -> None:
+        self.cost = RollingMedian(32)   # its usual seconds per byte
+        self.cusum = 0.0
+        self.streak = 0
+        self.onset_ts = 0.0
+        self.onset_step = 0
+        self.rel = 0.0                  # excess over its reference, smoothed
+        self.extra_s = 0.0              # extra transfer seconds per step, smoothed
+        self.base_s = 0.0               # the job's step time before the onset
+        self.lost_s = 0.0
+        self.since_s = 0.0
+        self.since_n = 0
+        self.active = False             # a confirmed finding is running
+        self.size = 0.0                 # bytes per op, smoothed
+
+
+class P2PMonitor:
+    """Send/recv evidence of one job, per rank pair; ``evaluate`` once per judged step."""
+
+    def __init__(self, cfg: Any, max_age: int = 4) -> None:
+        self.cfg = cfg
+        self.max_age = max_age
+        # step -> pair -> [seconds per byte of the shortest op each way (lower rank sending,
+        # higher rank sending), bytes sent, ops]
+        self.pending: dict[int, dict[tuple[int, int], list[float]]] = {}
+        self.pairs: dict[tuple[int, int], PairState] = {}
+        self.hosts: dict[int, str] = {}
+        self.hist: list[tuple[int, float]] = []      # (step, job step time)
+        self.clean = RollingMedian(32)                # job step time while no pair stands out
+        self.members: dict[str, list[tuple[int, int]]] = {}   # finding key -> its slow pairs
+        # Sends/recvs that name no peer, on a group of two (an NCCL Inspector tailer): the
+        # group's two ranks, and per step the ops waiting for the other rank to be seen.
+        self.duo: dict[str, list[int]] = {}
+        self.link_pct: dict[str, tuple[float, float]] = {}   # key -> the groups' estimate
+        self.orphans: dict[int, list[tuple[str, int, str, float, float, int]]] = {}
+
+    # -- ingestion ---------------------------------------------------------------------
+
+    def _take(self, step: int, rank: int, peer: int, op: str, secs: float, nbytes: float,
+              n: int) -> None:
+        if peer == rank or nbytes <= 0 or n <= 0:
+            return
+        pair = (rank, peer) if rank < peer else (peer, rank)
+        per = self.pending.get(step)
+        if per is None:
+            per = self.pending[step] = {}
+        a = per.get(pair)
+        if a is None:
+            a = per[pair] = [math.inf, math.inf, 0.0, 0]
+        # direction 0: the lower rank sends; each direction's shortest op on its own (a
+        # link congested one way slows only the data moving that way)
+        d = 0 if (op == "send") == (rank < peer) else 1
+        cost = secs / (nbytes / n) if secs > 0 else math.inf
+        if cost < a[d]:
+            a[d] = cost
+        if op == "send":
+            a[2] += nbytes
+        a[3] += n
+
+    def _orphan(self, step: int, group: str, rank: int, op: str, secs: float, nbytes: float,
+                n: int) -> None:
+        """An op with no ``peer`` on a group of two: its peer is the group's other rank."""
+        ranks = self.duo.get(group)
+        if ranks is None:
+            ranks = self.duo[group] = []
+        if rank not in ranks and len(ranks) < 2:
+            ranks.append(rank)
+        if len(ranks) == 2 and rank in ranks:
+            self._take(step, rank, ranks[0] + ranks[1] - rank, op, secs, nbytes, n)
+        else:
+            self.orphans.setdefault(step, []).append((group, rank, op, secs, nbytes, n))
+
+    def add_collective(self, ev: dict[str, Any], step: int) -> None:
+        """A ``send`` / ``recv`` collective event of a rank (``step``: the step it is in)."""
+        peer = ev.get("peer")
+        self.hosts[ev["rank"]] = ev["host"]
+        if peer is not None:
+            self._take(step, ev["rank"], int(peer), ev["op"], ev["duration_s"], ev["bytes"], 1)
+        elif ev["group_size"] == 2:
+            self._orphan(step, ev["group"], ev["rank"], ev["op"], ev["duration_s"], ev["bytes"],
+                         1)
+
+    def add_comm(self, ev: dict[str, Any], step: int) -> None:
+        """The ``send`` / ``recv`` entries of a ``comm`` window (with a ``peer``, or on a
+        group of two)."""
+        rank = ev["rank"]
+        seen = False
+        for e in ev["ops"]:
+            if e["op"] in P2P_OPS:
+                peer = e.get("peer")
+                if peer is not None:
+                    seen = True
+                    self._take(step, rank, int(peer), e["op"], e["min_s"], e["bytes"], e["n"])
+                elif e["group_size"] == 2:
+                    seen = True
+                    self._orphan(step, e["group"], rank, e["op"], e["min_s"], e["bytes"],
+                                 e["n"])
+        if seen:
+            self.hosts[rank] = ev["host"]
+
+    # -- once per judged step -----------------------------------------------------------
+
+    def evaluate(self, s: int, rank_host: dict[int, str], ts: float, job_s: float,
+                 world: int) -> list[Finding]:
+        """Judge step ``s`` (``job_s``: its step time, ``ts``: its newest event); the
+        slow_link findings of slow pairs (confirmed or still present)."""
+        for k in [k for k in self.pending if k < s - self.max_age]:
+            del self.pending[k]
+        for k in [k for k in self.orphans if k < s - self.max_age]:
+            del self.orphans[k]
+        for group, rank, op, secs, nbytes, n in self.orphans.pop(s, ()):
+            ranks = self.duo.get(group, ())
+            if len(ranks) == 2 and rank in ranks:
+                self._take(s, rank, ranks[0] + ranks[1] - rank, op, secs, nbytes, n)
+        data = self.pending.pop(s, None)
+        self.hist.append((s, job_s))
+        if len(self.hist) > HISTORY:
+            del self.hist[0]
+        if not data:
+            return self._close(s, job_s, ts, set(), world, rank_host)
+        cfg = self.cfg
+        host = {**self.hosts, **rank_host}
+        # A pair's cost: the slower direction's shortest op (a direction whose ops took no
+        # measurable time, an eager send, tells nothing).
+        costs = {p: max(c for c in v[:2] if math.isfinite(c)) for p, v in data.items()
+                 if math.isfinite(min(v[0], v[1]))}
+        names = sorted(p for p in costs
+                       if host.get(p[0]) is not None and host.get(p[1]) is not None
+                       and host[p[0]] != host[p[1]])
+        if not names:
+            return self._close(s, job_s, ts, set(), world, rank_host)
+        n = len(names)
+        cost = np.array([costs[p] for p in names])
+        size = np.array([data[p][2] / max(data[p][3] / 2, 1.0) for p in names])
+        sts = []
+        ratio = np.zeros(n)
+        own = np.zeros(n)
+        warm = np.zeros(n, dtype=bool)
+        for i, p in enumerate(names):
+            st = self.pairs.get(p)
+            if st is None:
+                st = self.pairs[p] = PairState()
+            sts.append(st)
+            b = st.cost
+            if b.n >= cfg.warm_steps and b.median > 0:
+                ratio[i] = cost[i] / b.median
+                own[i] = b.sigma / b.median
+                warm[i] = True
+        # Against its own past, normalized by the other pairs' same ratio.
+        rel_o = np.zeros(n)
+        z_o = np.zeros(n)
+        if warm.sum() >= 3:
+            ref, sig = lower_half_ref(ratio[warm])
+            if ref > 0:
+                rel_o = np.where(warm, ratio / ref - 1.0, 0.0)
+                z_o = rel_o / np.maximum(max(sig / ref, NOISE_FLOOR), own)
+        elif warm.any():
+            rel_o = np.where(warm, ratio - 1.0, 0.0)
+            z_o = rel_o / np.maximum(own, NOISE_FLOOR)
+        # Against the other pairs moving ops of about the same size (no past needed).
+        rel_p = np.zeros(n)
+        z_p = np.zeros(n)
+        cls = np.round(np.log2(np.maximum(size, 1.0)) / SIZE_BUCKET)
+        for c in np.unique(cls):
+            idx = np.flatnonzero(cls == c)
+            if idx.size < PEERS_MIN:
+                continue
+            ref, sig = lower_half_ref(cost[idx])
+            if ref <= 0:
+                continue
+            rel_p[idx] = cost[idx] / ref - 1.0
+            z_p[idx] = rel_p[idx] / np.maximum(max(sig / ref, NOISE_FLOOR), own[idx])
+        inc = np.maximum(capped_increment(rel_o, z_o, cfg.min_rel, cfg),
+                         capped_increment(rel_p, z_p, cfg.far_rel, cfg))
+        rel = np.maximum(rel_o, np.where(rel_p >= cfg.far_rel, rel_p, 0.0))
+        k = cfg.z_min / 2
+        weak = ((rel_o >= cfg.min_rel / 2) & (z_o >= k)) | ((rel_p >= cfg.far_rel) & (z_p >= k))
+        slow: list[tuple[int, int]] = []
+        start = ts - job_s
+        for i, p in enumerate(names):
+            st = sts[i]
+            if inc[i] > 0 and st.cusum == 0.0 and not st.active:
+                st.onset_ts, st.onset_step = start, s
+            st.cusum = cusum_update(st.cusum, float(inc[i]), cfg)
+            st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
+            st.size = size[i] if st.size == 0.0 else 0.8 * st.size + 0.2 * size[i]
+            if not weak[i] and st.cusum == 0.0:
+                st.cost.update(float(cost[i]))
+            if weak[i] and (st.cusum > 0 or st.active):
+                r = float(rel[i])
+                extra = cost[i] * data[p][2] * r / (1.0 + r)
+                fresh = st.rel == 0.0
+                st.rel = r if fresh else 0.8 * st.rel + 0.2 * r
+                st.extra_s = extra if fresh else 0.8 * st.extra_s + 0.2 * extra
+                slow.append(p)
+        return self._close(s, job_s, ts, set(slow), world, host)
+
+    def _close(self, s: int, job_s: float, ts: float, slow: set[tuple[int, int]], world: int,
+               host: dict[int, str]) -> list[Finding]:
+        """Account the step's cost to the running findings, end the ones gone, and
+        locate the slow pairs: a host or each pair."""
+        for p, st in self.pairs.items():
+            if p in slow:
+                if not st.active and st.streak > 0:
+                    self._activate(st)
+                if st.active:
+                    st.since_s += job_s
+                    st.since_n += 1
+                    st.lost_s += min(max(job_s - st.base_s, 0.0), st.extra_s) \
+                        if st.base_s > 0 else 0.0
+            elif st.active or st.rel:
+                if st.cusum == 0.0 and st.active:
+                    st.active = False
+                if st.cusum == 0.0:
+                    st.rel = 0.0
+                    st.extra_s = 0.0
+        if not any(st.active or st.cusum > 0 for st in self.pairs.values()):
+            self.clean.update(job_s)
+        self.members = {}
+        if not slow:
+            return []
+        # Slow pairs touching one host that explain most of that host's pairs: its NICs.
+        # Only pairs with a full step of evidence or more are grouped: a pair weakly
+        # above its noise for a step does not turn a slow pair into a slow host.
+        strong = {p for p in slow if self.pairs[p].cusum >= self.cfg.z_min}
+        per_host: dict[str, list[tuple[int, int]]] = {}
+        for p in sorted(strong):
+            for h in {host[p[0]], host[p[1]]}:
+                per_host.setdefault(h, []).append(p)
+        out: list[Finding] = []
+        left = set(strong)
+        total = {h: 0 for h in per_host}
+        for p in self.pairs:
+            for e in {host.get(p[0], ""), host.get(p[1], "")}:
+                if e in total:
+                    total[e] += 1
+        # The host most of whose pairs are slow first: the far end of a slow host's pairs
+        # has healthy pairs too.
+        for h in sorted(per_host, key=lambda h: (-len(per_host[h]) / total[h],
+                                                 -len(per_host[h]), h)):
+            mine = [p for p in per_host[h] if p in left]
+            if len(mine) >= 2 and 2 * len(mine) >= total[h]:
+                out.append(self._finding(f"slow_link:{h}", mine, world, host=h, hosts=[h]))
+                left -= set(mine)
+        # Slow pairs sharing one rank: that rank's NIC (rail-optimized: one per GPU).
+        per_rank: dict[int, list[tuple[int, int]]] = {}
+        for p in sorted(left):
+            for r in p:
+                per_rank.setdefault(r, []).append(p)
+        for r in sorted(per_rank, key=lambda r: (-len(per_rank[r]), r)):
+            mine = [p for p in per_rank[r] if p in left]
+            if len(mine) >= 2:
+                out.append(self._finding(f"slow_link:{host[r]}", mine, world, host=host[r],
+                                         hosts=[host[r]], nic_rank=r))
+                left -= set(mine)
+        for a, b in sorted(left | (slow - strong)):
+            out.append(self._finding(f"slow_link:r{a}-r{b}", [(a, b)], world, rank=a,
+                                     peer_rank=b, host=host[a], peer_host=host[b],
+                                     hosts=[host[a], host[b]]))
+        return out
+
+    def _activate(self, st: PairState) -> None:
+        """A pair's first confirmed step: the job's step time before its onset, and what
+        the job lost since (measured step times over that, bounded by its extra)."""
+        st.active = True
+        before = [d for k, d in self.hist if k < st.onset_step][-16:]
+        mean = sum(before) / len(before) if len(before) >= 4 else 0.0
+        usual = self.clean.median if self.clean.n else 0.0
+        st.base_s = min(mean, usual) if mean > 0 and usual > 0 else mean or usual
+        since = [d for k, d in self.hist if k >= st.onset_step]
+        st.since_s, st.since_n = sum(since), len(since)
+        st.lost_s = sum(min(max(d - st.base_s, 0.0), st.extra_s) for d in since) \
+            if st.base_s > 0 else 0.0
+
+    def price(self, f: Finding, world: int) -> None:
+        """A pair finding of the collective groups (``models.links``): remember its
+        slowdown estimate (``link_pct``), and give it the job time this pair's running
+        finding measured lost (``gpu_hours_lost``)."""
+        if f.rank is None or f.peer_rank is None:
+            return
+        self.link_pct[f.key] = (f.slowdown_pct, f.own_pct)
+        pair = (min(f.rank, f.peer_rank), max(f.rank, f.peer_rank))
+        st = self.pairs.get(pair)
+        if st is None or not st.active or f.lost_s is not None:
+            return
+        f.lost_s, f.world = self._finding(f.key, [pair], world).lost_s, world
+
+    def _finding(self, key: str, pairs: list[tuple[int, int]], world: int,
+                 nic_rank: int | None = None, **where: Any) -> Finding:
+        sts = [self.pairs[p] for p in pairs]
+        self.members[key] = pairs
+        confirmed = any(st.streak > 0 for st in sts)
+        rel = max(st.rel for st in sts)
+        extra = max(st.extra_s for st in sts)
+        lost = max(st.lost_s for st in sts)
+        base = max(st.base_s for st in sts)
+        now = max((st.since_s / st.since_n for st in sts if st.since_n), default=0.0)
+        if base > 0 and now > 0:
+            pct = 100.0 * min(max(now / base - 1.0, 0.0), extra / base)
+        else:
+            pct = 0.0
+        evidence = {"slow_pairs": [f"r{a}-r{b}" for a, b in pairs][:16],
+                    "transfer_rel_slowdown": round(rel, 3),
+                    "extra_transfer_s": round(extra, 4),
+                    "evidence_z": round(max(st.cusum for st in sts), 1),
+                    "located_by": "p2p timing"}
+        if nic_rank is not None:
+            evidence["nic_of_rank"] = nic_rank
+        if base > 0:
+            evidence["baseline_step_s"] = round(base, 4)
+        return Finding(key=key, fault="slow_link", confirmed=confirmed,
+                       onset_ts=min(st.onset_ts for st in sts),
+                       onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
+                       own_pct=100.0 * rel, lost_s=lost, world=world, evidence=evidence,
+                       **where)
