@@ -19,15 +19,17 @@ future until the broker has acknowledged it:
   batch's input (``take_events`` acks after the loop body); the snapshot store calls
   ``barrier()`` before it writes a snapshot, because a snapshot acks the job topic up to
   its offsets and records the incidents it emitted as emitted;
-- ``TopicWatch`` (a daemon thread) checks every ``interval_s`` that the internal topics are
+- ``TopicWatch`` (a daemon thread) checks every second that the internal topics are
   still the worker's: present, with the partitions and the retention the worker gave
   them. An in-memory broker restarted without its data has none of them, or has them
   auto-created by the first client that asked for their metadata (Tansu does that, with
   its default partitions and no retention). Then the topics are recreated as the worker
   creates them and the worker exits (code 70) so that its supervisor starts it afresh:
-  its partitions' state and offsets referred to topics that no longer exist. While the
-  broker is unreachable the check is skipped (the clients wait for it and the stop
-  deadline bounds a SIGTERM).
+  its partitions' state and offsets referred to topics that no longer exist. (Soon: the
+  consumer must not rejoin the new broker's group and commit its old, high positions
+  there, which would skip the new topics' first records.) While the broker is
+  unreachable the check is skipped (the clients wait for it and the stop deadline
+  bounds a SIGTERM).
 """
 
 from __future__ import annotations
@@ -221,7 +223,7 @@ class TopicWatch(threading.Thread):
     lost them), recreate them and call ``on_lost`` (default: exit 70, see module doc)."""
 
     def __init__(self, bootstrap: str, configs: dict[str, dict[str, str]], partitions: int,
-                 interval_s: float = 2.0, on_lost: Callable[[str], None] = die) -> None:
+                 interval_s: float = 1.0, on_lost: Callable[[str], None] = die) -> None:
         super().__init__(name="failslow-topicwatch", daemon=True)
         self.bootstrap = bootstrap
         self.configs = configs
