@@ -243,3 +243,23 @@ def test_agent_publishes_device_samples_on_change_by_default(caplog):
     every = _ListPublisher()
     Agent([_Gpus()], every, interval_s=0.0, on_change=False).run(threading.Event(), cycles=11)
     assert len(every.events) == 11 * 9
+
+
+def test_collect_telemetry_on_change_flags():
+    import argparse
+
+    from collectors.samplers import OnChangeConfig
+    from failslow.commands.collect import add_arguments, on_change_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = on_change_config(parser.parse_args([]))
+    assert isinstance(default, OnChangeConfig) and default.heartbeat_s == 10.0
+    slow = on_change_config(parser.parse_args(["--telemetry-heartbeat", "30"]))
+    assert isinstance(slow, OnChangeConfig) and slow.heartbeat_s == 30.0
+    assert on_change_config(parser.parse_args(["--no-telemetry-on-change"])) is False
+    proc = _cli("collect", "--samplers", "host", "--telemetry-heartbeat", "0",
+                "--bootstrap", "127.0.0.1:1")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "--telemetry-heartbeat" in out.strip().splitlines()[-1]

@@ -9,6 +9,7 @@ import socket
 from collectors.agent import Agent
 from collectors.lifecycle import Shutdown
 from collectors.publisher import Publisher
+from collectors.samplers import OnChangeConfig
 from failslow.config import resolve
 from failslow.errors import FailslowError
 from failslow.metrics import COLLECT, add_metrics_flags, serve_metrics
@@ -21,6 +22,16 @@ log = logging.getLogger("failslow.collect")
 
 class CollectError(FailslowError):
     """Bad collect arguments, or a sampler that was asked for cannot start."""
+
+
+def on_change_config(args: argparse.Namespace) -> OnChangeConfig | bool:
+    """The agent's on-change filter from the flags (False: every sample)."""
+    if not args.telemetry_on_change:
+        return False
+    try:
+        return OnChangeConfig(heartbeat_s=args.telemetry_heartbeat)
+    except ValueError as exc:
+        raise CollectError(f"--telemetry-heartbeat: {exc}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="producer linger (default 100)")
     parser.add_argument("--sys-root", default="/sys", help=argparse.SUPPRESS)
     parser.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
+    parser.add_argument("--telemetry-on-change", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="publish a device sample only when what the root cause reads "
+                        "moved, plus a heartbeat (default); --no-telemetry-on-change "
+                        "publishes every sample")
+    parser.add_argument("--telemetry-heartbeat", type=float, default=10.0, metavar="S",
+                        help="with on-change: the longest a device stays silent, in "
+                        "seconds (default 10)")
     parser.add_argument("--cycles", type=int, default=None,
                         help="stop after this many sample cycles (default: run until stopped)")
     add_metrics_flags(parser)
@@ -122,11 +141,12 @@ def run(args: argparse.Namespace) -> int:
     samplers = build_samplers(args, host)
     if not samplers:
         raise CollectError("no sampler to run")
+    on_change = on_change_config(args)
     spool = args.spool_dir or str(settings.home / "spool" / host)
     pub = Publisher(settings.bootstrap, Topics(settings.topic_prefix), spool_dir=spool,
                     linger_ms=args.linger_ms, spool_max_bytes=int(args.spool_max_mb * 2**20),
                     spool_fsync=args.spool_fsync)
-    agent = Agent(samplers, pub, interval_s=args.interval)
+    agent = Agent(samplers, pub, interval_s=args.interval, on_change=on_change)
     log.info("collect: %s -> %s (prefix %s), every %g s, spool %s", ",".join(
         s.name for s in samplers), settings.bootstrap, settings.topic_prefix, args.interval, spool)
     try:
