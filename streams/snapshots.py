@@ -25,6 +25,7 @@ job topic is simply not acked past the previous one.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 import uuid
@@ -42,7 +43,30 @@ from streams.quiet import RDKAFKA_LOG
 CHUNK_BYTES = 512 * 1024
 FLUSH_S = 10.0   # the longest one chunk may take to be acknowledged
 RETRY_S = 5.0    # after an undelivered snapshot, no other is tried for this long
+TRIM_EVERY_S = 10.0
 log = logging.getLogger("failslow.worker")
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap memory that Python freed back to the OS (glibc ``malloc_trim``);
+    False where there is no glibc. A worker reading a backlog peaks at ~3x its live
+    objects (decoded batches, fetch buffers, a snapshot's JSON and zlib copies) and glibc
+    keeps the freed pages: measured on a 1,024-rank job after 20 steps, 506 MiB of RSS
+    with 73 MiB of live Python objects, 365 MiB after one trim (issue 17)."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 - glibc only
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC is False:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
+
+
+_LIBC: Any = None
 
 
 class SnapshotError(FailslowError):
@@ -89,6 +113,7 @@ class SnapshotStore:
         self.skipped = 0          # snapshots not delivered (skipped), in all
         self._skipping = 0        # ... since the last delivered one
         self._retry_at = 0.0
+        self._trim_at = 0.0
         self._producer = Producer(client_conf(bootstrap, {
             "linger.ms": 0, "compression.type": "none", "acks": "all",
             "message.max.bytes": 2 * CHUNK_BYTES, "logger": RDKAFKA_LOG}))
@@ -147,6 +172,9 @@ class SnapshotStore:
         if self._skipping:
             log.warning("snapshots delivered again (%d skipped)", self._skipping)
             self._skipping = 0
+        if time.monotonic() >= self._trim_at:  # in the writer's thread, not the loop's
+            self._trim_at = time.monotonic() + TRIM_EVERY_S
+            release_freed_memory()
         return size
 
     def _skip(self) -> None:
