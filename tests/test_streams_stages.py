@@ -1,7 +1,9 @@
-"""The worker's pieces outside faust: the detector protocol, the fetch-wait patch."""
+"""The worker's pieces outside faust: the detector protocol, the fetch-wait patch, the route
+stage (fake topics, no broker)."""
 
 from __future__ import annotations
 
+import orjson
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from models.pipeline import Detector
@@ -41,3 +43,76 @@ def test_the_fetch_wait_comes_from_each_app(monkeypatch):
     assert create(_Thread(a), None)._fetch_max_wait_ms == 30
     assert create(_Thread(b), None)._fetch_max_wait_ms == 250
     assert create(_Thread(plain), None)._fetch_max_wait_ms == 1500
+
+
+# -- the route stage, without faust or a broker ------------------------------------------
+
+class _Topic:
+    def __init__(self):
+        self.sent = []
+
+    async def send(self, **kwargs):
+        self.sent.append(kwargs)
+
+
+class _Msg:
+    def __init__(self, topic, key, value, ts=1.0):
+        self.topic, self.key, self.value, self.timestamp = topic, key, value, ts
+
+
+def _router(partitions=4):
+    from schema import Topics
+    from streams.config import WorkerConfig
+    from streams.metrics import Metrics
+    from streams.outputs import Outputs
+    from streams.route_stage import RouteStage
+    from streams.routing import HostMap
+
+    cfg = WorkerConfig(bootstrap="unused:1", topics=Topics("t."))
+    topics = {name: _Topic() for name in ("job", "incidents", "dead", "hostmap")}
+    metrics = Metrics()
+    out = Outputs(metrics, partitions=partitions, **topics)
+    return RouteStage(cfg, partitions, out, metrics, HostMap()), cfg, topics, metrics
+
+
+def _routed(job_topic):
+    from streams.routing import unpack
+
+    return [(sent["partition"], part) for sent in job_topic.sent for part in unpack(sent["value"])]
+
+
+def test_the_route_stage_sends_a_job_home_and_its_hosts_telemetry_after_it():
+    import asyncio
+
+    from streams.routing import home_partition
+
+    router, cfg, topics, metrics = _router()
+    steps, gpu = cfg.topics.for_kind("step"), cfg.topics.for_kind("gpu")
+    step = orjson.dumps([{"v": 1, "kind": "step", "job_id": "job5", "host": "h1"}])
+    sample = orjson.dumps([{"v": 1, "kind": "gpu", "host": "h1"}])
+    stray = orjson.dumps([{"v": 1, "kind": "gpu", "host": "h9"}])
+    # the telemetry comes first in the batch: the steps still tell where it goes
+    asyncio.run(router.route_batch([_Msg(gpu, b"h1", sample), _Msg(steps, b"job5", step),
+                                    _Msg(gpu, b"h9", stray)], now=100.0))
+    home = home_partition("job5", 4)
+    routed = _routed(topics["job"])
+    assert (home, (steps, 1.0, True, b"job5", step)) in routed
+    assert [p for p, part in routed if part[4] == sample] == [home]
+    # a host no job runs on yet: every partition, one copy reports its bad records
+    copies = [(p, part[2]) for p, part in routed if part[4] == stray]
+    assert sorted(p for p, _ in copies) == [0, 1, 2, 3]
+    assert sum(report for _, report in copies) == 1
+    assert metrics.unmapped._value.get() == 1
+    assert topics["dead"].sent == []
+
+
+def test_the_route_stage_dead_letters_a_job_message_that_names_no_job():
+    import asyncio
+
+    router, cfg, topics, metrics = _router()
+    steps = cfg.topics.for_kind("step")
+    asyncio.run(router.route_batch([_Msg(steps, None, b'[{"v":1,"kind":"step"}]')], now=1.0))
+    assert topics["job"].sent == []
+    [dead] = topics["dead"].sent
+    assert b"no job_id" in dead["value"]
+    assert metrics.deadletters.labels(steps)._value.get() == 1
