@@ -46,7 +46,7 @@ import numpy as np
 from models.cusum import capped_increment, cusum_update
 from models.findings import Finding
 from models.peers import lower_half_ref
-from models.stats import RollingMedian
+from models.stats import RollingMedian, median
 
 P2P_OPS = frozenset(("send", "recv"))
 NOISE_FLOOR = 0.02       # relative noise below which a pair's cost is not trusted to be
@@ -246,12 +246,13 @@ class P2PMonitor:
                 st.onset_ts, st.onset_step = start, s
             st.cusum = cusum_update(st.cusum, float(inc[i]), cfg)
             st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
-            st.size = size[i] if st.size == 0.0 else 0.8 * st.size + 0.2 * size[i]
+            sz = float(size[i])
+            st.size = sz if st.size == 0.0 else 0.8 * st.size + 0.2 * sz
             if not weak[i] and st.cusum == 0.0:
                 st.cost.update(float(cost[i]))
             if weak[i] and (st.cusum > 0 or st.active):
                 r = float(rel[i])
-                extra = cost[i] * data[p][2] * r / (1.0 + r)
+                extra = float(cost[i]) * data[p][2] * r / (1.0 + r)
                 fresh = st.rel == 0.0
                 st.rel = r if fresh else 0.8 * st.rel + 0.2 * r
                 st.extra_s = extra if fresh else 0.8 * st.extra_s + 0.2 * extra
@@ -269,8 +270,9 @@ class P2PMonitor:
                 if st.active:
                     st.since_s += job_s
                     st.since_n += 1
+                    # no clean past (slow since the first steps): its own extra seconds
                     st.lost_s += min(max(job_s - st.base_s, 0.0), st.extra_s) \
-                        if st.base_s > 0 else 0.0
+                        if st.base_s > 0 else min(st.extra_s, job_s)
             elif st.active or st.rel:
                 if st.cusum == 0.0 and st.active:
                     st.active = False
@@ -329,11 +331,13 @@ class P2PMonitor:
         before = [d for k, d in self.hist if k < st.onset_step][-16:]
         mean = sum(before) / len(before) if len(before) >= 4 else 0.0
         usual = self.clean.median if self.clean.n else 0.0
-        st.base_s = min(mean, usual) if mean > 0 and usual > 0 else mean or usual
+        # Fewer than four steps before the onset: slow since the job's first steps, no
+        # clean step time to compare with (base 0: priced by its own extra seconds).
+        st.base_s = (min(mean, usual) if usual > 0 else mean) if mean > 0 else 0.0
         since = [d for k, d in self.hist if k >= st.onset_step]
         st.since_s, st.since_n = sum(since), len(since)
-        st.lost_s = sum(min(max(d - st.base_s, 0.0), st.extra_s) for d in since) \
-            if st.base_s > 0 else 0.0
+        st.lost_s = sum(min(max(d - st.base_s, 0.0), st.extra_s) if st.base_s > 0
+                        else min(st.extra_s, d) for d in since)
 
     def price(self, f: Finding, world: int) -> None:
         """A pair finding of the collective groups (``models.links``): remember its
@@ -360,6 +364,11 @@ class P2PMonitor:
         now = max((st.since_s / st.since_n for st in sts if st.since_n), default=0.0)
         if base > 0 and now > 0:
             pct = 100.0 * min(max(now / base - 1.0, 0.0), extra / base)
+        elif extra > 0:
+            # over the job's step without it (its recent step time: the mean since a
+            # first-step onset would hold the warm-up steps)
+            now = median([d for _, d in self.hist[-8:]]) if self.hist else 0.0
+            pct = 100.0 * extra / (now - extra) if now > extra else 0.0
         else:
             pct = 0.0
         evidence = {"slow_pairs": [f"r{a}-r{b}" for a, b in pairs][:16],

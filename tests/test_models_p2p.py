@@ -9,6 +9,7 @@ import copy
 from dataclasses import replace
 
 import numpy as np
+import orjson
 import pytest
 
 from models.cusum import capped_increment
@@ -36,6 +37,7 @@ def link_incidents(incidents: list[dict]) -> list[dict]:
 
 
 def assert_pair_named(incidents: list[dict], truth: dict) -> None:
+    orjson.dumps(incidents)           # plain JSON: no numpy scalar leaks into an incident
     f = truth["faults"][0]
     named = [i for i in link_incidents(incidents)
              if {i.get("rank"), i.get("peer_rank")} == {f["rank"], f["peer_rank"]}]
@@ -71,6 +73,12 @@ def test_pair_named_when_sends_run_on_the_pipeline_group(grain):
     assert sends and all(e["group_size"] == 4 and e["group"].startswith("pipe")
                          for e in sends)
     assert_pair_named(detect(batches), trace.truth)
+
+
+def test_pair_slow_from_the_first_step_is_named_and_priced():
+    sc = replace(SCENARIO, faults=(replace(SCENARIO.faults[0], start_s=0.0),), steps=24)
+    trace = simulate(sc, seed=0)
+    assert_pair_named(detect(trace.batches()), trace.truth)
 
 
 def test_stage_slow_from_its_compute_is_no_link():
