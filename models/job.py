@@ -33,6 +33,11 @@ from models.localize import imbalances, localize
 from models.peers import has_peers, lower_half_ref, peer_scores
 from models.ranks import RankState
 from models.stats import EWMeanVar, RollingMedian, median
+from models.substep import SubStep
+
+# Sub-step judgements per episode of a member confirmed inside a long step: it opens,
+# then pages once the incident tracker saw it confirmed ``page_after_steps`` (2) more.
+SUB_EMITS = 4
 
 
 class JobConfig:
@@ -48,6 +53,8 @@ class JobConfig:
     ``max_behind``: how far before it is judged without ranks that still report, but
     late (a host whose clock is that far ahead sends that much later in ts order);
     ``warm_steps``: samples before an own-past baseline is trusted;
+    ``peer_warm_steps``: the job's first steps that peers do not judge (they need no
+    past; only the first steps' one-off work, compilation and autotuning, is skipped);
     ``clean_steps``: steps without evidence before a rank's finding ends;
     ``learn_delay``: clean steps that must follow a step before the own-past
     baseline learns it (``RankState.observe``).
@@ -62,11 +69,20 @@ class JobConfig:
     excess twice the largest of those, 25 %, is no longer a difference between
     healthy parts: a throttled or degraded device, a starved host. Smaller steady
     offsets are recorded as imbalance (info) with their cost.
+
+    ``sustain_s``: seconds a group must wait for the same member, window after window
+    inside long steps (``models.substep``), before that member is confirmed without
+    waiting for the step to end; a stall shorter than that never confirms.
     """
+
+    # class defaults: configurations pickled before these settings existed read them
+    sustain_s = 2.0
+    peer_warm_steps = 1
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  lag_steps: int = 3, warm_steps: int = 10, max_behind: int = 16,
-                 far_rel: float = 0.25, clean_steps: int = 5, learn_delay: int = 4) -> None:
+                 far_rel: float = 0.25, clean_steps: int = 5, learn_delay: int = 4,
+                 sustain_s: float = 2.0, peer_warm_steps: int = 1) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
@@ -77,6 +93,8 @@ class JobConfig:
         self.far_rel = far_rel
         self.clean_steps = clean_steps
         self.learn_delay = learn_delay
+        self.sustain_s = sustain_s
+        self.peer_warm_steps = peer_warm_steps
 
 
 class JobState(Attribution):
@@ -116,6 +134,13 @@ class JobState(Attribution):
         self.job_clean = RollingMedian(32)   # its step time while no rank stands out
         self.step_start: dict[int, float] = {}   # step -> its start (epoch s)
         self.sig_stable = np.zeros(0)          # per rank of the step: its noise (fraction)
+        self._init_substep()
+
+    def _init_substep(self) -> None:
+        self.substep = SubStep(self.cfg)
+        self.sub_seen: dict[int, tuple[int, dict[str, Any]]] = {}   # rank -> (step, hit)
+        self.sub_emits: dict[int, int] = {}    # rank -> sub-step judgements of its episode
+        self.last_findings: list[Finding] = []  # the newest judged step's findings
 
     # -- ingestion (hot path) --------------------------------------------------
 
@@ -169,6 +194,8 @@ class JobState(Attribution):
         state.setdefault("moved", {})
         state.setdefault("comm", CommWindows())
         self.__dict__.update(state)
+        if "substep" not in state:
+            self._init_substep()
 
     def add_collective(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
         """A collective event that names no step: it belongs to the rank's next
@@ -179,14 +206,69 @@ class JobState(Attribution):
         self.aligner.add(ev, self.last_step.get(ev["rank"], -1) + 1)
         return []
 
-    def add_comm(self, ev: dict[str, Any]) -> None:
+    def add_comm(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
         """A ``comm`` window of a rank (``models.comm``); one that names no step belongs
-        to the rank's next step. Windows of a step already judged come too late."""
+        to the rank's next step. Windows of a step already judged come too late.
+
+        Returns the sub-step judgements it completes (``models.substep``), as
+        ``add_step`` returns judged steps: (step, findings, ts); empty unless a member
+        of a group was confirmed from windows inside a long step."""
         s = ev.get("step")
         if s is None:
             s = self.last_step.get(ev["rank"], -1) + 1
-        if s > self.evaluated:
-            self.comm.add(ev, s)
+        if s <= self.evaluated:
+            return []
+        self.comm.add(ev, s)
+        if ev["rank"] not in self.rank_host:
+            self.rank_host[ev["rank"]] = ev["host"]
+            if ev.get("gpu") is not None:
+                self.rank_gpu[ev["rank"]] = ev["gpu"]
+        ticks = self.substep.add(ev, s)
+        return self._substep_judge(ticks, s, ev) if ticks else []
+
+    def _substep_judge(self, ticks: list[tuple[str, list[int], dict[int, dict[str, Any]]]], s: int,
+                       ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
+        """Findings for members confirmed from windows inside a long step that no
+        step-level finding holds yet, the first ``SUB_EMITS`` ticks of each episode
+        (then the step's own judgement carries it); the newest step's other findings go
+        along unchanged, so the incidents they hold are not counted absent."""
+        found: list[Finding] = []
+        ts = float(ev["ts"])
+        for group, conf, det in ticks:
+            g = self.substep.groups[group]
+            for m in g.pend.keys() | set(g.raw.rows):
+                if m not in det:
+                    self.sub_emits.pop(m, None)
+            for m in conf:
+                hit = det[m]
+                self.sub_seen[m] = (s, hit)
+                st = self.ranks.get(m)
+                if not hit["long"] or (st is not None and st.kind is not None):
+                    continue
+                k = self.sub_emits.get(m, 0) + 1
+                self.sub_emits[m] = k
+                if k <= SUB_EMITS:
+                    found.append(self._substep_finding(m, group, hit, ts))
+        if not found:
+            return []
+        keys = {f.key for f in found}
+        found.extend(f for f in self.last_findings if f.key not in keys)
+        return [(s, found, ts)]
+
+    def _substep_finding(self, r: int, group: str, hit: dict[str, Any], ts: float) -> Finding:
+        share = min(max(hit["wait_share"], 0.0), 0.9)
+        h = self.rank_host.get(r)
+        g = self.rank_gpu.get(r)
+        return Finding(
+            key=f"slow_rank:r{r}", fault="slow_rank", confirmed=True,
+            onset_ts=float(hit["onset_ts"]), onset_step=int(hit["onset_step"]),
+            slowdown_pct=100.0 * share / (1.0 - share), own_pct=100.0 * hit["rel"], rank=r,
+            host=h, gpu=g, hosts=[h] if h else [],
+            gpus=[(h, g)] if h is not None and g is not None else [],
+            lost_s=share * max(ts - float(hit["onset_ts"]), 0.0), world=self.world,
+            evidence={"substep": True, "group": group, "rel_to_group": round(hit["rel"], 3),
+                      "wait_share": round(share, 3), "windows": hit["ticks"],
+                      "evidence": hit["kind"]})
 
     def _synth_step(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
         """Steps from collectives alone: the job's widest group (by size) syncs
@@ -293,6 +375,9 @@ class JobState(Attribution):
         self.judged += 1
         self.rank_steps += n
         early = self.judged <= cfg.warm_steps
+        # Peers need no past: only the job's very first steps (compilation, allocator,
+        # autotuning) are left to settle before they judge.
+        early_peers = self.judged <= cfg.peer_warm_steps
         # Warm-up steps (compilation, allocator, autotuning) differ from rank to rank
         # for no lasting reason: no evidence from them.
         states = []
@@ -311,7 +396,7 @@ class JobState(Attribution):
         if not warm.any():
             self.sig_stable = np.full(n, max(0.01, self.noise.mean))
         ev_ = self.evidence.judge(ranks, rel, z, rel2, z2, self.sig_stable, peers,
-                                  warm & ~early, early,
+                                  warm & ~early, early_peers,
                                   recent, job_s, max(0.01, self.noise.mean), clean)
         findings: list[Finding] = []
         present: list[int] = []
@@ -327,6 +412,12 @@ class JobState(Attribution):
             st.cusum = min(max(0.0, st.cusum + float(ev_.inc[i])), cfg.confirm_z + cfg.z_min)
             fast = st.cusum >= cfg.confirm_z
             confirmed = fast or bool(ev_.confirmed[i])
+            sub = self.sub_seen.get(r)
+            if sub is not None and sub[0] >= s and not confirmed:
+                # Confirmed inside the step from its group's windows (models.substep).
+                confirmed = True
+                if st.kind is None and st.cusum == 0.0:
+                    st.c_onset_ts, st.c_onset_step = sub[1]["onset_ts"], sub[1]["onset_step"]
             ref = float(work[i]) / (1.0 + max(float(rel[i]), float(rel2[i]), 0.0))
             excess = float(work[i]) - ref
             if confirmed and st.kind is None:
@@ -379,6 +470,9 @@ class JobState(Attribution):
         self.aligner.expire(s)
         self.comm.expire(s)
         findings.extend(self._job_level(s, job_s, ts_max, bool(findings)))
+        self.last_findings = findings
+        for r in [r for r, (k, _) in self.sub_seen.items() if k < s]:
+            del self.sub_seen[r]
         return s, findings, ts_max
 
     def _self_scores(self, ranks: list[int], pos: np.ndarray

@@ -66,6 +66,7 @@ class JobSim:
         self.f_s = pipe / ((M + P - 1) * 3.0 * (1.0 + a_tp + a_pp))
         self.tp_s = 3.0 * self.f_s * a_tp / 2  # one TP all-reduce after fwd, one after bwd
         self.pp_s = 3.0 * self.f_s * a_pp / 2
+        self.tp_s /= job.tp_ops
         self.tp_bytes = int(self.tp_s * NVLINK_BPS / _ring(T)) if T > 1 else 0
         self.pp_bytes = int(self.pp_s * NIC_BPS)
         n_dp_ops = job.buckets if job.dp_op == "allreduce" else 2
@@ -117,6 +118,7 @@ class JobSim:
         if P > 1:
             pp_mult = np.where(lay.pp_cross, pair_mult(eff, lay.grid[:-1], lay.grid[1:]), 1.0)
         M = job.micro_batches
+        L = job.tp_ops
         for phase, stages, work in (("f", range(P), 1.0), ("b", range(P - 1, -1, -1), 2.0)):
             for m in range(M):
                 for p in stages:
@@ -128,6 +130,15 @@ class JobSim:
                     if phase == "f" and m == 0:
                         c = c + hiccup[p]
                     comp[p] += c
+                    if T > 1 and L > 1:
+                        # one TP all-reduce per layer: the work split between them
+                        for k in range(L):
+                            ck = (c - hiccup[p] if phase == "f" and m == 0 else c) / L
+                            if k == 0 and phase == "f" and m == 0:
+                                ck = ck + hiccup[p]
+                            ready[p] = self._tp(p, ready[p] + ck, comm)
+                        pend[p] = ready[p]
+                        continue
                     arrive = ready[p] + c
                     ready[p] = self._tp(p, arrive, comm) if T > 1 else arrive
                     pend[p] = ready[p]

@@ -1,5 +1,6 @@
 """Scenarios with long steps (2, 8 and 30 s), many micro-batches inside each step: a
-tensor-parallel all-reduce after every micro-batch's forward and backward, pipeline
+tensor-parallel all-reduce after every layer (4) of each micro-batch's forward and
+backward, pipeline
 send/recv per micro-batch, so the ``comm`` windows that close every second inside a
 step carry who each group waits for (issue "Seconds, not steps").
 
@@ -18,14 +19,14 @@ from simulator.spec import FaultSpec as F
 from simulator.spec import JobSpec, Scenario
 
 # 32 ranks: tp4 pp2 dp4, 8 micro-batches per step
-L2 = (JobSpec(hosts=4, tp=4, pp=2, micro_batches=8, step_s=2.0),)
-L3 = (JobSpec(hosts=4, tp=4, pp=2, micro_batches=8, step_s=3.0),)
+L2 = (JobSpec(hosts=4, tp=4, pp=2, micro_batches=8, step_s=2.0, tp_ops=4),)
+L3 = (JobSpec(hosts=4, tp=4, pp=2, micro_batches=8, step_s=3.0, tp_ops=4),)
 # 32 ranks: tp8 pp2 dp2, 16 micro-batches
-L8 = (JobSpec(hosts=4, tp=8, pp=2, micro_batches=16, step_s=8.0),)
+L8 = (JobSpec(hosts=4, tp=8, pp=2, micro_batches=16, step_s=8.0, tp_ops=4),)
 # 32 ranks: tp4 pp4 dp2, 16 micro-batches
-L8P = (JobSpec(hosts=4, tp=4, pp=4, micro_batches=16, step_s=8.0),)
+L8P = (JobSpec(hosts=4, tp=4, pp=4, micro_batches=16, step_s=8.0, tp_ops=4),)
 # 32 ranks: tp4 pp2 dp4, 32 micro-batches
-L30 = (JobSpec(hosts=4, tp=4, pp=2, micro_batches=32, step_s=30.0),)
+L30 = (JobSpec(hosts=4, tp=4, pp=2, micro_batches=32, step_s=30.0, tp_ops=4),)
 
 # warm-up: steps 0-2 last about 4.2x, 2.1x and 1.5x a step
 WARM = 7.9
@@ -68,6 +69,10 @@ LONG_STEPS = [
              "the last 6 steps", L30, steps=12, tags=("long_steps",),
              faults=(F("gpu_clock", _at(30, 6), None, 0.25, rank=5),)),
     # -- faults from the job's first step --
+    Scenario("first1_thermal_40", "16-rank DP, 1 s steps: rank 7 throttles 40 % from the "
+             "job's first step (no sub-step evidence: the step rule, from peers)",
+             (JobSpec(),), steps=40, tags=("first_step",),
+             faults=(F("gpu_thermal", 0, None, 0.4, rank=7),)),
     Scenario("first3_thermal_40", "32 ranks tp4 pp2, 3 s steps: rank 9 throttles 40 % from "
              "the job's first step", L3, steps=30, tags=("long_steps", "first_step"),
              faults=(F("gpu_thermal", 0, None, 0.4, rank=9),)),

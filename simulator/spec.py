@@ -101,7 +101,10 @@ class JobSpec:
     ``step_s`` is the target healthy step time (seconds); ``comm_frac`` the share
     of it spent in the DP gradient collectives; ``dp_op`` "allreduce" (DDP,
     ``buckets`` all-reduces per step) or "zero" (reduce-scatter + all-gather).
-    ``steps`` None: runs as long as the scenario.
+    ``steps`` None: runs as long as the scenario. ``tp_ops``: tensor-parallel
+    all-reduces per micro-batch and direction (Megatron: per layer), the compute split
+    evenly between them and their time and bytes too (1: one after the whole forward,
+    one after the whole backward).
     """
 
     job_id: str = "job0"
@@ -115,6 +118,7 @@ class JobSpec:
     buckets: int = 4
     steps: int | None = None
     tokens_per_step: int = 4096
+    tp_ops: int = 1
 
 
 @dataclass(frozen=True)

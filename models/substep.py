@@ -1,0 +1,239 @@
+"""Sub-step evidence: who a group waits for, window after window, inside a long step.
+
+A ``comm`` window closes every ``window_s`` (1 s) inside a step (CONTRACT.md). In a
+group whose members do the same work (a tensor-parallel group, an FSDP shard group:
+any collective group, not a point-to-point pair) every member ends each op together, so
+the member that arrives last blocks least. Once every member of a group has sent a
+window since the group's last *tick*, the tick compares them, per op of the group:
+
+    late_m = median over members of (blocked_s / n)  -  blocked_s(m) / n(m)
+    work   = median over members of (window time - time blocked in any group) / n
+    value  = log(1 + late_m / work)
+
+where a member that waited longer than its peers' median in send/recv has that extra
+wait per op taken off ``late_m``, down to zero (it arrived later at the group's ops
+because a pipeline neighbour or link was late, not because it worked longer). In each
+member's first window of a step its longest op is left out (the first op of a step
+waits for the members' different starts, not for their work); groups whose ops come in
+a burst (windows with its ops: fewer than ``MIN_SPREAD`` a step, e.g. gradient buckets
+at the step's end) or with almost no work between them (``MIN_WORK``) give no value.
+
+``late_m / work`` is how much longer the member took between two ops of the group than
+its peers, relative to that work: 0.3 for a GPU 30 % slower, whatever the step time or
+the model (durations are each rank's own: no clock alignment needed).
+
+Each group keeps these values per member in ``models.evidence.Windows``, the same test
+the per-step evidence uses, over trailing windows of ticks that span ``sustain_s``
+seconds or more (``k``, ``2k`` and ``4k`` ticks, ``k = max(2, ceil(sustain_s /
+window_s))``):
+
+- far outside its peers: the mean at least ``far_rel``, any step it began;
+- a change against its own past: once a member's usual value is learned (its clean
+  ticks, ``LEARN_DELAY`` late, as for steps), the mean of value minus usual at least
+  twice ``min_rel`` (inside one step a rank's speed varies a few per cent for the
+  whole step: a clock, its data; smaller changes are left to the per-step evidence).
+  A member a few per cent off its peers from the first op has that offset
+  as its usual: steady imbalance never confirms here.
+
+A tick waits for ``MIN_OPS`` ops of the group on every member (windows add up until
+then): a member's work between two ops is only known once the next op ended, so one op
+per tick would swing its value by the work still in progress at the window's close.
+
+A stall shorter than the tested windows (one op that waits seconds) is one large
+value among small ones: the window's own deviation swamps it, it never confirms.
+The job's first step (compilation, autotuning) teaches no usual value: only peers judge
+it, so a member far outside its peers from the first op is found inside that step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from models.evidence import LEARN_DELAY, LEARN_MIN, SUSPECT_Z, Windows
+from models.peers import lower_half_ref
+
+P2P = frozenset(("send", "recv"))
+WIDTH = 32                 # ticks kept per member
+MIN_OPS = 3               # ops of the group per member in a tick (windows add up until then)
+MIN_SPREAD = 3            # windows of a step with ops of the group (this step or the last)
+MIN_WORK = 0.2            # least share of a member's time spent working between the ops
+SIGMA_FLOOR = 0.02         # per-tick noise floor (fraction): per-op means over ~1 s jitter
+
+
+class GroupTicks:
+    """One group's pending windows per member and its tick series."""
+
+    __slots__ = ("size", "pend", "seen", "raw", "own", "calm", "ts", "steps", "spread", "long")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        # member -> [blocked in this group, ops of this group, window seconds, blocked in any]
+        self.pend: dict[int, list[float]] = {}
+        # member -> (step, its windows with ops of the group in it, in its step before)
+        self.seen: dict[int, tuple[int, int, int]] = {}
+        self.raw = Windows(WIDTH)        # value per tick
+        self.own = Windows(WIDTH)        # value minus the member's learned usual
+        self.calm = np.zeros(0, dtype=np.int64)
+        self.ts: list[float] = []        # end ts of each tick kept (the newest last)
+        self.steps: list[int] = []       # the step of each tick kept
+        self.spread = 0.0                # smoothed robust spread of the values (fraction)
+        self.long = False                # the newest tick came from inside a long step
+
+
+class SubStep:
+    """Sub-step evidence of one job (see the module doc)."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.groups: dict[str, GroupTicks] = {}
+        self.last_ts: dict[int, float] = {}        # rank -> end of its last window
+        self.start: dict[int, tuple[int, float]] = {}   # rank -> (step, its start)
+        self.first_step: int | None = None
+        self.window_s = 0.0                         # the producers' window, learned
+
+    def scales(self) -> tuple[int, ...]:
+        """Trailing tick windows tested: the shortest spans ``sustain_s`` seconds."""
+        w = self.window_s or 1.0
+        k = max(2, math.ceil(self.cfg.sustain_s / w - 1e-9))
+        return tuple(sorted({k, 2 * k, min(4 * k, WIDTH)}))
+
+    def add(self, ev: dict[str, Any], step: int
+            ) -> list[tuple[str, list[int], dict[int, dict[str, Any]]]]:
+        """Take one ``comm`` record of a rank in ``step``; returns, per group that ticked,
+        (group, its members confirmed at this tick, details per confirmed member)."""
+        r = ev["rank"]
+        ts = ev["ts"]
+        w0 = ev["window_start_ts"]
+        if self.first_step is None or step < self.first_step:
+            self.first_step = step
+        st = self.start.get(r)
+        if st is None or st[0] != step:
+            self.start[r] = st = (step, w0)
+        end = bool(ev.get("step_end"))
+        if not end and ts > w0:
+            # The producers' window, learned from windows a step end did not cut short.
+            self.window_s = ts - w0 if not self.window_s else 0.9 * self.window_s + 0.1 * (ts - w0)
+        # The rank's time since its previous window (windows in which no op ended are not
+        # sent: an op that blocked across them counts here, whole).
+        prev = self.last_ts.get(r)
+        span = ts - (prev if prev is not None and prev <= w0 + 1e-9 else w0)
+        self.last_ts[r] = ts
+        ops = ev["ops"]
+        if not ops or span < 0:
+            return []
+        blocked_all = 0.0
+        p2p = 0.0
+        mine: list[tuple[str, int, float, int, float]] = []
+        for e in ops:
+            blocked_all += e["blocked_s"]
+            if e["op"] in P2P:
+                p2p += e["blocked_s"]
+            if e["op"] not in P2P and e["group_size"] >= 2 and e["n"] > 0:
+                mine.append((e["group"], e["group_size"], e["blocked_s"], e["n"], e["max_s"]))
+        out = []
+        elapsed = ts - st[1]
+        for group, size, b, n, longest in mine:
+            g = self.groups.get(group)
+            if g is None:
+                g = self.groups[group] = GroupTicks(size)
+            ball = blocked_all
+            c = g.seen.get(r)
+            if c is None or c[0] != step:
+                # The first op of a step waits for the members' different starts (the
+                # last step's other groups), not for their work: in every member's first
+                # window of the group in a step, its longest op is left out.
+                c = g.seen[r] = (step, 1, c[1] if c is not None else 0)
+                g.pend.pop(r, None)      # and what was left of its last step
+                b -= longest
+                ball -= longest
+                n -= 1
+                if n <= 0:
+                    continue
+            else:
+                c = g.seen[r] = (step, c[1] + 1, c[2])
+            p = g.pend.get(r)
+            if p is None:
+                g.pend[r] = [b, float(n), span, ball, float(max(c[1], c[2])), p2p]
+            else:
+                p[0] += b
+                p[1] += n
+                p[2] += span
+                p[3] += ball
+                p[5] += p2p
+                p[4] = max(c[1], c[2])
+            if len(g.pend) >= g.size and min(q[1] for q in g.pend.values()) >= MIN_OPS:
+                g.long = elapsed >= 1.5 * (self.window_s or 1.0)
+                out.append(self._tick(group, g, ts, step))
+        return out
+
+    def _tick(self, name: str, g: GroupTicks, ts: float, step: int
+              ) -> tuple[str, list[int], dict[int, dict[str, Any]]]:
+        cfg = self.cfg
+        members = sorted(g.pend)
+        pend = np.array([g.pend[m] for m in members])
+        g.pend = {}
+        per_op = pend[:, 0] / pend[:, 1]
+        work = np.maximum(pend[:, 2] - pend[:, 3], 0.0) / pend[:, 1]
+        ref_work = float(np.median(work))
+        if (pend[:, 4].min() < MIN_SPREAD
+                or ref_work <= MIN_WORK * float(np.median(pend[:, 2] / pend[:, 1]))):
+            # A group whose ops come in a burst
+            # (gradient buckets at the step's end: in one or two windows a step) or follow
+            # each other with no work between says nothing about the members' work.
+            return name, [], {}
+        # A member that waited longer than its peers for a pipeline neighbour (send/recv)
+        # arrives that much later at this group's ops: it waited, it is not slow.
+        waited = np.maximum(pend[:, 5] - float(np.median(pend[:, 5])), 0.0) / pend[:, 1]
+        late = float(np.median(per_op)) - per_op
+        # the spread before that correction, which only ever lowers a lateness, to zero
+        _, sig = lower_half_ref(np.log1p(np.maximum(late / ref_work, -0.9)))
+        rel = (late - np.minimum(waited, np.maximum(late, 0.0))) / ref_work
+        val = np.log1p(np.maximum(rel, -0.9))
+        g.spread = sig if not g.spread else 0.9 * g.spread + 0.1 * sig
+        rows = g.raw.rows_for(members)
+        g.own.rows_for(members)
+        if g.calm.size < len(g.raw.rows):
+            g.calm = np.concatenate([g.calm, np.zeros(len(g.raw.rows) - g.calm.size,
+                                                      dtype=np.int64)])
+        mom = g.raw.mom[rows]
+        known = mom[:, 3] >= LEARN_MIN
+        g.raw.push(rows, val)
+        # The job's first step (compilation, autotuning) teaches no usual; peers judge it.
+        g.own.push(rows, np.where(known & (step > (self.first_step or 0)), val - mom[:, 0],
+                                  np.nan))
+        g.ts.append(ts)
+        g.steps.append(step)
+        del g.ts[:-WIDTH], g.steps[:-WIDTH]
+        sigma = np.full(rows.size, max(SIGMA_FLOOR, g.spread))
+        lo, far = math.log1p(cfg.min_rel), math.log1p(cfg.far_rel)
+        scales = self.scales()
+        z = cfg.z_min
+        ok_f, m_f, _, n_f = g.raw.test(rows, sigma, far, z, scales)
+        ok_s, m_s, z_s, n_s = g.own.test(rows, sigma, 2 * lo, z, scales)
+        # A member drifting away (its own-past window z >= SUSPECT_Z) teaches nothing.
+        calm = np.where(~(z_s >= SUSPECT_Z) & ~ok_f, g.calm[rows] + 1, 0)
+        g.calm[rows] = calm
+        learn = calm > LEARN_DELAY
+        g.raw.learn(rows, learn)
+        g.own.learn(rows, learn)
+        hit = ok_s | ok_f
+        det: dict[int, dict[str, Any]] = {}
+        conf = []
+        for i in np.flatnonzero(hit).tolist():
+            m = members[i]
+            use_s = bool(ok_s[i])
+            mean = float(m_s[i] if use_s else m_f[i])
+            w = g.own if use_s else g.raw
+            back = min(w.onset_back(int(rows[i]), max(mean, lo)), len(g.ts))
+            conf.append(m)
+            det[m] = {"rel": math.expm1(mean), "ticks": int(n_s[i] if use_s else n_f[i]),
+                      "kind": "change" if use_s else "far",
+                      "onset_ts": g.ts[-back - 1] if back < len(g.ts) else g.ts[0] - (
+                          self.window_s or 1.0),
+                      "onset_step": g.steps[-back],
+                      "wait_share": float(late[i] * pend[i, 1] / max(pend[i, 2], 1e-9)),
+                      "long": g.long}
+        return name, conf, det

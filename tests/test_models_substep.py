@@ -1,0 +1,134 @@
+"""Sub-step evidence (models/substep.py): inside a long step, the member a group waits for
+window after window is confirmed in seconds; a short stall, a steady few-per-cent
+imbalance and the step ends' gradient bursts never confirm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models.job import JobConfig, JobState
+from simulator import SCENARIOS, simulate
+
+
+def _feed(name: str, seed: int = 0, steps: int | None = None):
+    """Every sub-step finding JobState returns for a scenario: (ts, step, rank, finding)."""
+    trace = simulate(SCENARIOS[name], seed=seed, steps=steps)
+    job = JobState("job0", JobConfig())
+    out = []
+    trace.starts = {}
+    for ev in trace.events():
+        if ev.get("job_id") != "job0":
+            continue
+        if ev["kind"] == "comm":
+            for s, findings, ts in job.add_comm(ev):
+                out.extend((ts, s, f.rank, f) for f in findings if f.evidence.get("substep"))
+        elif ev["kind"] == "step":
+            trace.starts[(ev["rank"], ev["step"])] = ev["ts"] - ev["duration_s"]
+            job.add_step(ev)
+    return trace, out
+
+
+def _step_start(trace, rank: int, step: int) -> float:
+    return trace.starts[(rank, step)]
+
+
+def test_culprit_is_confirmed_inside_its_first_slow_step():
+    trace, found = _feed("long8_power_25", steps=17)
+    fault = trace.truth["faults"][0]
+    assert found, "no sub-step finding"
+    assert {r for _, _, r, _ in found} == {fault["rank"]}
+    ts, s, _, f = found[0]
+    start = _step_start(trace, fault["rank"], fault["onset_step"])
+    assert s == fault["onset_step"]           # inside the step, not after it
+    assert ts - start < 8.0
+    assert f.confirmed and f.fault == "slow_rank" and f.key == f"slow_rank:r{fault['rank']}"
+    assert 15.0 <= f.own_pct <= 40.0          # a 25 % slower GPU
+    assert f.evidence["evidence"] == "change"
+
+
+def test_far_outside_its_group_from_the_first_step():
+    trace, found = _feed("first8_errors_30", steps=3)
+    fault = trace.truth["faults"][0]
+    assert found
+    assert {r for _, _, r, _ in found} == {fault["rank"]}
+    assert found[0][1] == 0                   # the job's very first step
+    assert found[0][3].evidence["evidence"] == "far"
+
+
+@pytest.mark.parametrize(("name", "steps"), [("long30_stalls", 9), ("long8_stalls", 24)])
+def test_short_stalls_and_checkpoints_never_confirm(name, steps):
+    trace, found = _feed(name, steps=steps)
+    assert len([b for b in trace.truth["benign"] if b["kind"] in ("gc_spike", "checkpoint")
+                and b["end_ts"] is not None]) >= 2
+    assert found == []
+
+
+def test_healthy_long_steps_confirm_nothing():
+    _, found = _feed("long8_healthy", seed=1, steps=16)
+    assert found == []
+
+
+def _windows(slow: dict[int, float], ticks: int, seed: int, ops: int = 6, size: int = 4):
+    """comm windows of one tensor-parallel group (ranks 0..size-1): ``ops`` all-reduces a
+    second; member m computes (1 + slow[m]) times the others between two of them, with
+    per-op noise; every op ends when its last member arrives."""
+    rng = np.random.default_rng(seed)
+    t = np.zeros(size)
+    base = 1000.0
+    evs = []
+    for k in range(ticks):
+        blocked = np.zeros(size)
+        longest = np.zeros(size)
+        shortest = np.full(size, np.inf)
+        for _ in range(ops):
+            work = 0.12 * np.array([1.0 + slow.get(m, 0.0) for m in range(size)]) \
+                * rng.lognormal(0.0, 0.03, size)
+            arrive = t + work
+            end = arrive.max() + 0.02
+            d = end - arrive
+            blocked += d
+            longest = np.maximum(longest, d)
+            shortest = np.minimum(shortest, d)
+            t = np.full(size, end)
+        for m in range(size):
+            evs.append({"v": 1, "kind": "comm", "ts": base + k + 1.0, "job_id": "j",
+                        "rank": m, "host": "h0", "window_start_ts": base + k, "step": 1,
+                        "step_end": False, "world_size": size,
+                        "ops": [{"group": "tp0", "group_size": size, "op": "allreduce",
+                                 "n": ops, "blocked_s": float(blocked[m]),
+                                 "min_s": float(shortest[m]), "max_s": float(longest[m]),
+                                 "bytes": 1000 * ops}]})
+    return evs
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_steady_few_per_cent_from_the_first_op_is_not_a_fault(seed):
+    job = JobState("j", JobConfig())
+    hits = [j for ev in _windows({2: 0.06}, 40, seed) for j in job.add_comm(ev)]
+    assert hits == []
+    hits = [f.rank for ev in _windows({2: 0.06}, 40, seed) for j in job.add_comm(ev)
+            for f in j[1]]
+    assert hits == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tens_of_per_cent_from_the_first_op_is_a_fault(seed):
+    job = JobState("j", JobConfig())
+    hits = [(f.rank, f.evidence["evidence"]) for ev in _windows({3: 0.4}, 12, seed)
+            for _, fs, _ in job.add_comm(ev) for f in fs]
+    assert hits and {r for r, _ in hits} == {3}
+    assert hits[0][1] == "far"
+
+
+def test_far_from_peers_since_the_first_step_pages_within_five_steps_at_short_steps():
+    """1 s steps, no sub-step evidence: peers judge from the job's second step."""
+    from models.pipeline import Detector
+    trace = simulate(SCENARIOS["first1_thermal_40"], seed=0, steps=12)
+    det = Detector()
+    incs = [i for ch in trace.batches() for i in det.process_batch(ch)]
+    fault = trace.truth["faults"][0]
+    paged = [i for i in incs if i["severity"] != "info"]
+    assert paged and {i.get("rank") for i in paged} == {fault["rank"]}
+    fifth = max(e["ts"] for e in trace.events() if e["kind"] == "step" and e["step"] == 4)
+    assert paged[0]["ts"] <= fifth               # by the end of the job's fifth step
