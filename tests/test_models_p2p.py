@@ -213,3 +213,20 @@ def test_capped_increment_is_the_rank_rule():
     cfg = SimpleNamespace(z_min=4.0, confirm_z=8.0)
     inc = capped_increment(np.array([0.3, 0.04, 0.3]), np.array([50.0, 50.0, 3.0]), 0.05, cfg)
     assert inc.tolist() == [4.0, 0.0, 1.0]
+
+
+def test_detect_cli_output_does_not_depend_on_the_hash_seed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    trace = tmp_path / "p2p.jsonl"
+    simulate(replace(SCENARIO, steps=30), seed=0).write_jsonl(trace)
+    outs = []
+    for seed in ("1", "7"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run([sys.executable, "-m", "failslow.cli", "detect", str(trace)],
+                             capture_output=True, env=env, timeout=300, check=True)
+        outs.append(run.stdout)
+    assert b'"peer_rank":38' in outs[0].replace(b" ", b"")
+    assert outs[0] == outs[1]
