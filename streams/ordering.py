@@ -3,7 +3,7 @@
 Events of one partition come from many producers, interleaved by message. Step and
 collective events are held in a buffer (one ts-sorted chunk per message) and handed
 to the Detector in ``ts`` order once the *watermark* passes them. Each source (see
-``SOURCE``) produces in order, so the watermark is the lowest newest-``ts`` over the
+``WATERMARK_SOURCE``) produces in order, so the watermark is the lowest newest-``ts`` over the
 sources: everything at or below it has arrived. The Detector applies device samples
 by event time, ``telemetry_delay_s`` behind the steps it judges
 (``models.pipeline``), so samples are released that much behind the watermark, and a
@@ -73,6 +73,13 @@ SOURCE = {
     "nic": itemgetter("kind", "host", "nic", "port"),
     "host": itemgetter("kind", "host"),
 }
+# The watermark's telemetry sources: one per (kind, host), not per device. A host's agent
+# publishes its samples in time order and at least one of each kind every cycle, but a
+# device only when it changed or its heartbeat is due (collectors.samplers.OnChange): a
+# quiet GPU's newest sample can be seconds old while its host is current, and keyed per
+# device it would hold the watermark (live for ``jitter_s``, for longer in a backlog).
+WATERMARK_SOURCE = {**SOURCE, "gpu": itemgetter("kind", "host"),
+                    "nic": itemgetter("kind", "host")}
 
 
 class EventOrder:
@@ -147,7 +154,7 @@ class EventOrder:
         job_hosts = self._job_hosts
         coll_jobs, arrived = self._coll_jobs, self._arrived
         seen = self._seen
-        source = SOURCE
+        source = WATERMARK_SOURCE
         for ev in events:
             ts = ev["ts"]
             kind = ev["kind"]

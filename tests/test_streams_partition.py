@@ -265,3 +265,19 @@ def test_judged_rank_steps_counts_one_per_rank_of_each_judged_step():
     assert part.counts["jobs_ended"] == 1
     assert part.counts["judged_rank_steps"] == n_ranks * n_steps
     assert part.detector.judged_rank_steps == n_ranks * n_steps
+
+
+def test_device_samples_published_on_change_do_not_hold_a_live_stream():
+    # Host agents publish a device sample when it moved or its 10 s heartbeat is due
+    # (collectors.samplers.OnChange, on by default): a quiet GPU's newest sample is seconds
+    # old while its host is current. Keyed per device, it held every step of a live stream
+    # until its heartbeat (the incident came 8.5 s later than with every sample published).
+    from collectors.samplers import filter_trace
+
+    events = trace("gpu_power_20")
+    published = filter_trace(events)
+    assert len(published) < 0.9 * len(events)
+    full = live_feed(events, {})
+    on_change = live_feed(published, {})
+    assert ("slow_rank", 6, "open") in full and on_change.keys() == full.keys()
+    assert all(abs(on_change[k] - full[k]) <= 0.5 for k in full), (on_change, full)
