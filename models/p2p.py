@@ -95,6 +95,7 @@ class P2PMonitor:
         # group's two ranks, and per step the ops waiting for the other rank to be seen.
         self.duo: dict[str, list[int]] = {}
         self.link_pct: dict[str, tuple[float, float]] = {}   # key -> the groups' estimate
+        self.last: list[Finding] = []     # the last judged step's findings
         self.orphans: dict[int, list[tuple[str, int, str, float, float, int]]] = {}
 
     # -- ingestion ---------------------------------------------------------------------

@@ -184,12 +184,14 @@ class Detector:
                     if t > seen.get(job.job_id, -math.inf):
                         seen[job.job_id] = t
                 if kind == "comm":
-                    job.add_comm(ev)
                     s = ev.get("step")
                     if s is None:
                         s = job.last_step.get(ev["rank"], -1) + 1
                     if s > job.evaluated:
                         p2p.add_comm(ev, s)
+                    # judgements from windows inside a long step (``models.substep``)
+                    for s, findings, ts in job.add_comm(ev):
+                        out.extend(self._judge(job, s, findings, ts, sub=True))
                 elif kind == "collective":
                     step = ev.get("step")
                     if ev["op"] in P2P_OPS:
@@ -237,7 +239,7 @@ class Detector:
                         if cut is not None:
                             self.late_samples += 1
                         self._observe(ev)
-                        if cut is not None and self.tracker.open:
+                        if cut is not None and self.tracker.late_pending():
                             # issue 17 hook (owner of models/incidents.py): a cause left
                             # unknown is attributed again when its late samples arrive
                             out.extend(self.tracker.late_sample(
@@ -362,8 +364,10 @@ class Detector:
                  len(resolved))
         return out
 
-    def _judge(self, job: JobState, s: int, findings: list, ts: float
+    def _judge(self, job: JobState, s: int, findings: list, ts: float, sub: bool = False
                ) -> list[dict[str, Any]]:
+        """Step ``s``'s findings -> incident events; ``sub``: a judgement from windows
+        inside the step (``JobState.add_comm``), before the step itself is judged."""
         # every judged step reaches here (those judged together: counted at the first)
         self.judged_rank_steps += job.take_rank_steps()
         found = []
@@ -382,7 +386,7 @@ class Detector:
                     g.confirmed = waited >= self.confirm_steps + LINK_PATIENCE_STEPS
                 f = g
             located.append(f)
-        for f in self._pairs(job, s, ts, located):
+        for f in self._pairs(job, s, ts, located, sub):
             if not f.confirmed and (job.job_id, f.key) not in self.tracker.open:
                 continue
             cached = self._causes.get((job.job_id, f.key))
@@ -404,16 +408,23 @@ class Detector:
             found.append((f, cause, action, why, rc_ev))
         return self.tracker.step(job.job_id, ts, found)
 
-    def _pairs(self, job: JobState, s: int, ts: float, located: list[Finding]) -> list[Finding]:
+    def _pairs(self, job: JobState, s: int, ts: float, located: list[Finding],
+               sub: bool = False) -> list[Finding]:
         """The step's findings with the pipeline pairs' (``models.p2p``) merged in: a pair
         the collective groups already name is one finding (theirs, with the pair's cost);
         a pair on a host whose NICs a finding already blames adds nothing; a step with a
-        slow pair is no unexplained job slowdown."""
+        slow pair is no unexplained job slowdown. A sub-step judgement (``sub``) judges
+        no pair: the last judged step's pair findings go along, so their incidents are
+        not counted absent."""
         p2p = self._p2p.get(job.job_id)
         if p2p is None:
             return located
-        job_s = next((d for k, d in reversed(job.job_hist) if k == s), 0.0)
-        pf = p2p.evaluate(s, job.rank_host, ts, job_s, job.world) if job_s > 0 else []
+        if sub:
+            pf = p2p.last
+        else:
+            job_s = next((d for k, d in reversed(job.job_hist) if k == s), 0.0)
+            pf = p2p.evaluate(s, job.rank_host, ts, job_s, job.world) if job_s > 0 else []
+            p2p.last = pf
         by_key = {f.key: f for f in located if f.fault == "slow_link"}
         for f in by_key.values():
             if f.peer_rank is not None:
