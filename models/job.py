@@ -312,8 +312,32 @@ class JobState(Attribution):
         """Judge step ``s``; returns (step, findings, ts of the newest event in it)."""
         row = self.pending.pop(s)
         self.evaluated = max(self.evaluated, s)
-        cfg = self.cfg
         ranks = sorted(row)
+        work, data, dur, groups, ts_max = self._gather(s, row, ranks)
+        rel, z, perf, peers, pos, rel2, z2, warm = self._scores(row, ranks, work, groups)
+        job_s = median(dur)
+        self.judged += 1
+        self.rank_steps += len(ranks)
+        states, recent = self._states(ranks, work)
+        ev_ = self._verdict(ranks, states, recent, rel, z, rel2, z2, warm, peers, job_s)
+        present: list[int] = []
+        dref = median(data)
+        base = self._job_base()
+        for i, r in enumerate(ranks):
+            if self._judge_rank(s, i, r, row[r], states[i], ev_, work, data, dur, pos, rel,
+                                z, rel2, job_s, dref, base):
+                present.append(r)        # weakly present: no incident, but located
+        self._learn_job(s, job_s, ts_max, any(st.kind is not None for st in states))
+        findings = self._locate(s, present, ranks, perf, job_s, ts_max)
+        self.last_findings = findings
+        for r in [r for r, (k, _) in self.sub_seen.items() if k < s]:
+            del self.sub_seen[r]
+        return s, findings, ts_max
+
+    def _gather(self, s: int, row: dict[int, dict[str, Any]], ranks: list[int]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+        """Per rank of step ``s``: own work, input wait, step time and pipeline stage, and
+        the newest event's ts; records each rank's host and GPU."""
         n = len(ranks)
         work = np.empty(n)
         data = np.zeros(n)
@@ -353,6 +377,14 @@ class JobState(Attribution):
                 self.rank_gpu[r] = g
         # Time inside collectives is only counted while steps lack compute_s and comm_s.
         self.aligner.need_time = need_time
+        return work, data, dur, groups, ts_max
+
+    def _scores(self, row: dict[int, dict[str, Any]], ranks: list[int], work: np.ndarray,
+                groups: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Each rank against its peers (rel, z, perf, whether it has peers) and against its
+        own past (its position, rel2, z2, whether that past is learned)."""
+        cfg = self.cfg
+        n = len(ranks)
         rel, z, perf, sig = peer_scores(work, groups, floor=max(0.01, self.noise.mean))
         if sig > 0:
             self.noise.update(sig)
@@ -371,17 +403,12 @@ class JobState(Attribution):
             rel2 = np.zeros(n)
             z2 = np.zeros(n)
             warm[:] = False
-        job_s = median(dur)
-        self.judged += 1
-        self.rank_steps += n
-        early = self.judged <= cfg.warm_steps
-        # Peers need no past: only the job's very first steps (compilation, allocator,
-        # autotuning) are left to settle before they judge.
-        early_peers = self.judged <= cfg.peer_warm_steps
-        # Warm-up steps (compilation, allocator, autotuning) differ from rank to rank
-        # for no lasting reason: no evidence from them.
+        return rel, z, perf, peers, pos, rel2, z2, warm
+
+    def _states(self, ranks: list[int], work: np.ndarray) -> tuple[list[RankState], np.ndarray]:
+        """Each rank's state (created on its first step) and its own work, smoothed."""
         states = []
-        recent = np.empty(n)
+        recent = np.empty(len(ranks))
         for i, r in enumerate(ranks):
             st = self.ranks.get(r)
             if st is None:
@@ -390,73 +417,91 @@ class JobState(Attribution):
             st.recent = w if st.recent == 0.0 else 0.8 * st.recent + 0.2 * w
             recent[i] = st.recent
             states.append(st)
+        return states, recent
+
+    def _verdict(self, ranks: list[int], states: list[RankState], recent: np.ndarray,
+                 rel: np.ndarray, z: np.ndarray, rel2: np.ndarray, z2: np.ndarray,
+                 warm: np.ndarray, peers: np.ndarray, job_s: float) -> Any:
+        """This step's windowed evidence of every rank (``RankEvidence.judge``)."""
+        cfg = self.cfg
+        n = len(ranks)
+        # Warm-up steps (compilation, allocator, autotuning) differ from rank to rank
+        # for no lasting reason: no evidence from them.
+        early = self.judged <= cfg.warm_steps
+        # Peers need no past: only the job's very first steps (compilation, allocator,
+        # autotuning) are left to settle before they judge.
+        early_peers = self.judged <= cfg.peer_warm_steps
         # Noise is learned from every step outside a finding, high ones included (a
         # noise estimate that skipped the rank's own bursts would be too small).
         clean = np.fromiter((st.kind is None for st in states), dtype=bool, count=n)
         if not warm.any():
             self.sig_stable = np.full(n, max(0.01, self.noise.mean))
-        ev_ = self.evidence.judge(ranks, rel, z, rel2, z2, self.sig_stable, peers,
-                                  warm & ~early, early_peers,
-                                  recent, job_s, max(0.01, self.noise.mean), clean)
+        return self.evidence.judge(ranks, rel, z, rel2, z2, self.sig_stable, peers,
+                                   warm & ~early, early_peers,
+                                   recent, job_s, max(0.01, self.noise.mean), clean)
+
+    def _judge_rank(self, s: int, i: int, r: int, ev: dict[str, Any], st: RankState, ev_: Any,
+                    work: np.ndarray, data: np.ndarray, dur: np.ndarray, pos: np.ndarray,
+                    rel: np.ndarray, z: np.ndarray, rel2: np.ndarray, job_s: float,
+                    dref: float, base: float) -> bool:
+        """One rank's step: confirm, open, keep or end its finding, update its state and
+        baselines; returns whether it is (at least weakly) present."""
+        cfg = self.cfg
+        if ev_.inc[i] > 0 and st.cusum == 0.0:
+            st.c_onset_ts = ev["ts"] - ev["duration_s"]
+            st.c_onset_step = s
+        # Capped so the evidence drains within a few steps once the fault ends.
+        st.cusum = min(max(0.0, st.cusum + float(ev_.inc[i])), cfg.confirm_z + cfg.z_min)
+        fast = st.cusum >= cfg.confirm_z
+        confirmed = fast or bool(ev_.confirmed[i])
+        sub = self.sub_seen.get(r)
+        if sub is not None and sub[0] >= s and not confirmed:
+            # Confirmed inside the step from its group's windows (models.substep).
+            confirmed = True
+            if st.kind is None and st.cusum == 0.0:
+                st.c_onset_ts, st.c_onset_step = sub[1]["onset_ts"], sub[1]["onset_step"]
+        ref = float(work[i]) / (1.0 + max(float(rel[i]), float(rel2[i]), 0.0))
+        excess = float(work[i]) - ref
+        if confirmed and st.kind is None:
+            self._activate(st, s, ev_, i, base)
+        st.streak = st.streak + 1 if confirmed else 0
+        still = confirmed or bool(ev_.present[i])
+        if st.kind is not None:
+            st.since_s += job_s
+            st.since_n += 1
+            if still:
+                st.quiet = 0
+                st.lost_s += self._extra(st, job_s, max(excess, 0.0))
+            else:
+                st.quiet += 1
+                if st.quiet >= cfg.clean_steps:
+                    st.kind = None
+        # Smoothed over the life of a finding (a confirmation that comes and goes
+        # with the noise does not restart them).
+        fresh = st.kind is None or st.streak == 1 and st.quiet == 0 and st.lost_s == 0.0
+        st.excess_s = excess if fresh else 0.9 * st.excess_s + 0.1 * excess
+        own = max(float(rel[i]), float(rel2[i]))
+        st.own_rel = own if fresh else 0.8 * st.own_rel + 0.2 * own
+        self._imbalance(st, s, ev_, i, float(work[i]), job_s, ev["ts"] - ev["duration_s"])
+        # Input wait above both the peers' and the rank's own usual: a loader
+        # that is always a little slower there is no stall.
+        usual_data = st.data.mean if st.data.n >= cfg.warm_steps else 0.0
+        st.data_excess_s = max(float(data[i]) - max(dref, usual_data), 0.0)
+        st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
+        st.mean_excess, st.mean_z = float(ev_.mean[i]), float(max(ev_.z[i], 0.0))
+        st.mean_n = int(ev_.n[i])
+        # The own-past baseline never learns a step of an open finding, nor one
+        # where the rank stands out against its own past, even weakly.
+        st.observe(float(pos[i]), float(work[i]), float(data[i]), float(dur[i]),
+                   bool(ev_.weak[i] or ev_.suspect[i]) or st.kind is not None
+                   or st.cusum > 0, cfg.learn_delay)
+        return bool(st.kind is not None and (still or st.streak) or st.kind is None and (
+            ev_.weak[i] or ev_.suspect[i] or st.cusum > 0))
+
+    def _locate(self, s: int, present: list[int], ranks: list[int], perf: np.ndarray,
+                job_s: float, ts_max: float) -> list[Finding]:
+        """The step's findings: located culprits, imbalances, links, the job's own change."""
         findings: list[Finding] = []
-        present: list[int] = []
-        dref = median(data)
-        base = self._job_base()
-        for i, r in enumerate(ranks):
-            st = states[i]
-            ev = row[r]
-            if ev_.inc[i] > 0 and st.cusum == 0.0:
-                st.c_onset_ts = ev["ts"] - ev["duration_s"]
-                st.c_onset_step = s
-            # Capped so the evidence drains within a few steps once the fault ends.
-            st.cusum = min(max(0.0, st.cusum + float(ev_.inc[i])), cfg.confirm_z + cfg.z_min)
-            fast = st.cusum >= cfg.confirm_z
-            confirmed = fast or bool(ev_.confirmed[i])
-            sub = self.sub_seen.get(r)
-            if sub is not None and sub[0] >= s and not confirmed:
-                # Confirmed inside the step from its group's windows (models.substep).
-                confirmed = True
-                if st.kind is None and st.cusum == 0.0:
-                    st.c_onset_ts, st.c_onset_step = sub[1]["onset_ts"], sub[1]["onset_step"]
-            ref = float(work[i]) / (1.0 + max(float(rel[i]), float(rel2[i]), 0.0))
-            excess = float(work[i]) - ref
-            if confirmed and st.kind is None:
-                self._activate(st, s, ev_, i, base)
-            st.streak = st.streak + 1 if confirmed else 0
-            still = confirmed or bool(ev_.present[i])
-            if st.kind is not None:
-                st.since_s += job_s
-                st.since_n += 1
-                if still:
-                    st.quiet = 0
-                    st.lost_s += self._extra(st, job_s, max(excess, 0.0))
-                else:
-                    st.quiet += 1
-                    if st.quiet >= cfg.clean_steps:
-                        st.kind = None
-            # Smoothed over the life of a finding (a confirmation that comes and goes
-            # with the noise does not restart them).
-            fresh = st.kind is None or st.streak == 1 and st.quiet == 0 and st.lost_s == 0.0
-            st.excess_s = excess if fresh else 0.9 * st.excess_s + 0.1 * excess
-            own = max(float(rel[i]), float(rel2[i]))
-            st.own_rel = own if fresh else 0.8 * st.own_rel + 0.2 * own
-            self._imbalance(st, s, ev_, i, float(work[i]), job_s, ev["ts"] - ev["duration_s"])
-            # Input wait above both the peers' and the rank's own usual: a loader
-            # that is always a little slower there is no stall.
-            usual_data = st.data.mean if st.data.n >= cfg.warm_steps else 0.0
-            st.data_excess_s = max(float(data[i]) - max(dref, usual_data), 0.0)
-            st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
-            st.mean_excess, st.mean_z = float(ev_.mean[i]), float(max(ev_.z[i], 0.0))
-            st.mean_n = int(ev_.n[i])
-            # The own-past baseline never learns a step of an open finding, nor one
-            # where the rank stands out against its own past, even weakly.
-            st.observe(float(pos[i]), float(work[i]), float(data[i]), float(dur[i]),
-                       bool(ev_.weak[i] or ev_.suspect[i]) or st.kind is not None
-                       or st.cusum > 0, cfg.learn_delay)
-            if st.kind is not None and (still or st.streak) or st.kind is None and (
-                    ev_.weak[i] or ev_.suspect[i] or st.cusum > 0):
-                present.append(r)        # weakly present: no incident, but located
-        self._learn_job(s, job_s, ts_max, any(st.kind is not None for st in states))
         colls = self.aligner.take_step(s)
         colls.extend(self.comm.take_step(s))
         findings.extend(localize(self, present, s, job_s, perf, ranks, colls))
@@ -470,10 +515,7 @@ class JobState(Attribution):
         self.aligner.expire(s)
         self.comm.expire(s)
         findings.extend(self._job_level(s, job_s, ts_max, bool(findings)))
-        self.last_findings = findings
-        for r in [r for r, (k, _) in self.sub_seen.items() if k < s]:
-            del self.sub_seen[r]
-        return s, findings, ts_max
+        return findings
 
     def _self_scores(self, ranks: list[int], pos: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
