@@ -35,6 +35,9 @@ JOB_ENDED = "job ended"
 # Collectors sample about once a second (CONTRACT.md): a cause still unknown after a late
 # sample is looked at again one sample period of sample time later.
 RECHECK_S = 1.0
+# Resolved incidents still waiting for late telemetry to explain them, at most (oldest go).
+UNEXPLAINED_MAX = 1024
+LATE_FAULTS = ("slow_rank", "slow_host")
 
 
 class Incident:
@@ -70,6 +73,9 @@ class IncidentTracker:
         self.open_min_pct = open_min_pct
         self.open: dict[tuple[str, str], Incident] = {}
         self.reopened: dict[str, int] = {}    # incident id -> times it was opened again
+        # incident id -> (job, incident as resolved): resolved with root cause unknown, whose
+        # culprit's late telemetry may still come (``late_sample``)
+        self.unexplained: dict[str, tuple[str, Incident]] = {}
 
     def severity(self, fault: str, pct: float, cause: str = "unknown") -> str:
         if fault == "job_slowdown" or (fault == "slow_link" and cause == "unknown"):
@@ -136,39 +142,67 @@ class IncidentTracker:
             if inc.absent >= self.resolve_steps:
                 del self.open[k]
                 ev = dict(inc.event, ts=ts, status="resolved", resolved_ts=ts)
+                self._unexplained(job_id, inc, ev)
                 out.append(ev)
         return out
+
+    def late_pending(self) -> bool:
+        """Whether a late device sample may change an incident (``late_sample``)."""
+        return bool(self.open or getattr(self, "unexplained", None))
+
+    def _unexplained(self, job_id: str, inc: Incident, resolved: dict[str, Any]) -> None:
+        """Keep a resolved incident whose root cause is unknown for its late telemetry."""
+        if resolved.get("root_cause") != "unknown" or resolved["fault"] not in LATE_FAULTS:
+            return
+        kept = getattr(self, "unexplained", None)
+        if kept is None:                  # a tracker restored from an older snapshot
+            kept = self.unexplained = {}
+        late = Incident(dict(resolved))      # a copy: the emitted event stays as sent
+        late.where, late.recheck = getattr(inc, "where", ([], [], 0.0)), \
+            getattr(inc, "recheck", -1e300)
+        kept[resolved["incident_id"]] = (job_id, late)
+        while len(kept) > UNEXPLAINED_MAX:
+            del kept[next(iter(kept))]
 
     def late_sample(self, host: str, sample_ts: float, now: float, store: TelemetryStore,
                     job_hosts: Any) -> list[dict[str, Any]]:
         """A device sample of ``host`` arrived after the steps it explains were judged
-        (telemetry delivered late, e.g. replayed): an open rank or host incident whose root
-        cause is still ``unknown`` and whose culprit is on ``host`` is attributed again once
+        (telemetry delivered late, e.g. replayed): a rank or host incident whose root cause
+        is still ``unknown``, open or resolved since (the fault may end before its late
+        samples come; up to ``UNEXPLAINED_MAX`` of those are kept, each until its window's
+        samples all came), with its culprit on ``host``, is attributed again once
         the late samples reach the moment it was detected (what its judge would have seen
         on time), then every ``RECHECK_S`` of sample time while the cause stays unknown.
         A cause found is an incident update at ``now`` (event time), and is kept (a known
         cause outvotes ``unknown``, ``vote_cause``). ``job_hosts(job_id)``: the hosts of the
         job, its culprit's peers. Same input order, same output: offline and in the stream."""
         out: list[dict[str, Any]] = []
-        for (job_id, _), inc in sorted(self.open.items()):
+        kept = getattr(self, "unexplained", None) or {}
+        todo = [(job_id, inc, False) for (job_id, _), inc in sorted(self.open.items())]
+        todo += [(job_id, inc, True) for job_id, inc in kept.values()]
+        for job_id, inc, resolved in todo:
             ev = inc.event
             where = getattr(inc, "where", None)     # None: restored from an older snapshot
             if (ev["root_cause"] != "unknown" or where is None or host not in where[0]
-                    or ev["fault"] not in ("slow_rank", "slow_host")
+                    or ev["fault"] not in LATE_FAULTS
                     or sample_ts < max(inc.recheck, ev["detected_ts"] - RECHECK_S)):
                 continue
             inc.recheck = sample_ts + RECHECK_S
             hosts, gpus, data_share = where
-            cause, rc_ev = attribute(ev["fault"], store, hosts, gpus, set(job_hosts(job_id)),
-                                     data_share)
+            peers = set(job_hosts(job_id)) or {h for h, _ in store.gpus} | set(store.hosts)
+            cause, rc_ev = attribute(ev["fault"], store, hosts, gpus, peers, data_share)
             if cause == "unknown":
+                if resolved and sample_ts > ev["resolved_ts"] + RECHECK_S:
+                    del kept[ev["incident_id"]]    # its whole window came: nothing to add
                 continue
             inc.causes[cause] = inc.causes.get(cause, 0) + 1
             ts = max(float(now), ev["ts"])
             evidence = dict(ev.get("evidence") or {}, root_cause=rc_ev,
                             root_cause_from="late telemetry")
             ev.update(ts=ts, root_cause=cause, evidence=evidence)
-            if inc.emitted:
+            if resolved:
+                del kept[ev["incident_id"]]
+            elif inc.emitted:
                 inc.emitted = dict(inc.emitted, root_cause=cause, ts=ts)
             out.append(dict(ev))
         return out
@@ -181,8 +215,10 @@ class IncidentTracker:
             inc = self.open.pop(k)
             ts = max(float(ts), inc.event["ts"])
             evidence = dict(inc.event.get("evidence") or {}, resolved_reason=JOB_ENDED)
-            out.append(dict(inc.event, ts=ts, status="resolved", resolved_ts=ts,
-                            resolved_reason=JOB_ENDED, evidence=evidence))
+            ev = dict(inc.event, ts=ts, status="resolved", resolved_ts=ts,
+                      resolved_reason=JOB_ENDED, evidence=evidence)
+            self._unexplained(job_id, inc, ev)
+            out.append(ev)
         prefix = f"{job_id}:"
         for iid in [i for i in self.reopened if i.startswith(prefix)
                     and i[len(prefix):].split(":", 1)[0] in FAULTS]:

@@ -252,3 +252,26 @@ def test_slowdown_is_the_jobs_measured_increase_even_in_a_pipeline():
     assert a.slowdown_pct(st) == pytest.approx(100.0 * 0.04 * 1.25 / 0.2)
     st = _culprit(own_s=0.16, step_s=0.2, excess_s=0.04, base_s=0.2, now_s=0.23)
     assert a.slowdown_pct(st) == pytest.approx(15.0)
+
+
+def test_late_telemetry_explains_an_incident_resolved_before_it_came():
+    tr = IncidentTracker(resolve_steps=2)
+    out = []
+    for k in range(4):
+        f = finding()
+        f.hosts, f.gpus = ["h1"], [("h1", 3)]
+        out += tr.step("j", 10.0 + k, [(f, "unknown", "rebalance_microbatches", "", {})])
+    out += tr.step("j", 14.0, []) + tr.step("j", 15.0, [])
+    resolved = out[-1]
+    assert resolved["status"] == "resolved" and resolved["root_cause"] == "unknown"
+    sent = dict(resolved)
+    # the culprit's samples arrive now, behind the steps: thermal throttling on h1:3
+    st = store_with({("h1", 3): {"clocks_event_reasons": 0x20, "sm_clock_mhz": 1500.0,
+                                 "temp_c": 90.0}})
+    upd = tr.late_sample("h1", 12.0, 60.0, st, lambda job: HOSTS)
+    assert [(e["status"], e["root_cause"], e["ts"]) for e in upd] == \
+        [("resolved", "gpu_thermal", 60.0)]
+    assert upd[0]["evidence"]["root_cause_from"] == "late telemetry"
+    assert resolved == sent                       # what was sent is not rewritten
+    assert tr.late_sample("h1", 13.0, 61.0, st, lambda job: HOSTS) == []   # once
+    assert not tr.late_pending()

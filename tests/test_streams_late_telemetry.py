@@ -4,7 +4,7 @@ level with the real Detector (issue 17, "data replayed late gives root cause unk
 30 s late, the partition still waits for it: the root cause is known from the first
 event. 120 s late, the steps of the fault are judged before any sample of it arrived,
 so the incident opens and pages with root cause ``unknown``; when the culprit's samples
-of that window arrive while it is still open, it is attributed again (the Detector's
+of that window arrive, open or resolved since, it is attributed again (the Detector's
 ``IncidentTracker.late_sample``, the same code offline and in a worker) and an update
 carries the cause, which later events (the resolve) keep. Offline, a ts ordered file
 knows the cause at once: the incident's final state is the same either way."""
@@ -59,9 +59,8 @@ def test_telemetry_120_s_late_is_attributed_when_it_arrives():
     # judged before the samples came: unknown (and paged); then one update with the cause
     assert first > 0 and set(causes[:first]) == {"unknown"}
     assert any(i["severity"] != "info" for i in out[:first])
-    update = out[first]
-    assert update["status"] == "open" and update["evidence"]["root_cause_from"] == \
-        "late telemetry"
+    update = out[first]     # open, or resolved already (the fault ended before its samples came)
+    assert update["evidence"]["root_cause_from"] == "late telemetry"
     assert update["ts"] > out[first - 1]["ts"]      # a later state, not a tie
     assert set(causes[first:]) == {"gpu_thermal"}
 
