@@ -18,6 +18,11 @@ produce -> processed).
 
     .venv/bin/python bench/streams_latency.py [--hosts 104] [--faults 6] [--step-s 1]
 
+With ``--step-s 2`` or more (issue 15) the faults come after the warm-up, one every 3
+steps for 2 steps, and the job has a TP all-reduce per layer, so the Detector confirms a
+culprit from the ``comm`` windows inside the step (``models.substep``); use fewer hosts
+(``--hosts 8 --faults 3 --step-s 8``: 64 ranks, ~4 min of wall time).
+
 Prints numbers and writes bench/results/streams_latency.json.
 """
 
@@ -47,6 +52,17 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def scenario(hosts: int, faults: int, step_s: float) -> Scenario:
+    if step_s >= 2.0:
+        # Long steps (issue 15): after the warm-up (~8 step times), one fault every 3 steps,
+        # 2 steps long; a TP all-reduce per layer (4), so windows inside a step carry them.
+        specs = tuple(FaultSpec(kind="gpu_thermal", start_s=(9 + 3 * i) * step_s,
+                                end_s=(11 + 3 * i) * step_s, intensity=0.3,
+                                rank=(37 * i + 5) % (hosts * 8), job="lat")
+                      for i in range(faults))
+        return Scenario(name="latency", description="sequential GPU fail-slows, long steps",
+                        jobs=(JobSpec(job_id="lat", hosts=hosts, tp=8, pp=8, micro_batches=8,
+                                      step_s=step_s, tp_ops=4),),
+                        faults=specs, steps=12 + 3 * faults)
     specs = tuple(FaultSpec(kind="gpu_thermal", start_s=20 + 15 * i, end_s=30 + 15 * i,
                             intensity=0.3, rank=(37 * i + 5) % (hosts * 8), job="lat")
                   for i in range(faults))
