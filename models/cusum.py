@@ -7,9 +7,8 @@ verdict's bar (``min_rel`` against its own past, ``far_rel`` against its peers),
 at most ``z_min / 2`` (nothing); one step adds at most ``z_min``. The sum never drops
 below 0 and never exceeds ``confirm_z + z_min``, so it drains within a few steps once
 the fault ends; it confirms at ``confirm_z`` (``confirm_steps * z_min``): a one-step spike
-never confirms, a large slowdown in two steps. ``models.evidence`` computes the rank
-increments inline with the same formula (the maximum over its verdicts of
-``capped_increment``).
+never confirms, a large slowdown in two steps. ``models.evidence`` takes a rank's
+increment as the maximum over its two verdicts of ``capped_increment``.
 
 >>> from types import SimpleNamespace
 >>> import numpy as np

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from models.cusum import capped_increment
+
 SCALES = (6, 12, 24, 32)     # trailing windows tested, steps
 MIN_FILL = 0.5               # share of a window that must hold values
 # A window's mean may fall this short of ``delta`` and still confirm: a fault of exactly
@@ -309,9 +311,10 @@ class RankEvidence:
         # rank's own step-to-step spread, tails included (known once its past is).
         z = np.minimum(z, lrel / np.maximum(self.peer.noise(rows, sig_p), 1e-9))
         z2 = np.minimum(z2, lrel2 / np.maximum(self.own.noise(rows, sig2), 1e-9))
-        zp = np.where((rel >= cfg.far_rel) & peers, z, np.minimum(z, k))
-        zs = np.where(rel2 >= cfg.min_rel, z2, np.minimum(z2, k))
-        inc = np.minimum(np.maximum(zp, zs), cfg.z_min + k) - k
+        # The one evidence rule (models.cusum): the larger of the peer verdict's and the
+        # own-past verdict's capped increments.
+        inc = np.maximum(capped_increment(np.where(peers, rel, -np.inf), z, cfg.far_rel, cfg),
+                         capped_increment(rel2, z2, cfg.min_rel, cfg))
         top = np.maximum(np.maximum(rel, rel2), 0.0)
         gate = recent * top / (1.0 + top) >= cfg.min_rel / 2 * job_s
         inc = np.where(gate & (not early), inc, np.minimum(inc, 0.0))

@@ -26,6 +26,7 @@ from models.alignment import CollectiveAligner
 from models.attribution import JOB_HISTORY, Attribution
 from models.changepoint import BOCPD
 from models.comm import CommWindows
+from models.cusum import cusum_update
 from models.evidence import RankEvidence
 from models.findings import Finding
 from models.links import LinkMonitor
@@ -451,7 +452,7 @@ class JobState(Attribution):
             st.c_onset_ts = ev["ts"] - ev["duration_s"]
             st.c_onset_step = s
         # Capped so the evidence drains within a few steps once the fault ends.
-        st.cusum = min(max(0.0, st.cusum + float(ev_.inc[i])), cfg.confirm_z + cfg.z_min)
+        st.cusum = cusum_update(st.cusum, float(ev_.inc[i]), cfg)
         fast = st.cusum >= cfg.confirm_z
         confirmed = fast or bool(ev_.confirmed[i])
         sub = self.sub_seen.get(r)

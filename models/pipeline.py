@@ -51,7 +51,7 @@ from models.p2p import P2P_OPS, P2PMonitor
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
 
-STATE_VERSION = 6     # 6: comm windows per job; 5: windowed evidence; 4: queued telemetry; 3: slotted objects pickled natively
+STATE_VERSION = 7     # 7: sub-step evidence and p2p pairs per job; 6: comm windows per job; 5: windowed evidence; 4: queued telemetry; 3: slotted objects pickled natively
 LINK_PATIENCE_STEPS = 4
 CAUSE_EVERY_STEPS = 3
 TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
