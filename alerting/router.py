@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerting.base import ESCALATE, OPEN, RESOLVE, SUMMARY, AlertingError, Notification
-from schema.events import SEVERITIES
+from schema.events import SEVERITY_RANK
 
-SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 PAGERS = frozenset({"pagerduty"})
 KNOWN_DESTINATIONS = frozenset({"console", "slack", "pagerduty", "webhook"})
 DEFAULT_ROUTES: dict[str, tuple[str, ...]] = {

@@ -27,9 +27,8 @@ from typing import Any
 from models.findings import Finding
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
-from schema.events import FAULTS, MITIGATIONS, SEVERITIES
+from schema.events import FAULTS, MITIGATIONS, SEVERITY_RANK
 
-SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 LADDER = MITIGATIONS
 JOB_ENDED = "job ended"
 # Collectors sample about once a second (CONTRACT.md): a cause still unknown after a late
@@ -238,7 +237,7 @@ class IncidentTracker:
             # The layout, or a slowdown the planner would ignore: recorded, never paged.
             # (A paged incident's mitigation never falls back to ignore: the ladder above.)
             sev = "info"
-        if SEVERITY_ORDER[sev] < SEVERITY_ORDER[ev["severity"]]:
+        if SEVERITY_RANK[sev] < SEVERITY_RANK[ev["severity"]]:
             sev = ev["severity"]
         prev = last.get("slowdown_pct", pct)
         # A page (a new severity) goes out at once; other changes at most once per

@@ -42,6 +42,7 @@ OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoa
        "barrier", "send", "recv")
 FAULTS = ("slow_rank", "slow_link", "slow_host", "job_slowdown")
 SEVERITIES = ("info", "warning", "critical")          # in order: an update may only raise it
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}  # severity -> its place in that order
 STATUSES = ("open", "resolved")
 ROOT_CAUSES = ("gpu_thermal", "gpu_power", "gpu_clock", "pcie_degraded", "gpu_errors",
                "nic_congestion", "nic_errors", "cpu_contention", "input_stall", "unknown")
