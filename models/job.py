@@ -39,6 +39,10 @@ from models.substep import SubStep
 # Sub-step judgements per episode of a member confirmed inside a long step: it opens,
 # then pages once the incident tracker saw it confirmed ``page_after_steps`` (2) more.
 SUB_EMITS = 4
+# A job without step events: a derived step is this many producer windows, its length
+# learned once one rank sent NOSTEP_LEARN windows (``JobState._nostep_comm``).
+NOSTEP_WINDOWS = 2
+NOSTEP_LEARN = 4
 
 
 class JobConfig:
@@ -104,6 +108,11 @@ class JobState(Attribution):
     # ranks' steps judged and not yet counted by the Detector (``take_rank_steps``); a
     # class default, so snapshots taken before it existed restore
     rank_steps = 0
+    # a job that sends no step events: its derived steps (``_nostep_comm``); class
+    # defaults, so snapshots taken before they existed restore
+    nostep_period = 0.0          # seconds of a derived step (0: not learned yet)
+    nostep_t0 = 0.0              # the derived steps' origin (job's clock)
+    nostep_world = 0             # largest world_size the windows named
 
     def __init__(self, job_id: str, cfg: JobConfig) -> None:
         self.job_id = job_id
@@ -136,6 +145,9 @@ class JobState(Attribution):
         self.step_start: dict[int, float] = {}   # step -> its start (epoch s)
         self.sig_stable = np.zeros(0)          # per rank of the step: its noise (fraction)
         self._init_substep()
+        self.nostep_buf: list[dict[str, Any]] = []   # windows held until the period is known
+        self.nostep_acc: dict[int, list[Any]] = {}   # rank -> [step, start, blocked s, end]
+        self.comm_full: list[int] = []   # steps the last add_comm judged in full (derived)
 
     def _init_substep(self) -> None:
         self.substep = SubStep(self.cfg)
@@ -150,6 +162,11 @@ class JobState(Attribution):
         if real and not self.real_steps:
             self.real_steps = True
             self.pending.clear()       # steps made from collectives give way to real ones
+            if self.nostep_period > 0.0 or self.nostep_buf:
+                # and so do steps derived from windows (models.comm keeps them by step)
+                self.comm.steps.clear()
+                self.nostep_acc.clear()
+                self.nostep_buf = []
         s = ev["step"]
         r = ev["rank"]
         row = self.pending.get(s)
@@ -194,6 +211,9 @@ class JobState(Attribution):
         state.setdefault("progress", state.pop("newest", -1))
         state.setdefault("moved", {})
         state.setdefault("comm", CommWindows())
+        state.setdefault("nostep_buf", [])
+        state.setdefault("nostep_acc", {})
+        state.setdefault("comm_full", [])
         self.__dict__.update(state)
         if "substep" not in state:
             self._init_substep()
@@ -214,9 +234,28 @@ class JobState(Attribution):
         Returns the sub-step judgements it completes (``models.substep``), as
         ``add_step`` returns judged steps: (step, findings, ts); empty unless a member
         of a group was confirmed from windows inside a long step."""
+        self.comm_full = []
         s = ev.get("step")
         if s is None:
+            if not self.real_steps:
+                return self._nostep_comm(ev)
             s = self.last_step.get(ev["rank"], -1) + 1
+        return self._add_comm(ev, s)
+
+    def comm_step(self, ev: dict[str, Any]) -> int:
+        """The step a ``comm`` window goes to (``add_comm``): its own, a derived one in a job
+        without step events (``_nostep_comm``), else the rank's next step."""
+        s = ev.get("step")
+        if s is not None:
+            return int(s)
+        r = ev["rank"]
+        if not self.real_steps and self.nostep_period > 0.0:
+            k = max(int((float(ev["ts"]) - self.nostep_t0) // self.nostep_period), 0)
+            acc = self.nostep_acc.get(r)
+            return max(k, acc[0]) if acc is not None else k
+        return self.last_step.get(r, -1) + 1
+
+    def _add_comm(self, ev: dict[str, Any], s: int) -> list[tuple[int, list[Finding], float]]:
         if s <= self.evaluated:
             return []
         self.comm.add(ev, s)
@@ -226,6 +265,72 @@ class JobState(Attribution):
                 self.rank_gpu[ev["rank"]] = ev["gpu"]
         ticks = self.substep.add(ev, s)
         return self._substep_judge(ticks, s, ev) if ticks else []
+
+    # -- jobs that send no step events: steps from a clock shared by all ranks --------
+
+    def _nostep_comm(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
+        """A ``comm`` window of a job that sent no step events (``step`` null: an NCCL
+        Inspector tailer). Its steps are *derived*: periods of ``NOSTEP_WINDOWS`` producer
+        windows on the job's clock, ``k = floor((ts - t0) / period)``, the same for every
+        rank (ts is shared; durations stay each rank's own). A rank's derived step ends
+        when its first window of a later one comes; it is then a step event of the rank
+        (``add_step``, not real): its time is from the end of its previous window to the end
+        of its last one, the time inside collectives the sum of its windows' ``blocked_s``,
+        so own work (the part not blocked) and the group evidence of its windows
+        (``models.comm``) judge it as they judge real steps, and windows of judged derived
+        steps are dropped as steps are. The period is learned from the job's first windows
+        (held until one rank sent ``NOSTEP_LEARN`` windows): scale-free."""
+        if self.nostep_period <= 0.0:
+            buf = self.nostep_buf
+            buf.append(ev)
+            r = ev["rank"]
+            if sum(e["rank"] == r for e in buf) < NOSTEP_LEARN:
+                # meanwhile they are the rank's next step's, as without this clock
+                self.comm.add(ev, 0)
+                return []
+            self.comm.steps.pop(0, None)
+            spans = sorted(e["ts"] - e["window_start_ts"] for e in buf
+                           if e["ts"] > e["window_start_ts"])
+            w = spans[len(spans) // 2] if spans else 1.0
+            self.nostep_period = NOSTEP_WINDOWS * w
+            self.nostep_t0 = min(e["window_start_ts"] for e in buf)
+            self.nostep_buf = []
+            out: list[tuple[int, list[Finding], float]] = []
+            for e in buf:
+                out.extend(self._nostep_take(e))
+            return out
+        return self._nostep_take(ev)
+
+    def _nostep_take(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
+        r = ev["rank"]
+        ts = float(ev["ts"])
+        k = max(int((ts - self.nostep_t0) // self.nostep_period), 0)
+        acc = self.nostep_acc.get(r)
+        out: list[tuple[int, list[Finding], float]] = []
+        if acc is None:
+            acc = self.nostep_acc[r] = [k, float(ev["window_start_ts"]), 0.0, ts]
+        elif k > acc[0]:
+            out.extend(self._nostep_step(r, ev, acc))
+            acc[0], acc[1], acc[2] = k, acc[3], 0.0
+        else:
+            k = acc[0]       # a rank's windows never go back a derived step
+        acc[2] += sum(e["blocked_s"] for e in ev["ops"])
+        acc[3] = max(acc[3], ts)
+        if ev.get("world_size"):
+            self.nostep_world = max(self.nostep_world, int(ev["world_size"]))
+        out.extend(self._add_comm(ev, k))
+        return out
+
+    def _nostep_step(self, r: int, ev: dict[str, Any], acc: list[Any]
+                     ) -> list[tuple[int, list[Finding], float]]:
+        """Rank ``r``'s derived step ``acc[0]`` as a step event (not real)."""
+        world = max(self.nostep_world, len(self.rank_host))
+        step = {"ts": acc[3], "job_id": self.job_id, "rank": r, "world_size": world,
+                "host": ev["host"], "step": acc[0], "duration_s": max(acc[3] - acc[1], 0.0),
+                "comm_s": acc[2], "gpu": ev.get("gpu")}
+        out = self.add_step(step, real=False)
+        self.comm_full.extend(k for k, _, _ in out)
+        return out
 
     def _substep_judge(self, ticks: list[tuple[str, list[int], dict[int, dict[str, Any]]]], s: int,
                        ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
