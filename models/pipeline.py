@@ -184,14 +184,14 @@ class Detector:
                     if t > seen.get(job.job_id, -math.inf):
                         seen[job.job_id] = t
                 if kind == "comm":
-                    s = ev.get("step")
-                    if s is None:
-                        s = job.last_step.get(ev["rank"], -1) + 1
+                    s = job.comm_step(ev)
                     if s > job.evaluated:
                         p2p.add_comm(ev, s)
-                    # judgements from windows inside a long step (``models.substep``)
+                    # judgements from windows inside a long step (``models.substep``), or
+                    # of whole derived steps in a job without step events (``comm_full``)
                     for s, findings, ts in job.add_comm(ev):
-                        out.extend(self._judge(job, s, findings, ts, sub=True))
+                        out.extend(self._judge(job, s, findings, ts,
+                                               sub=s not in job.comm_full))
                 elif kind == "collective":
                     step = ev.get("step")
                     if ev["op"] in P2P_OPS:

@@ -79,3 +79,18 @@ def test_the_stream_partition_gives_the_offline_incidents_without_steps():
     msgs = messages(events)
     for seed in (1, 2):
         assert canon(run(interleave(msgs, seed))) == canon(ref)
+
+
+def test_a_slow_pipeline_link_without_step_events_keeps_its_send_recv_bounded():
+    # The p2p pairs take each window's derived step too (``JobState.comm_step``) and are
+    # judged with each whole derived step: before, every window of such a job went to
+    # one step that was never judged, and the pairs' pending entries grew without bound.
+    events = no_step("p2p_link_pp")
+    det = Detector()
+    peak = 0
+    for i in range(0, len(events), 500):
+        det.process_batch(events[i:i + 500])
+        peak = max(peak, max((len(p.pending) for p in det._p2p.values()), default=0))
+    job = next(iter(det.jobs.values()))
+    assert job.evaluated > 20
+    assert peak <= 4, peak
