@@ -30,7 +30,7 @@ from alerting.dispatch import Backoff, Dispatcher
 from alerting.outbox import Outbox
 from alerting.router import Policy, Router
 from schema import Topics, decode_lenient, encode_deadletter
-from schema.kafka_security import client_conf, group_consumer_conf
+from schema.kafka_security import TopicIdWatch, client_conf, group_consumer_conf
 
 log = logging.getLogger("failslow.alerting")
 
@@ -68,6 +68,7 @@ class NotifyService:
         self.kafka_config = dict(kafka_config or {})
         self.stats: Counter[str] = Counter()
         self.ready = threading.Event()
+        self._positions: dict[tuple[str, int], int] = {}  # next offset, per partition read
 
     def _consumer_config(self) -> dict[str, Any]:
         return group_consumer_conf(self.bootstrap, self.group_id, {
@@ -83,6 +84,11 @@ class NotifyService:
         consumer = Consumer(self._consumer_config())
         producer = Producer(client_conf(self.bootstrap, {"linger.ms": 5}))
         consumer.subscribe([self.topics.for_kind("incident")])
+        # A broker that lost the topic (Tansu restarted without its data) leaves the consumer
+        # beyond the new topic's end: read it from its start (issue 17). Replayed incidents
+        # stay silent: the router remembers what it notified (outbox state).
+        watch = TopicIdWatch(self.bootstrap, [self.topics.for_kind("incident")], log)
+        self._positions.clear()
         pending = outbox.pending()
         if pending:
             log.info("outbox holds %d undelivered notification(s) from a previous run", pending)
@@ -90,6 +96,7 @@ class NotifyService:
         last_prune = self.clock()
         try:
             while not stop.is_set():
+                watch.check(consumer, self._positions)
                 # consume() would wait out its whole timeout for a full batch; wait for
                 # the first record only, then take whatever else is already fetched.
                 first = consumer.poll(self.poll_timeout_s)
@@ -125,6 +132,7 @@ class NotifyService:
                 log.debug("consumer: %s", msg.error())
                 continue
             self.stats["consumed"] += 1
+            self._positions[(msg.topic(), msg.partition())] = msg.offset() + 1
             value = msg.value()
             events, errors = decode_lenient(value) if value else ([], ["value: empty"])
             for ev in events:

@@ -18,6 +18,7 @@ False
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,3 +173,110 @@ def group_consumer_conf(bootstrap: str, group_id: str,
         "enable.auto.commit": False, "auto.offset.reset": "earliest",
         "session.timeout.ms": 3000, "heartbeat.interval.ms": 500,
         "fetch.wait.max.ms": 100, "enable.partition.eof": False, **(extra or {})})
+
+
+
+class TopicIdWatch:
+    """Notices the topics of a group consumer (the sink, the notifier) that the broker lost:
+    an in-memory broker (Tansu) restarted on the same port, or a topic deleted and
+    recreated, starts them empty at offset 0 while the consumer keeps its old, higher
+    positions, and Tansu does not answer OFFSET_OUT_OF_RANGE for them (measured, issue 17):
+    the consumer waits until the new partitions grow past them and skips every record
+    below. The end offsets cannot tell (Tansu reports the newest batch's base offset + 1,
+    MEASURED.md: a partition holding one batch of 5,000 records ends at 1), so the topic's
+    id tells: a recreated topic has a new one (Tansu too, measured).
+
+    ``check(consumer, positions)`` looks at most every ``interval_s`` (one metadata request
+    for all ``topics``). Each assigned partition of a topic whose id changed is sought to
+    its start (low watermark) and that offset committed (so a rebalance does not hand the
+    old position back); ONE WARNING line names the lost topics and, for each partition the
+    caller had read, topic, partition, position (``positions``: next offset, per partition
+    the caller consumed) and end. It returns those partitions: the caller drops offsets it
+    has not committed yet (they count in the lost log). While the broker does not answer,
+    nothing is checked; a topic that is missing keeps its old id until it is back, and a
+    changed topic none of whose partitions is assigned yet (the group is rebalancing after
+    the restart) waits for the next round.
+    """
+
+    def __init__(self, bootstrap: str, topics: list[str], logger: Any,
+                 interval_s: float = 1.0, timeout_s: float = 1.0) -> None:
+        self.bootstrap = bootstrap
+        self.topics = list(topics)
+        self.log = logger
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.resets = 0
+        self._ids: dict[str, str] = {}
+        self._admin: Any = None
+        self._next = 0.0
+
+    def _topic_ids(self) -> dict[str, str]:
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient(client_conf(self.bootstrap))
+        ids: dict[str, str] = {}
+        futures = self._admin.describe_topics(TopicCollection(self.topics),
+                                              request_timeout=self.timeout_s)
+        for name, fut in futures.items():
+            try:
+                ids[name] = str(fut.result(timeout=self.timeout_s + 1).topic_id)
+            except Exception:  # noqa: BLE001 - missing, or the broker does not answer
+                continue
+        return ids
+
+    def check(self, consumer: Any, positions: dict[tuple[str, int], int]) -> list[tuple[str, int]]:
+        import time
+
+        from confluent_kafka import KafkaException, TopicPartition
+
+        now = time.monotonic()
+        if now < self._next:
+            return []
+        self._next = now + self.interval_s
+        changed = []
+        for name, tid in self._topic_ids().items():
+            if self._ids.get(name, tid) != tid:
+                changed.append(name)
+            else:
+                self._ids[name] = tid
+        if not changed:
+            return []
+        reset: list[tuple[str, int]] = []
+        try:
+            assigned = [tp for tp in consumer.assignment() if tp.topic in changed]
+        except (KafkaException, RuntimeError):
+            return reset
+        # A topic is done once its assigned partitions are reset; while none is assigned
+        # (the group is rebalancing after the restart) the change waits for the next round.
+        done = {tp.topic for tp in assigned}
+        read: list[str] = []
+        for tp in assigned:
+            key = (tp.topic, tp.partition)
+            try:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=self.timeout_s, cached=False)
+                consumer.seek(TopicPartition(tp.topic, tp.partition, low))
+            except KafkaException as exc:
+                self.log.debug("%s partition %d: not reset yet (trying again): %s",
+                               tp.topic, tp.partition, exc)
+                done.discard(tp.topic)
+                continue
+            with contextlib.suppress(KafkaException):
+                consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, low)],
+                                asynchronous=False)
+            if key in positions:
+                read.append(f"{tp.topic} partition {tp.partition} position "
+                            f"{positions.pop(key)} end {high} start {low}")
+            self.resets += 1
+            reset.append(key)
+        if reset:
+            self.log.warning(
+                "the broker lost %s (restarted without its data, or recreated: the topic ids "
+                "changed): reading their %d assigned partition(s) again from the start; read "
+                "before: %s", ", ".join(sorted({t for t, _ in reset})), len(reset),
+                "; ".join(read) or "none")
+        for name in done:
+            self._ids.pop(name, None)   # its new id is learnt next round
+        return reset

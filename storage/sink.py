@@ -12,6 +12,11 @@ the `dead_letters` table, and is counted. Records read back from the dead-letter
 topic are stored too, except the ones this sink produced itself (header
 ``failslow-source: sink``), which are already in the table.
 
+A broker that lost its topics (Tansu restarted on the same port without its data, or a
+topic recreated) is noticed by the topic ids changing (``kafka_security.TopicIdWatch``,
+checked every second): one WARNING line, and the lost topics' partitions are read again
+from their start, so nothing published after the restart is skipped (issue 17).
+
 >>> stop = threading.Event()                                       # doctest: +SKIP
 >>> Sink(client, "127.0.0.1:9092", Topics()).run(stop, max_seconds=10)  # doctest: +SKIP
 """
@@ -27,7 +32,7 @@ from typing import Any
 import orjson
 
 from schema import Topics, decode_lenient, encode_deadletter
-from schema.kafka_security import client_conf, group_consumer_conf
+from schema.kafka_security import TopicIdWatch, client_conf, group_consumer_conf
 from storage.client import Client
 from storage.errors import StorageError
 from storage.migrations import migrate
@@ -82,6 +87,8 @@ class Sink:
         self._producer: Any = None
         self._stop = threading.Event()
         self._deadline: float | None = None
+        self._positions: dict[tuple[str, int], int] = {}   # next offset, per partition read
+        self._topic_ids = TopicIdWatch(bootstrap, topics.all(), log)
         self._kind_topic = {table: topics.for_kind(kind) for kind, table in KIND_TABLE.items()}
 
     def run(self, stop: threading.Event | None = None, max_seconds: float | None = None,
@@ -108,6 +115,8 @@ class Sink:
                                       or now - last_flush >= self.max_delay_s):
                     self._ack()
                     last_flush = time.monotonic()
+                for lost in self._topic_ids.check(self._consumer, self._positions):
+                    self._offsets.pop(lost, None)   # an offset of the lost log: never commit it
                 msgs = self._consumer.consume(num_messages=2000, timeout=0.1)
                 if msgs:
                     last_data = time.monotonic()
@@ -152,7 +161,8 @@ class Sink:
             if errors:
                 self._dead(msg.topic(), msg.key(), "; ".join(errors), value,
                            msg.partition(), msg.offset(), _msg_ts(msg))
-        self._offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+        self._offsets[(msg.topic(), msg.partition())] = \
+            self._positions[(msg.topic(), msg.partition())] = msg.offset() + 1
 
     def _from_deadletter_topic(self, msg: Any, value: bytes) -> None:
         if (SOURCE_HEADER, SOURCE) in (msg.headers() or []):
