@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 
 import pytest
@@ -82,3 +83,52 @@ def test_a_sink_that_outlives_a_broker_restart_skips_nothing_published_after_it(
     assert f"{topics.for_kind('step')} partition " in lost[0]
     assert f"position {n + 10} end " in lost[0], lost[0]
     assert _steps(ch, "before") == n and _steps(ch, "held") == 10
+
+
+def test_the_notifier_outlives_a_broker_restart_and_pages_new_incidents_once(
+        tmp_path, caplog) -> None:
+    """The notifier has the same shape (issue 17): after the restart it reads the new
+    incidents topic from its start; what it notified before stays silent (the router's
+    state in the outbox), each new incident is notified exactly once. (Without a held
+    batch the old notifier happened to get this right too, by its group rejoining with
+    no committed offsets: this test guards the no-re-page side of the fix.)"""
+    from http_receiver import HttpReceiver
+    from test_alerting_service import Running, incident
+
+    from alerting import NotifyService, WebhookNotifier
+
+    n, m = 12, 4
+    port = free_port()
+    b = start_broker(port, log_path=tmp_path / "tansu.log")
+    topics = Topics(prefix=f"n{uuid.uuid4().hex[:8]}.")
+    caplog.set_level(logging.WARNING, logger="failslow.alerting")
+
+    def publish(tag: str, count: int) -> None:
+        p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 5})
+        for i in range(count):
+            p.produce(topics.for_kind("incident"), encode(incident(f"{tag}:{i}")), key=b"job0")
+        assert p.flush(15) == 0
+
+    try:
+        create_topics(b.bootstrap, topics, partitions=1)
+        with HttpReceiver() as rx:
+            svc = NotifyService(b.bootstrap, topics, {"webhook": WebhookNotifier(rx.url("/h"))},
+                                tmp_path, group_id="restart-notify")
+            with Running(svc):
+                publish("before", n)
+                rx.wait_for(n, "/h", timeout=30)
+                b.proc.kill()                           # type: ignore[union-attr]
+                b.proc.wait()                           # type: ignore[union-attr]
+                b = start_broker(port, log_path=tmp_path / "tansu.log")
+                create_topics(b.bootstrap, topics, partitions=1)
+                publish("before", 2)                    # replayed by the worker: silent
+                publish("after", m)
+                rx.wait_for(n + m, "/h", timeout=45)
+                time.sleep(2.0)                         # nothing more may come
+            ids = [r.json()["incident_id"] for r in rx.received("/h")]
+    finally:
+        b.stop(1)
+    assert sorted(ids) == sorted([f"before:{i}" for i in range(n)]
+                                 + [f"after:{i}" for i in range(m)]), ids
+    lost = [r.getMessage() for r in caplog.records if "the broker lost" in r.getMessage()]
+    assert len(lost) == 1 and topics.for_kind("incident") in lost[0], lost
