@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from models.config import JobConfig
 from models.localize import _pct
 from models.ranks import RankState
 from models.stats import RollingMedian
@@ -24,7 +25,7 @@ class Attribution:
     """The job-level half of ``models.job.JobState``: its step-time history and the
     lifecycle of each rank's finding (onset, baseline, cost, imbalance records)."""
 
-    cfg: Any
+    cfg: JobConfig
     job_hist: deque[tuple[int, float]]
     job_recent: float
     job_clean: RollingMedian

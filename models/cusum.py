@@ -12,6 +12,9 @@ increment as the maximum over its two verdicts of ``capped_increment``.
 
 >>> from types import SimpleNamespace
 >>> import numpy as np
+
+if TYPE_CHECKING:
+    from models.config import JobConfig
 >>> cfg = SimpleNamespace(z_min=4.0, confirm_z=8.0)
 >>> capped_increment(np.array([0.5, 0.02, 0.5]), np.array([30.0, 30.0, 1.0]), 0.05, cfg).tolist()
 [4.0, 0.0, -1.0]
@@ -25,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from models.config import JobConfig
 
-def capped_increment(rel: Any, z: Any, bar: float, cfg: Any) -> np.ndarray:
+
+def capped_increment(rel: Any, z: Any, bar: float, cfg: JobConfig) -> np.ndarray:
     """One step's evidence increment (z units): ``z`` in full where ``rel >= bar``, else at
     most ``z_min / 2``; at most ``z_min + z_min / 2``; minus ``z_min / 2``."""
     k = cfg.z_min / 2
@@ -34,6 +39,6 @@ def capped_increment(rel: Any, z: Any, bar: float, cfg: Any) -> np.ndarray:
     return np.minimum(np.where(rel >= bar, z, np.minimum(z, k)), cfg.z_min + k) - k
 
 
-def cusum_update(cusum: float, inc: float, cfg: Any) -> float:
+def cusum_update(cusum: float, inc: float, cfg: JobConfig) -> float:
     """The capped CUSUM after one step's increment."""
     return min(max(0.0, cusum + inc), cfg.confirm_z + cfg.z_min)

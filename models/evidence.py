@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from models.config import JobConfig
 from models.cusum import capped_increment
 
 SCALES = (6, 12, 24, 32)     # trailing windows tested, steps
@@ -276,7 +276,7 @@ class RankEvidence:
     reference) never stands out.
     """
 
-    def __init__(self, cfg: Any, width: int = 32) -> None:
+    def __init__(self, cfg: JobConfig, width: int = 32) -> None:
         self.cfg = cfg
         self.peer = Windows(width)
         self.own = Windows(width)

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
+from models.config import JobConfig
 from models.cusum import capped_increment, cusum_update
 from models.findings import Finding
 from models.peers import lower_half_ref
@@ -77,7 +78,7 @@ class _Culprit(NamedTuple):
 class LinkMonitor:
     """Per-group transfer baselines of one job, and link localization."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
         self.groups: dict[str, GroupState] = {}
         self.slow_members: list[tuple[int, ...]] = []   # members of the located slow groups

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from models.config import JobConfig
 from models.cusum import capped_increment, cusum_update
 from models.findings import Finding
 from models.peers import lower_half_ref
@@ -80,7 +81,7 @@ class PairState:
 class P2PMonitor:
     """Send/recv evidence of one job, per rank pair; ``evaluate`` once per judged step."""
 
-    def __init__(self, cfg: Any, max_age: int = 4) -> None:
+    def __init__(self, cfg: JobConfig, max_age: int = 4) -> None:
         self.cfg = cfg
         self.max_age = max_age
         # step -> pair -> [seconds per byte of the shortest op each way (lower rank sending,
@@ -237,8 +238,9 @@ class P2PMonitor:
         inc = np.maximum(capped_increment(rel_o, z_o, cfg.min_rel, cfg),
                          capped_increment(rel_p, z_p, cfg.far_rel, cfg))
         rel = np.maximum(rel_o, np.where(rel_p >= cfg.far_rel, rel_p, 0.0))
-        k = cfg.z_min / 2
-        weak = ((rel_o >= cfg.min_rel / 2) & (z_o >= k)) | ((rel_p >= cfg.far_rel) & (z_p >= k))
+        half_z = cfg.z_min / 2
+        weak = (((rel_o >= cfg.min_rel / 2) & (z_o >= half_z))
+                | ((rel_p >= cfg.far_rel) & (z_p >= half_z)))
         slow: list[tuple[int, int]] = []
         start = ts - job_s
         for i, p in enumerate(names):

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from models.config import JobConfig
 from models.evidence import LEARN_DELAY, LEARN_MIN, SUSPECT_Z, Windows
 from models.peers import lower_half_ref
 
@@ -86,7 +87,7 @@ class GroupTicks:
 class SubStep:
     """Sub-step evidence of one job (see the module doc)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
         self.groups: dict[str, GroupTicks] = {}
         self.last_ts: dict[int, float] = {}        # rank -> end of its last window
