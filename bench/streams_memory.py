@@ -65,7 +65,12 @@ def measure(bootstrap: str, scenario: str, steps: int) -> dict:
             last = now
             time.sleep(0.5)
         time.sleep(2.5)  # one more snapshot
+        busy = rss_bytes(worker.proc.pid)
+        # The snapshot writer hands freed heap back to the OS at most every 10 s
+        # (streams.snapshots.release_freed_memory): what the worker holds once settled.
+        time.sleep(10.5)
         return {"scenario": scenario, "ranks": ranks, "rss_bytes": rss_bytes(worker.proc.pid),
+                "rss_just_processed_bytes": busy,
                 "snapshot_bytes": snapshot_bytes(port), "events": last}
     finally:
         worker.stop()
@@ -87,7 +92,8 @@ def main() -> None:
         broker.stop(2)
     for r in runs:
         print(f"{r['ranks']:>5} ranks, {args.steps} steps, {r['events']:.0f} events: RSS "
-              f"{r['rss_bytes'] / 2**20:7.1f} MiB "
+              f"{r['rss_bytes'] / 2**20:7.1f} MiB settled "
+              f"({r['rss_just_processed_bytes'] / 2**20:.1f} MiB just after processing) "
               f"({r['rss_bytes'] / 2**20 / r['ranks'] * 1000:.0f} MiB per 1,000 ranks, fixed "
               f"cost included), snapshot {r['snapshot_bytes'] / 2**10:8.1f} KiB (zlib)")
     if args.only:
