@@ -125,10 +125,12 @@ def main() -> None:
         time.sleep(6.0)  # group join
         # Live timestamps, as collectors stamp them: the trace starts now.
         shift = time.time() - events[0]["ts"]
+        # Every time field moves (ts, a step's start_ts, a comm window's window_start_ts;
+        # a window left in the trace's time would look hours long to the Detector).
         for e in events:
-            e["ts"] += shift
-            if "start_ts" in e:
-                e["start_ts"] += shift
+            for f in ("ts", "start_ts", "window_start_ts"):
+                if e.get(f) is not None:
+                    e[f] += shift
         # The simulator applies a fault from the first step that starts after its onset
         # time: the first event it affects is the rank's first event of that step.
         onsets = {f["rank"]: f["onset_ts"] + shift for f in truth["faults"]}
