@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from schema import Topics
-from schema.kafka_security import client_conf
+from schema.kafka_security import client_conf, reader_conf
 
 COMPONENTS = ("worker", "sink", "notify", "collect")
 KNOWN_GROUPS = ("failslow-worker", "failslow-sink", "failslow-notify")  # the commands' defaults
@@ -81,8 +81,9 @@ def check_kafka(report: Report, bootstrap: str, topics: Topics, timeout: float,
         report.problems.append(f"broker {bootstrap} unreachable: {report.broker['error']}")
         return
     report.broker.update(ok=True, brokers=len(meta.brokers))
-    probe = Consumer({**conf, "group.id": "failslow-status", "enable.auto.commit": False,
-                      "enable.partition.eof": True, "fetch.wait.max.ms": 100})
+    probe = Consumer(reader_conf(bootstrap, "failslow-status", {
+        "socket.connection.setup.timeout.ms": int(timeout * 1000), "log_level": 0,
+        "enable.partition.eof": True}))
     try:
         ends: dict[tuple[str, int], int] = {}
         newest_at: list[tuple[str, int, int]] = []

@@ -176,6 +176,16 @@ def group_consumer_conf(bootstrap: str, group_id: str,
 
 
 
+def reader_conf(bootstrap: str, group_id: str,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A confluent-kafka consumer that is *assigned* partitions and never commits (the
+    worker's host-map and snapshot readers, `failslow status`'s probe): a group id only
+    because the client wants one, a 50 ms fetch wait (Tansu holds a fetch for the full
+    wait). ``extra`` wins."""
+    return client_conf(bootstrap, {"group.id": group_id, "enable.auto.commit": False,
+                                   "fetch.wait.max.ms": 50, **(extra or {})})
+
+
 class TopicIdWatch:
     """Notices the topics of a group consumer (the sink, the notifier) that the broker lost:
     an in-memory broker (Tansu) restarted on the same port, or a topic deleted and

@@ -20,7 +20,7 @@ import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from schema import decode_lenient
-from schema.kafka_security import client_conf
+from schema.kafka_security import reader_conf
 from streams import quiet
 from streams.config import WorkerConfig
 from streams.metrics import Metrics
@@ -33,10 +33,9 @@ class HostMapReader(threading.Thread):
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, hostmap: HostMap) -> None:
         super().__init__(name="failslow-hostmap", daemon=True)
-        self._consumer = Consumer(client_conf(bootstrap, {
-            "group.id": f"failslow-hostmap-{os.getpid()}-{id(self)}",
-            "enable.auto.commit": False, "fetch.wait.max.ms": 50,
-            "logger": quiet.RDKAFKA_LOG}))
+        self._consumer = Consumer(reader_conf(
+            bootstrap, f"failslow-hostmap-{os.getpid()}-{id(self)}",
+            {"logger": quiet.RDKAFKA_LOG}))
         self._consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.hostmap = hostmap
         self._stop = threading.Event()

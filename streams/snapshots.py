@@ -37,7 +37,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from schema.errors import FailslowError
-from schema.kafka_security import client_conf
+from schema.kafka_security import client_conf, reader_conf
 from streams.quiet import RDKAFKA_LOG
 
 CHUNK_BYTES = 512 * 1024
@@ -74,11 +74,8 @@ class SnapshotError(FailslowError):
 
 
 def _reader(bootstrap: str) -> Consumer:
-    return Consumer(client_conf(bootstrap, {
-        "group.id": f"failslow-restore-{uuid.uuid4().hex}",
-        "enable.auto.commit": False, "fetch.wait.max.ms": 50,
-        "session.timeout.ms": 6000, "enable.partition.eof": False,
-        "logger": RDKAFKA_LOG}))
+    return Consumer(reader_conf(bootstrap, f"failslow-restore-{uuid.uuid4().hex}", {
+        "session.timeout.ms": 6000, "enable.partition.eof": False, "logger": RDKAFKA_LOG}))
 
 
 def scan(bootstrap: str, topic: str, partition: int, start: int = 0,
