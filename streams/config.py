@@ -10,6 +10,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from models.shard import SHARD_RANKS
 from schema import Topics
 from schema.kafka_security import client_conf
 from schema.topics import KIND_TOPIC
@@ -39,6 +40,9 @@ class WorkerConfig:
     max_ranks_per_job: int = 32_768
     max_groups_per_job: int = 65_536
     max_hosts_per_job: int = 8_192
+    # issue 16: ranks per shard of a large job (models.shard; FAILSLOW_SHARD_RANKS): must
+    # be the same as failslow detect's to take the same decisions
+    shard_ranks: int = SHARD_RANKS
     detector_factory: Callable[[], Any] | None = None
     detector_restore: Callable[[Any], Any] | None = None
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from models.pipeline import Detector
+from models.shard import ShardedDetector
 from schema import decode_lenient
 from schema.fast import all_valid
 from streams.config import WorkerConfig
@@ -82,8 +82,11 @@ class JobStage:
     def new_partition(self, p: int) -> JobPartition:
         cfg = self.cfg
         hooks: dict[str, Any] = {
-            "detector_factory": lambda: Detector(telemetry_delay_s=cfg.telemetry_delay,
-                                                 job_idle_s=cfg.job_idle)}
+            # issue 16: a large job's shards are judged as failslow detect judges them
+            "detector_factory": lambda: ShardedDetector(telemetry_delay_s=cfg.telemetry_delay,
+                                                        job_idle_s=cfg.job_idle,
+                                                        shard_ranks=cfg.shard_ranks),
+            "detector_restore": ShardedDetector.from_state}
         if cfg.detector_factory:
             hooks["detector_factory"] = cfg.detector_factory
         if cfg.detector_restore:

@@ -26,6 +26,7 @@ from streams.config import WorkerConfig
 from streams.metrics import Metrics
 from streams.outputs import Outputs
 from streams.routing import PART_MAX_BYTES, HostMap, home_partition, job_of_key, split_value
+from streams.sharding import event_shard, shard_partition, shard_parts
 
 
 class HostMapReader(threading.Thread):
@@ -72,34 +73,37 @@ class RouteStage:
         self.hostmap = hostmap
         self.src_kind = cfg.source_kinds()
         self.steps_topic = cfg.topics.for_kind("step")
+        self.shard_ranks = cfg.shard_ranks
 
     async def route_batch(self, messages: list[Any], now: float) -> None:
         """Route one batch of Kafka messages and send the packs on."""
         packs: dict[int, list[tuple]] = {}
         for msg in messages:  # first the steps: they tell where the telemetry goes
             if self.steps_topic == msg.topic and msg.key:
-                self.learn_hosts(msg.value, home_partition(msg.key.decode("utf-8", "replace"),
-                                                           self.partitions), now)
+                self.learn_hosts(msg.value, msg.key.decode("utf-8", "replace"), now)
         for msg in messages:
             self.metrics.seen(msg.topic, msg.timestamp, now)
             await self.route_one(msg, now, packs)
         await self.out.forward(packs)
 
-    def learn_hosts(self, value: bytes | None, home: int, now: float) -> None:
-        """The hosts of the step events this worker routes run a job homed at ``home``: map
-        them at once, without waiting for the job stage's announcement to come back
-        through the broker. While a backlog is read, the announcement trails the
-        telemetry by many seconds, and until then every partition decodes and holds a
-        copy of every sample. (Invalid records are the job stage's to report; a step
-        message without a key is left to the announcement.)"""
+    def learn_hosts(self, value: bytes | None, job: str, now: float) -> None:
+        """The hosts of the step events this worker routes run a job (its shard of the
+        host's ranks, issue 16) on a known partition: map them at once, without waiting
+        for the job stage's announcement to come back through the broker. While a backlog
+        is read, the announcement trails the telemetry by many seconds, and until then
+        every partition decodes and holds a copy of every sample. (Invalid records are the
+        job stage's to report; a step message without a key is left to the announcement.)"""
         try:
             items = orjson.loads(value or b"")
         except orjson.JSONDecodeError:
             return
+        n, parts = self.shard_ranks, self.partitions
+        home = home_partition(job, parts)
         for ev in items if type(items) is list else (items,):
             host = ev.get("host") if type(ev) is dict else None
             if type(host) is str:
-                self.hostmap.add(host, home, now)
+                k = event_shard(ev, n)
+                self.hostmap.add(host, (home + k) % parts if k else home, now)
 
     async def route_one(self, msg: Any, now: float, packs: dict[int, list[tuple]]) -> None:
         """Add ``msg`` to the packs of its home partition(s); only one copy of a message
@@ -121,8 +125,16 @@ class RouteStage:
                 await self.out.dead_letter("no job_id in the key or the value", msg.topic,
                                            msg.key, msg.value)
                 return
-            packs.setdefault(home_partition(job, self.partitions), []).extend(
-                (msg.topic, ts0, True, msg.key, v) for v in values)
+            home = home_partition(job, self.partitions)
+            for v in values:
+                # issue 16: a large job's events go to the partitions of their shards
+                by_shard = shard_parts(v, self.shard_ranks)
+                if by_shard is None:
+                    packs.setdefault(home, []).append((msg.topic, ts0, True, msg.key, v))
+                    continue
+                for k, part in by_shard.items():
+                    packs.setdefault(shard_partition(job, k, self.partitions), []).append(
+                        (msg.topic, ts0, True, msg.key, part))
             return
         if not key:
             events, errors = decode_lenient(msg.value or b"")

@@ -1,60 +1,72 @@
-"""Where one job's events go when it is spread over shards (issue 16; not wired yet,
-see docs/streams.md "One job across many workers").
+"""Where one job's events go when it is cut into shards (issue 16; the plan itself is the
+job's: ``models.shard``).
 
-A job keeps its *home partition* (``routing.home_partition``): the job stage there combines
-what needs the whole job. Its ranks are cut into ``shards`` shards by pipeline stage (peer
-comparison is within a stage, ``models.job``: ``groups = pp_rank``), or by blocks of
-consecutive ranks for a job without pipeline stages; shard ``k`` lives on partition
-``home + k * N // shards`` (mod N), so a job's shards are as far apart as the partitions
-allow and faust's assignment gives them to different workers. A host's telemetry goes to
-the shards that hold its ranks (with tensor parallelism inside a host, one shard).
+A job of more than ``shard_ranks`` ranks is judged in shards of ``shard_ranks``
+consecutive ranks (``models.shard.shard_of``); shard ``k`` of a job lives on partition
+``home + k`` (mod N) of the job topic, so faust's round-robin assignment gives a job's
+neighbouring shards to different workers, and its incidents go to the same partition
+number of the incidents topic (keyed by ``job_id`` as always). A job of at most
+``shard_ranks`` ranks is one shard, on its home partition: nothing changes for it.
 
->>> plan = ShardPlan(partitions=8, shards=2)
->>> plan.shard(rank=5, world=16, pp_rank=1, pp=4), plan.shard(rank=12, world=16, pp_rank=3, pp=4)
-(0, 1)
->>> plan.partition("job0", 1) == (plan.partition("job0", 0) + 4) % 8
+The route stage finds an event's shard from its ``rank`` alone (``shard_parts``): a
+message whose ranks are all below ``shard_ranks`` (every message of a small job) goes
+on whole and undecoded, as before; the others are decoded once and cut into one JSON
+array per shard (orjson writes the same numbers it read, so each shard decodes exactly
+the events the producer sent). A host's telemetry goes to the partitions of the shards
+holding its ranks (``HostMap``: learned from the step events routed, and announced by the
+job stage of each shard).
+
+>>> shard_partition("job0", 1, 8) == (shard_partition("job0", 0, 8) + 1) % 8
+True
+>>> sorted(shard_parts(b'[{"rank":1},{"rank":5},{"rank":4}]', 4).items())
+[(0, b'[{"rank":1}]'), (1, b'[{"rank":5},{"rank":4}]')]
+>>> shard_parts(b'[{"rank":1},{"rank":3}]', 4) is None
 True
 """
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
+import orjson
+
+from models.shard import SHARD_RANKS, shard_of
 from streams.routing import home_partition
 
+__all__ = ["SHARD_RANKS", "shard_of", "shard_partition", "shard_parts", "event_shard"]
 
-class ShardPlan:
-    """``shards`` shards per job over ``partitions`` partitions (``shards`` <= partitions;
-    1: today's layout, everything on the home partition)."""
+_RANK = re.compile(rb'"rank"\s*:\s*(\d+)')
 
-    def __init__(self, partitions: int, shards: int = 1) -> None:
-        if not 1 <= shards <= partitions:
-            raise ValueError(f"shards must be between 1 and the {partitions} partitions")
-        self.partitions = partitions
-        self.shards = shards
-        self._hosts: dict[tuple[str, str], set[int]] = {}  # (job, host) -> its shards
 
-    def shard(self, rank: int, world: int, pp_rank: int | None = None,
-              pp: int | None = None) -> int:
-        """The shard of a rank: by pipeline stage when the job has at least as many stages
-        as shards (a stage never spans two shards), else by block of consecutive ranks."""
-        k = self.shards
-        if pp_rank is not None and pp and pp >= k:
-            return pp_rank * k // pp
-        return min(rank * k // max(world, 1), k - 1)
+def shard_partition(job_id: str, shard: int, partitions: int) -> int:
+    """The partition of the job topic (and of the incidents topic) that holds ``shard``
+    of ``job_id``; shard 0 is the job's home partition."""
+    return (home_partition(job_id, partitions) + shard) % partitions
 
-    def partition(self, job_id: str, shard: int) -> int:
-        """The partition of the job topic that holds ``shard`` of ``job_id``."""
-        n = self.partitions
-        return (home_partition(job_id, n) + shard * n // self.shards) % n
 
-    def place(self, job_id: str, host: str, rank: int, world: int,
-              pp_rank: int | None = None, pp: int | None = None) -> int:
-        """The partition of a rank's step and comm events; remembers that ``host``'s
-        telemetry is needed there (``host_partitions``)."""
-        p = self.partition(job_id, self.shard(rank, world, pp_rank, pp))
-        self._hosts.setdefault((job_id, host), set()).add(p)
-        return p
+def event_shard(ev: Any, shard_ranks: int = SHARD_RANKS) -> int:
+    """The shard of a decoded event (0 when it names no valid rank: its errors are the
+    home partition's to report)."""
+    r = ev.get("rank") if type(ev) is dict else None
+    return shard_of(r, shard_ranks) if type(r) is int else 0
 
-    def host_partitions(self, job_id: str, host: str) -> set[int]:
-        """The partitions holding ranks of ``job_id`` on ``host`` (empty before its first
-        step event is placed)."""
-        return self._hosts.get((job_id, host), set())
+
+def shard_parts(value: bytes, shard_ranks: int = SHARD_RANKS) -> dict[int, bytes] | None:
+    """A job message cut per shard: shard -> a JSON array of its events, in their order.
+    None when every event is in shard 0 (the message goes on whole, undecoded) or the
+    value is not a JSON array (its home partition reports it)."""
+    if not any(int(m) >= shard_ranks for m in _RANK.findall(value)):
+        return None
+    try:
+        items = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    if type(items) is not list:
+        items = [items]
+    parts: dict[int, list[Any]] = {}
+    for ev in items:
+        parts.setdefault(event_shard(ev, shard_ranks), []).append(ev)
+    if len(parts) == 1 and 0 in parts:
+        return None
+    return {k: orjson.dumps(evs) for k, evs in parts.items()}

@@ -1,49 +1,135 @@
-"""The shard plan of one job spread over partitions (streams/sharding.py)."""
+"""One job across many partitions (issue 16): the shard plan is the job's
+(``models.shard``), the route stage sends each event to its shard's partition
+(``streams.sharding``), and the shards judged on separate partitions emit exactly the
+incidents of ``failslow detect``'s ``ShardedDetector`` on the whole trace."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
+import orjson
 import pytest
+from test_streams_stages import _Msg, _routed, _router
 
+from models.pipeline import Detector
+from models.shard import SEP, ShardedDetector, shards_of
+from simulator import SCENARIOS, simulate
+from streams.partition import JobPartition
 from streams.routing import home_partition
-from streams.sharding import ShardPlan
+from streams.sharding import event_shard, shard_partition, shard_parts
 
 
-def test_a_pipeline_stage_never_spans_two_shards_and_shards_are_even():
-    plan = ShardPlan(partitions=8, shards=4)
-    world, pp, tp = 512, 8, 8
-    stage_of = {r: (r // tp) % pp for r in range(world)}
-    shard_of = {r: plan.shard(r, world, stage_of[r], pp) for r in range(world)}
-    by_stage = {s: {shard_of[r] for r in range(world) if stage_of[r] == s} for s in range(pp)}
-    assert all(len(shards) == 1 for shards in by_stage.values())
-    assert sorted(Counter(shard_of.values()).values()) == [128] * 4
+def _events(name: str) -> list[dict]:
+    return list(simulate(SCENARIOS[name], seed=0).events())
 
 
-def test_without_enough_stages_ranks_go_in_blocks():
-    plan = ShardPlan(partitions=4, shards=4)
-    shards = [plan.shard(r, 10, pp_rank=0, pp=1) for r in range(10)]
-    assert shards == sorted(shards) and set(shards) == {0, 1, 2, 3}
+@pytest.fixture(scope="module")
+def stage_slow() -> list[dict]:
+    return _events("pipeline_stage_slow")     # 64 ranks tp8 pp4: rank 20 25 % slower
 
 
-def test_shards_start_at_home_and_land_on_distinct_partitions():
-    plan = ShardPlan(partitions=8, shards=2)
-    for job in ("job0", "job1", "team/a"):
-        parts = [plan.partition(job, k) for k in range(2)]
-        assert parts[0] == home_partition(job, 8)
-        assert len(set(parts)) == 2
-    assert ShardPlan(4).partition("job5", 0) == home_partition("job5", 4)
+def test_a_job_no_larger_than_a_shard_is_judged_exactly_as_before():
+    events = _events("gpu_thermal_30")
+    assert ShardedDetector(shard_ranks=16).process_batch(events) == \
+        Detector().process_batch(events)
 
 
-def test_telemetry_goes_to_the_shards_holding_the_host_ranks():
-    plan = ShardPlan(partitions=4, shards=2)
-    placed = {plan.place("j", "h0", r, 16, r // 8, 2) for r in range(8)}  # stage 0 on h0
-    plan.place("j", "h1", 12, 16, 1, 2)
-    assert plan.host_partitions("j", "h0") == placed and len(placed) == 1
-    assert plan.host_partitions("j", "h1") == {plan.partition("j", 1)}
-    assert plan.host_partitions("j", "h9") == set()
+def test_shards_of_a_job_are_blocks_of_ranks_and_the_shard_sees_its_own_world():
+    det = ShardedDetector(shard_ranks=32)
+    step = {"kind": "step", "job_id": "j", "rank": 40, "world_size": 72, "ts": 1.0}
+    assert det.shard_event(step) == {**step, "job_id": f"j{SEP}1", "world_size": 32}
+    assert det.shard_event({**step, "rank": 70})["world_size"] == 8      # the last block
+    assert det.shard_event({**step, "rank": 3})["job_id"] == "j"         # shard 0: the job
+    assert shards_of(72, 32) == 3 and shards_of(32, 32) == 1
+    small = {**step, "rank": 3, "world_size": 32}
+    assert det.shard_event(small) is small
 
 
-def test_more_shards_than_partitions_is_refused():
-    with pytest.raises(ValueError):
-        ShardPlan(partitions=2, shards=3)
+def test_a_sharded_job_finds_its_culprit_under_the_jobs_own_ids(stage_slow):
+    det = ShardedDetector(shard_ranks=32)
+    out = det.process_batch(stage_slow) + det.flush() + det.end_jobs()
+    assert out
+    assert all(SEP not in inc["job_id"] and SEP not in inc["incident_id"] for inc in out)
+    assert {inc["job_id"] for inc in out} == {"job0"}
+    opened = {(inc["fault"], inc.get("rank")) for inc in out if inc["status"] == "open"}
+    assert ("slow_rank", 20) in opened
+    # one job-wide change point per job, never one per shard
+    assert len({inc["incident_id"] for inc in out if inc["fault"] == "job_slowdown"}) <= 1
+    # the cost is the whole job's: 64 GPUs, not the shard's 32
+    priced = [inc for inc in out if "gpu_hours_lost" in inc]
+    assert priced
+    for inc in priced:
+        lost = inc["evidence"]["lost_s"]
+        assert inc["gpu_hours_lost"] == pytest.approx(64 * lost / 3600.0, abs=1e-6)
+
+
+def _worker_like(events: list[dict], shard_ranks: int, partitions: int) -> list[dict]:
+    """The events as the route stage cuts them (``shard_parts``, JSON in between), each
+    partition ordering and judging what it got (``JobPartition``, ``ShardedDetector``)."""
+    per: dict[int, list[dict]] = {}
+    for i in range(0, len(events), 300):
+        value = orjson.dumps(events[i:i + 300])
+        parts = shard_parts(value, shard_ranks) or {0: value}
+        for k, part in parts.items():
+            per.setdefault(shard_partition("job0", k, partitions), []).extend(orjson.loads(part))
+    out = []
+    for p, evs in sorted(per.items()):
+        state = JobPartition(p, detector_factory=lambda: ShardedDetector(shard_ranks=shard_ranks),
+                             detector_restore=ShardedDetector.from_state)
+        for j in range(0, len(evs), 500):
+            out += state.ingest(evs[j:j + 500], j, now=0.0)
+        out += state.tick(1e12)
+    return out
+
+
+def test_shards_on_separate_partitions_emit_what_detect_emits(stage_slow):
+    # the telemetry has no rank: it stays with shard 0 here, so only the job's own events
+    # are cut; the route stage sends telemetry to its host's shard (next test)
+    job = [e for e in stage_slow if e["kind"] in ("step", "comm", "collective")]
+    det = ShardedDetector(shard_ranks=32)
+    expected = det.process_batch(job)
+    got = _worker_like(job, 32, partitions=4)
+    assert Counter(map(orjson.dumps, got)) == Counter(map(orjson.dumps, expected))
+    assert expected
+
+
+def test_the_route_cuts_a_large_jobs_messages_and_sends_telemetry_to_the_shard():
+    router, cfg, topics, metrics = _router(partitions=4)
+    router.shard_ranks = 8
+    steps, gpu = cfg.topics.for_kind("step"), cfg.topics.for_kind("gpu")
+    evs = [{"v": 1, "kind": "step", "job_id": "job5", "host": f"h{r // 4}", "rank": r,
+            "world_size": 16} for r in range(16)]
+    value = orjson.dumps(evs)
+    sample = orjson.dumps([{"v": 1, "kind": "gpu", "host": "h3"}])
+    asyncio.run(router.route_batch([_Msg(steps, b"job5", value), _Msg(gpu, b"h3", sample)],
+                                   now=100.0))
+    routed = _routed(topics["job"])
+    home = home_partition("job5", 4)
+    by_part = {p: orjson.loads(part[4]) for p, part in routed if part[0] == steps}
+    assert by_part == {home: evs[:8], (home + 1) % 4: evs[8:]}
+    assert all(part[2] for _, part in routed)             # each part reports its own errors
+    # h3 holds ranks 12-15: shard 1
+    assert [p for p, part in routed if part[4] == sample] == [(home + 1) % 4]
+    assert topics["dead"].sent == []
+
+
+def test_a_small_jobs_message_goes_home_whole_and_undecoded():
+    value = orjson.dumps([{"v": 1, "kind": "comm", "rank": r} for r in range(8)])
+    assert shard_parts(value, 8) is None
+    assert shard_parts(b"not json", 1) is None
+    assert event_shard({"rank": "x"}, 4) == 0 and event_shard([], 4) == 0
+
+
+def test_a_sharded_detectors_snapshot_restores_mid_stream(stage_slow):
+    job = [e for e in stage_slow if e["kind"] in ("step", "comm", "collective")]
+    cut = len(job) // 2
+    whole = ShardedDetector(shard_ranks=32)
+    expected = whole.process_batch(job)
+    first = ShardedDetector(shard_ranks=32)
+    got = first.process_batch(job[:cut])
+    state = orjson.loads(orjson.dumps(first.state_dict()))
+    again = ShardedDetector.from_state(state)
+    assert isinstance(again, ShardedDetector) and again.shard_ranks == 32
+    got += again.process_batch(job[cut:])
+    assert got == expected

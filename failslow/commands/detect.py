@@ -32,6 +32,7 @@ import orjson
 from failslow.commands.replay import REORDER_WINDOW
 from failslow.errors import FailslowError
 from models.pipeline import Detector
+from models.shard import ShardedDetector
 from schema import SchemaError, validate
 from schema.fast import all_valid
 
@@ -280,7 +281,9 @@ def run(args: argparse.Namespace) -> int:
             # numpy scalars in evidence (the models compute with numpy) are numbers
             out.write(orjson.dumps(inc, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
 
-        det = Detector(telemetry_delay_s=args.telemetry_delay)
+        # issue 16: a job larger than models.shard.SHARD_RANKS is judged in shards, as the
+        # worker judges it on several partitions
+        det = ShardedDetector(telemetry_delay_s=args.telemetry_delay)
         try:
             n_events, n_bad, n_inc = detect_sources(sources, det, write, warn, REORDER_WINDOW)
         finally:
