@@ -1,0 +1,165 @@
+"""One large job on 1 and 2 workers (issue 16): sustained judged rank-steps/s, in wall
+time and per worker CPU, with the job cut into shards (``models.shard``) and, for
+comparison, judged whole on its home partition as before (``FAILSLOW_SHARD_RANKS`` above
+the job's size).
+
+Workload: one job of ``--ranks`` ranks (tp8 pp8, ranks / 8 hosts with 1 Hz GPU/NIC/host
+telemetry, comm grain, 1 s steps), ``--steps`` steps, published up front in 1 s slices as
+live collectors would (``bench/streams_throughput.py``'s), 4 partitions; then the workers
+start and read it as a backlog.
+
+This VM has 2 cores shared with the broker and other work, so the wall-clock rate of two
+workers says little about what two machines would do. The CPU-normalized rate is the
+one to compare: judged rank-steps / the CPU of the *busiest* worker, each worker's CPU
+counted from its first processed event to the last judged step (start-up and group join
+left out). That is the rate the run would reach if each worker had a core of its own and
+the broker kept up: the busiest worker bounds it.
+
+    .venv/bin/python bench/streams_shards.py [--ranks 16384] [--steps 5] [--runs sharded:1 sharded:2 whole:1]
+
+Prints numbers and writes bench/results/streams_shards.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from streams_throughput import (  # noqa: E402
+    cpu_seconds,
+    machine_load,
+    processed,
+    publish_sliced,
+    rss_bytes,
+    scenario,
+)
+
+from failslow.stack import create_topics, free_port, start_broker  # noqa: E402
+from failslow.worker_process import WorkerProcess  # noqa: E402
+from schema import Topics  # noqa: E402
+from simulator import simulate  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+JUDGED = "failslow_stream_judged_rank_steps_total"
+
+
+def run(bootstrap: str, topics: Topics, n_events: int, expect_judged: int, n_workers: int,
+        timeout: float) -> dict:
+    ports = [free_port() for _ in range(n_workers)]
+    group = f"bench-{uuid.uuid4().hex[:6]}"
+    workers = [WorkerProcess(bootstrap, topics, group=group, metrics_port=p) for p in ports]
+    pids = [w.proc.pid for w in workers]
+    try:
+        deadline = time.monotonic() + timeout
+        t_first = None
+        cpu0 = [0.0] * n_workers
+        while time.monotonic() < deadline:
+            done = processed(ports)
+            if done > 0:
+                t_first = time.monotonic()
+                cpu0 = [cpu_seconds(p) for p in pids]
+                break
+            time.sleep(0.2)
+        judged, t_judged = 0.0, time.monotonic()
+        cpu1 = cpu0
+        rss = [0] * n_workers
+        # done when every step is judged, or judging stopped growing for 20 s
+        while time.monotonic() < deadline:
+            now_judged = processed(ports, JUDGED)
+            if now_judged != judged:
+                judged, t_judged = now_judged, time.monotonic()
+                cpu1 = [cpu_seconds(p) for p in pids]
+                rss = [max(a, rss_bytes(p)) for a, p in zip(rss, pids, strict=True)]
+            if judged >= expect_judged or time.monotonic() - t_judged > 20:
+                break
+            time.sleep(1.0)
+        done = processed(ports)
+        unmapped = processed(ports, "failslow_stream_unmapped_telemetry_total")
+    finally:
+        for w in workers:
+            w.stop()
+    span = t_judged - (t_first or t_judged)
+    cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
+    busiest = max(cpu) if cpu else 0.0
+    return {"workers": n_workers, "events": n_events, "processed": done,
+            "judged_rank_steps": judged, "expected_rank_steps": expect_judged,
+            "seconds_to_last_judged": span,
+            "judged_rank_steps_per_s_wall": judged / span if span > 0 else 0.0,
+            "worker_cpu_s": cpu,
+            "judged_rank_steps_per_busiest_worker_cpu_s": judged / busiest if busiest else 0.0,
+            "worker_rss_bytes": rss, "telemetry_messages_to_every_partition": unmapped}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=16384)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--runs", nargs="+", default=["sharded:1", "sharded:2", "whole:1"],
+                    help="mode:workers; mode sharded (the default shard size) or whole "
+                         "(the job judged on its home partition, as before issue 16)")
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    sc = scenario(1, args.ranks)
+    events = list(simulate(sc, seed=0, steps=args.steps).events())
+    steps = len({(e["step"]) for e in events if e["kind"] == "step"})
+    expect = steps * args.ranks
+    print(f"simulated {len(events):,} events ({steps} steps of {sc.description}) in "
+          f"{time.monotonic() - t0:.1f} s")
+    broker = start_broker()
+    results = []
+    shard_env = os.environ.get("FAILSLOW_SHARD_RANKS")
+    try:
+        for spec in args.runs:
+            mode, n = spec.split(":")
+            if mode == "whole":
+                os.environ["FAILSLOW_SHARD_RANKS"] = str(args.ranks)
+            elif shard_env is None:
+                os.environ.pop("FAILSLOW_SHARD_RANKS", None)
+            else:
+                os.environ["FAILSLOW_SHARD_RANKS"] = shard_env
+            topics = Topics(f"b{uuid.uuid4().hex[:8]}.")
+            create_topics(broker.bootstrap, topics, partitions=4)
+            publish_sliced(broker.bootstrap, topics, events)
+            load0 = machine_load()
+            r = run(broker.bootstrap, topics, len(events), expect, int(n), args.timeout)
+            r["mode"] = mode
+            r["shard_ranks"] = os.environ.get("FAILSLOW_SHARD_RANKS", "default")
+            r["load_before"], r["load_after"] = load0, machine_load()
+            results.append(r)
+            print(f"{mode} x{n}: {r['judged_rank_steps']:,.0f}/{expect:,} rank-steps judged in "
+                  f"{r['seconds_to_last_judged']:.1f} s = "
+                  f"{r['judged_rank_steps_per_s_wall']:,.0f}/s wall; worker CPU "
+                  f"{[round(c, 1) for c in r['worker_cpu_s']]} s -> "
+                  f"{r['judged_rank_steps_per_busiest_worker_cpu_s']:,.0f} rank-steps per "
+                  f"busiest-worker CPU s; RSS {[round(b / 2**20) for b in r['worker_rss_bytes']]}"
+                  f" MiB; load {r['load_before']['loadavg']} -> {r['load_after']['loadavg']}",
+                  flush=True)
+    finally:
+        broker.stop(2)
+    base = {r["mode"]: r for r in results if r["workers"] == 1}
+    for r in results:
+        ref = base.get("sharded")
+        if r["workers"] > 1 and ref and ref["judged_rank_steps_per_busiest_worker_cpu_s"]:
+            cpu = (r["judged_rank_steps_per_busiest_worker_cpu_s"]
+                   / ref["judged_rank_steps_per_busiest_worker_cpu_s"])
+            wall = (r["judged_rank_steps_per_s_wall"] / ref["judged_rank_steps_per_s_wall"]
+                    if ref["judged_rank_steps_per_s_wall"] else 0.0)
+            r["speedup_cpu_normalized"], r["speedup_wall"] = cpu, wall
+            print(f"{r['mode']} x{r['workers']} / sharded x1: {cpu:.2f}x CPU-normalized, "
+                  f"{wall:.2f}x wall (2 cores shared with the broker)")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "streams_shards.json").write_text(json.dumps(
+        {"scenario": sc.name, "ranks": args.ranks, "steps": args.steps, "runs": results},
+        indent=2))
+
+
+if __name__ == "__main__":
+    main()
