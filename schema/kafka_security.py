@@ -187,54 +187,102 @@ def reader_conf(bootstrap: str, group_id: str,
 
 
 class TopicIdWatch:
-    """Notices the topics of a group consumer (the sink, the notifier) that the broker lost:
-    an in-memory broker (Tansu) restarted on the same port, or a topic deleted and
-    recreated, starts them empty at offset 0 while the consumer keeps its old, higher
-    positions, and Tansu does not answer OFFSET_OUT_OF_RANGE for them (measured, issue 17):
-    the consumer waits until the new partitions grow past them and skips every record
-    below. The end offsets cannot tell (Tansu reports the newest batch's base offset + 1,
-    MEASURED.md: a partition holding one batch of 5,000 records ends at 1), so the topic's
-    id tells: a recreated topic has a new one (Tansu too, measured).
+    """Notices topics that the broker lost, by their ids: an in-memory broker (Tansu)
+    restarted on the same port, or a topic deleted and recreated, starts them empty at
+    offset 0 while a consumer keeps its old, higher positions, and Tansu does not answer
+    OFFSET_OUT_OF_RANGE for them (measured, issue 17): the consumer waits until the new
+    partitions grow past them and skips every record below. The end offsets cannot tell
+    (Tansu reports the newest batch's base offset + 1, MEASURED.md: a partition holding one
+    batch of 5,000 records ends at 1), so the topic's id tells: a recreated topic has a new
+    one (Tansu too, measured). The one watcher of every component (issue 17):
 
-    ``check(consumer, positions)`` looks at most every ``interval_s`` (one metadata request
-    for all ``topics``). Each assigned partition of a topic whose id changed is sought to
-    its start (low watermark) and that offset committed (so a rebalance does not hand the
-    old position back); ONE WARNING line names the lost topics and, for each partition the
-    caller had read, topic, partition, position (``positions``: next offset, per partition
-    the caller consumed) and end. It returns those partitions: the caller drops offsets it
-    has not committed yet (they count in the lost log). While the broker does not answer,
-    nothing is checked; a topic that is missing keeps its old id until it is back, and a
-    changed topic none of whose partitions is assigned yet (the group is rebalancing after
-    the restart) waits for the next round.
+    - ``lost()``: the topics whose id changed, or that are gone, since their id was learnt
+      (a topic's id is learnt the first time it is seen; one DescribeTopics request for all
+      ``topics``). While the broker does not answer, nothing is decided (``None``).
+    - ``check(consumer, positions)``, for a group consumer that commits its own offsets
+      (the sink, the notifier), at most every ``interval_s``: each assigned partition of a
+      topic whose id changed is sought to its start (low watermark) and that offset
+      committed (so a rebalance does not hand the old position back); ONE WARNING line
+      names the lost topics and, for each partition the caller had read, topic, partition,
+      position (``positions``: next offset, per partition the caller consumed) and end. It
+      returns those partitions: the caller drops offsets it has not committed yet (they
+      count in the lost log). A topic that is missing keeps its old id until it is back
+      (someone else creates it), and a changed topic none of whose partitions is assigned
+      yet (the group is rebalancing after the restart) waits for the next round.
+    - the worker (``streams.sends.TopicWatch``) asks ``lost()`` every second and before
+      and after each of its commits, and repairs and restarts itself when its topics are
+      lost (it owns its internal topics: for it a missing one is lost).
     """
 
     def __init__(self, bootstrap: str, topics: list[str], logger: Any,
-                 interval_s: float = 1.0, timeout_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, timeout_s: float = 1.0,
+                 extra: dict[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
         self.topics = list(topics)
         self.log = logger
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.extra = dict(extra or {})
         self.resets = 0
+        self.requests = 0
         self._ids: dict[str, str] = {}
         self._admin: Any = None
         self._next = 0.0
 
-    def _topic_ids(self) -> dict[str, str]:
-        from confluent_kafka import TopicCollection
+    def ids(self) -> dict[str, str | None] | None:
+        """Topic -> its id now (None: the broker does not know it); ``None`` when the
+        broker did not answer for every topic."""
+        from confluent_kafka import KafkaError, KafkaException, TopicCollection
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
-            self._admin = AdminClient(client_conf(self.bootstrap))
-        ids: dict[str, str] = {}
-        futures = self._admin.describe_topics(TopicCollection(self.topics),
-                                              request_timeout=self.timeout_s)
+            self._admin = AdminClient(client_conf(self.bootstrap, self.extra))
+        self.requests += 1
+        ids: dict[str, str | None] = {}
+        try:
+            futures = self._admin.describe_topics(TopicCollection(self.topics),
+                                                  request_timeout=self.timeout_s)
+        except KafkaException:
+            return None
         for name, fut in futures.items():
             try:
                 ids[name] = str(fut.result(timeout=self.timeout_s + 1).topic_id)
-            except Exception:  # noqa: BLE001 - missing, or the broker does not answer
-                continue
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    ids[name] = None
+                else:
+                    return None  # the broker does not answer: nothing to decide now
+            except Exception:  # noqa: BLE001 - a timeout of the future
+                return None
         return ids
+
+    def learnt(self) -> dict[str, str]:
+        """The ids the topics had when first seen (the ones this process works with)."""
+        return dict(self._ids)
+
+    def lost(self) -> dict[str, str] | None:
+        """Topic -> "missing" or "recreated" (a new id) for each topic whose id was
+        learnt and is no longer the broker's; {} when none; ``None`` when the broker did
+        not answer. The learnt id of a lost topic stays until ``forget``."""
+        now = self.ids()
+        if now is None:
+            return None
+        out: dict[str, str] = {}
+        for name, tid in now.items():
+            old = self._ids.get(name)
+            if old is None:
+                if tid is not None:
+                    self._ids[name] = tid
+            elif tid is None:
+                out[name] = "missing"
+            elif tid != old:
+                out[name] = "recreated"
+        return out
+
+    def forget(self, name: str) -> None:
+        """Learn ``name``'s id afresh the next time it is seen."""
+        self._ids.pop(name, None)
 
     def check(self, consumer: Any, positions: dict[tuple[str, int], int]) -> list[tuple[str, int]]:
         import time
@@ -245,12 +293,8 @@ class TopicIdWatch:
         if now < self._next:
             return []
         self._next = now + self.interval_s
-        changed = []
-        for name, tid in self._topic_ids().items():
-            if self._ids.get(name, tid) != tid:
-                changed.append(name)
-            else:
-                self._ids[name] = tid
+        # a missing topic keeps its old id until it is back (someone else creates it)
+        changed = [n for n, why in (self.lost() or {}).items() if why != "missing"]
         if not changed:
             return []
         reset: list[tuple[str, int]] = []
@@ -288,5 +332,5 @@ class TopicIdWatch:
                 "before: %s", ", ".join(sorted({t for t, _ in reset})), len(reset),
                 "; ".join(read) or "none")
         for name in done:
-            self._ids.pop(name, None)   # its new id is learnt next round
+            self.forget(name)   # its new id is learnt next round
         return reset

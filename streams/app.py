@@ -71,7 +71,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     # one, or internal topics the broker lost, exit the worker loudly (70) instead of a
     # silent drop; the route confirms its sends before its batch is acked
     sends = Sends()
-    watch = TopicWatch(cfg.bootstrap, internal_topic_configs(cfg), nparts)
+    watch = TopicWatch(cfg.bootstrap, internal_topic_configs(cfg), nparts, inputs=t.inputs())
     out = Outputs(metrics, job=sends.track(job_topic),
                   incidents=sends.track(app.topic(t.for_kind("incident"), value_serializer="raw")),
                   dead=sends.track(app.topic(t.deadletter, value_serializer="raw")),
@@ -140,6 +140,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     @app.task
     async def start_reader() -> None:
         reader.start()
+        watch.guard(app.consumer)  # issue 17: no commit once the broker lost the topics
         watch.start()  # issue 17
         if cfg.metrics_port is not None:
             metrics.serve(cfg.metrics_port, cfg.metrics_addr)

@@ -19,22 +19,33 @@ future until the broker has acknowledged it:
   batch's input (``take_events`` acks after the loop body); the snapshot store calls
   ``barrier()`` before it writes a snapshot, because a snapshot acks the job topic up to
   its offsets and records the incidents it emitted as emitted;
-- ``TopicWatch`` (a daemon thread) checks every second that the internal topics are
-  still the worker's: present, with the partitions and the retention the worker gave
-  them. An in-memory broker restarted without its data has none of them, or has them
-  auto-created by the first client that asked for their metadata (Tansu does that, with
-  its default partitions and no retention). Then the topics are recreated as the worker
-  creates them and the worker exits (code 70) so that its supervisor starts it afresh:
-  its partitions' state and offsets referred to topics that no longer exist. (Soon: the
-  consumer must not rejoin the new broker's group and commit its old, high positions
-  there, which would skip the new topics' first records.) While the broker is
-  unreachable the check is skipped (the clients wait for it and the stop deadline
-  bounds a SIGTERM).
+- ``TopicWatch`` (a daemon thread) watches the worker's topics (internal and input) by
+  their ids with ``schema.kafka_security.TopicIdWatch``, the watcher of the sink and the
+  notifier too: every second, and after each offset commit of the worker. An in-memory
+  broker restarted without its data has none of them, or has them auto-created by the
+  first client that asked for their metadata (Tansu does that, with no retention); a
+  topic deleted and recreated has a new id. Then (once): no commit of the worker goes out
+  any more; the internal topics are made the worker's again (created, or recreated with
+  its partitions, or given its retention); the start of each lost topic's partition the
+  worker has assigned is committed, through the worker's own consumer; and the worker
+  exits (code 70) so that its supervisor starts it afresh: its partitions' state and
+  positions referred to topics that no longer exist. The committed start is what closes
+  the race of a worker that rejoined the new broker's group before the watch noticed
+  (aiokafka rejoins ~1 s after the restart; Tansu then takes any offset the member
+  commits, measured): an input record fetched before the restart and acknowledged after
+  the rejoin commits its old, high offset there, and the next worker would skip the new
+  topic's first records. The commit checked right after it lands, or the watch a second
+  later, overwrites it with the start before the worker exits. At start the topics'
+  partitions are checked (and a retention missing, as on a topic Tansu auto-created, is
+  set); later only an id change counts, so an operator's retention change is left alone.
+  While the broker is unreachable the check is skipped (the clients wait for it and the
+  stop deadline bounds a SIGTERM).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -43,20 +54,22 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     NewTopic,
+    OffsetSpec,
 )
 
-from schema.kafka_security import client_conf
+from schema.kafka_security import TopicIdWatch, client_conf
 from streams import StreamsError, quiet
 
 log = logging.getLogger("failslow.worker")
 LOST_EXIT = 70  # streams.app.CRASH_EXIT: a supervisor restarts the worker
+WATCH_ENV = "FAILSLOW_TOPIC_WATCH_S"  # seconds between two topic checks (tests slow it)
 
 
 class SendLost(StreamsError):
@@ -153,9 +166,12 @@ class TrackedTopic:
 # -- the internal topics ---------------------------------------------------------------------
 
 def internal_topics_wrong(admin: AdminClient, configs: dict[str, dict[str, str]],
-                          partitions: int, timeout: float = 5.0) -> dict[str, str]:
+                          partitions: int, timeout: float = 5.0,
+                          strict: bool = True) -> dict[str, str]:
     """Internal topic -> what is wrong with it (missing; other partition count; not the
     retention the worker set, i.e. created by someone else); {} when all are right.
+    ``strict`` False (a topic whose id the worker has not seen change): only a retention
+    missing altogether counts, a value another than the worker's may be an operator's.
     Raises ``KafkaException`` when the broker does not answer."""
     meta = admin.list_topics(timeout=timeout)
     wrong: dict[str, str] = {}
@@ -178,7 +194,8 @@ def internal_topics_wrong(admin: AdminClient, configs: dict[str, dict[str, str]]
             # says how to change it). None (Tansu), or the broker's default where it is not
             # ours (Kafka), means someone else created it: a broker auto-creates a topic a
             # client asks about. (Tansu calls every value a default.)
-            if want is not None and (have is None or (have.is_default and have.value != want)):
+            foreign = have is None or (strict and have.is_default and have.value != want)
+            if want is not None and foreign:
                 wrong[r.name] = (f"retention.ms {have.value if have else None}, not {want} "
                                  "(not created by a worker)")
     return wrong
@@ -219,54 +236,185 @@ def recreate(admin: AdminClient, configs: dict[str, dict[str, str]], partitions:
 
 
 class TopicWatch(threading.Thread):
-    """Every ``interval_s``: are the internal topics still the worker's? If not (the broker
-    lost them), recreate them and call ``on_lost`` (default: exit 70, see module doc)."""
+    """Every ``interval_s``, and after each commit of the consumer given to ``guard``: are
+    the worker's topics (the internal ones, ``configs``, and ``inputs``) still the ones it
+    works with? If not (the broker lost them): no more commits, the internal topics
+    repaired, the lost topics' start committed, ``on_lost`` (default: exit 70). See the
+    module doc."""
 
     def __init__(self, bootstrap: str, configs: dict[str, dict[str, str]], partitions: int,
-                 interval_s: float = 1.0, on_lost: Callable[[str], None] = die) -> None:
+                 interval_s: float | None = None, on_lost: Callable[[str], None] = die,
+                 inputs: list[str] | tuple[str, ...] = ()) -> None:
         super().__init__(name="failslow-topicwatch", daemon=True)
         self.bootstrap = bootstrap
         self.configs = configs
         self.partitions = partitions
-        self.interval_s = interval_s
+        self.interval_s = interval_s or float(os.environ.get(WATCH_ENV, "1.0"))
         self.on_lost = on_lost
+        self.ids = TopicIdWatch(bootstrap, [*configs, *inputs], log, timeout_s=2.0,
+                                extra={"logger": quiet.RDKAFKA_LOG})
+        self.frozen = False         # a loss was noticed: no commit goes out any more
+        self.checks = 0
         self._stop = threading.Event()
         self._admin: AdminClient | None = None
-        self.checks = 0
+        self._lock = threading.Lock()
+        self._check_lock = threading.Lock()   # the thread and a commit's check: one at a time
+        self._reported = False
+        self._structure_checked = False
+        self._consumer: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._commit: Callable[[Any], Any] | None = None
+        self._inflight = 0
+        with contextlib.suppress(Exception):
+            self._lost_now()  # learn the ids now, before the worker consumes anything
 
-    def check(self) -> str | None:
-        """One check; returns what was wrong and repaired (None: all fine or no broker)."""
+    def _admin_client(self) -> AdminClient:
         if self._admin is None:
             self._admin = AdminClient(client_conf(self.bootstrap, {"logger": quiet.RDKAFKA_LOG}))
-        admin = self._admin
+        return self._admin
+
+    def _lost_now(self) -> dict[str, str] | None:
+        with self._lock:
+            return self.ids.lost()
+
+    def check(self) -> tuple[str, list[str]] | None:
+        """One check: (what was wrong, the lost topics) or None (all fine, no broker, or
+        a loss already being handled). Repairs the internal topics when needed."""
+        with self._check_lock:
+            return None if self.frozen else self._check()
+
+    def _check(self) -> tuple[str, list[str]] | None:
         try:
-            wrong = internal_topics_wrong(admin, self.configs, self.partitions)
-        except KafkaException:
-            return None  # unreachable: nothing to decide now
+            lost = self._lost_now()
         finally:
             self.checks += 1
-        if not wrong:
+        if lost is None:
+            return None  # unreachable: nothing to decide now
+        if lost or not self._structure_checked:
+            try:
+                wrong = internal_topics_wrong(self._admin_client(), self.configs,
+                                              self.partitions, strict=bool(lost))
+            except KafkaException:
+                return None
+            self._structure_checked = True
+        else:
+            wrong = {}
+        if not lost and wrong and all(w.startswith("retention") for w in wrong.values()):
+            # a topic without a retention (auto-created): set it, nothing else to do
+            with contextlib.suppress(KafkaException):
+                recreate(self._admin_client(), self.configs, self.partitions, wrong)
+                log.warning("internal topics had no retention (%s): set the worker's",
+                            ", ".join(sorted(wrong)))
             return None
-        what = "; ".join(f"{n}: {w}" for n, w in sorted(wrong.items()))
+        if not lost and not wrong:
+            return None
+        what = "; ".join(f"{n}: {w}" for n, w in sorted({**wrong, **lost}.items()))
         try:
-            recreate(admin, self.configs, self.partitions, wrong)
-            done = "recreated"
+            recreate(self._admin_client(), self.configs, self.partitions, wrong)
+            done = "internal topics made the worker's again" if wrong else "nothing to recreate"
         except KafkaException as exc:
-            done = f"recreating them failed ({exc}); the next worker tries again"
-        return f"the broker lost the worker's internal topics ({what}): {done}"
+            done = f"recreating the internal topics failed ({exc}); the next worker tries again"
+        return (f"the broker lost the worker's topics ({what}): {done}",
+                sorted(set(lost) | set(wrong)))
+
+    # -- commits ----------------------------------------------------------------------------
+
+    def guard(self, consumer: Any) -> None:
+        """Route the faust consumer's offset commits (``consumer._commit``, what every
+        commit of faust goes through) through this watch, on the running loop: none once a
+        loss was noticed, and the topics checked after each one that went out."""
+        self._consumer = consumer
+        self._loop = asyncio.get_running_loop()
+        original = consumer._commit
+        self._commit = original
+
+        async def commit(offsets: Any) -> bool:
+            if self.frozen:
+                return False
+            self._inflight += 1
+            try:
+                ok = bool(await original(offsets))
+            finally:
+                self._inflight -= 1
+            if ok and not self.frozen:
+                found = await asyncio.get_running_loop().run_in_executor(None, self.check)
+                if found is not None:
+                    await self._lose(*found)
+            return ok
+
+        consumer._commit = commit
+
+    async def _lose(self, why: str, topics: list[str]) -> None:
+        """On the loop: freeze commits, commit the lost topics' start, ``on_lost``."""
+        if self.frozen:
+            return
+        self.frozen = True
+        reset = await self._reset(topics)
+        self._report(f"{why}; {reset}")
+
+    def _report(self, why: str) -> None:
+        if not self._reported:
+            self._reported = True
+            self.on_lost(why)
+
+    async def _reset(self, topics: list[str]) -> str:
+        """Commit the start of each assigned partition of ``topics`` through the worker's
+        own consumer (a commit of it in flight may carry an old offset: it goes first)."""
+        consumer, commit = self._consumer, self._commit
+        if consumer is None or commit is None:
+            return "no consumer to reset"
+        for _ in range(100):
+            if not self._inflight:
+                break
+            await asyncio.sleep(0.05)
+        lost = set(topics)
+        tps = [tp for tp in consumer.assignment() if tp.topic in lost]
+        if not tps:
+            return "none of their partitions assigned here"
+        starts = await asyncio.get_running_loop().run_in_executor(None, self._starts, tps)
+        try:
+            ok = bool(await asyncio.wait_for(commit(starts), 10.0))
+        except Exception as exc:  # noqa: BLE001 - not a member of the new group: nothing went there
+            return f"their start not committed ({exc!r})"
+        return (f"their start committed for {len(tps)} assigned partition(s)" if ok
+                else "their start not committed (not a member of the group there)")
+
+    def _starts(self, tps: list[Any]) -> dict[Any, int]:
+        """tp -> its partition's first offset now (0 when the broker does not say)."""
+        starts = {tp: 0 for tp in tps}
+        try:
+            futs = self._admin_client().list_offsets(
+                {TopicPartition(tp.topic, tp.partition): OffsetSpec.earliest() for tp in tps},
+                request_timeout=5)
+            by_key = {(tp.topic, tp.partition): tp for tp in tps}
+            for ctp, fut in futs.items():
+                with contextlib.suppress(Exception):
+                    starts[by_key[(ctp.topic, ctp.partition)]] = max(0, fut.result(6).offset)
+        except Exception:  # noqa: BLE001, S110 - 0 then
+            pass
+        return starts
+
+    # -- the thread -------------------------------------------------------------------------
 
     def run(self) -> None:
         warned = False
         while not self._stop.wait(self.interval_s):
             try:
-                why = self.check()
+                found = self.check()
             except Exception as exc:  # not a verdict on the topics: say so once, go on
                 if not warned:
-                    log.warning("the internal-topics check failed (%r); it goes on", exc)
+                    log.warning("the topics check failed (%r); it goes on", exc)
                     warned = True
                 continue
-            if why is not None and not self._stop.is_set():
-                self.on_lost(why)
+            if found is None or self._stop.is_set():
+                continue
+            loop = self._loop
+            if loop is not None and loop.is_running():
+                fut = asyncio.run_coroutine_threadsafe(self._lose(*found), loop)
+                with contextlib.suppress(Exception):
+                    fut.result(timeout=20.0)
+            self.frozen = True
+            self._report(found[0])  # the loop did not (it is blocked, or there is none)
 
     def stop(self) -> None:
         self._stop.set()

@@ -167,7 +167,7 @@ def test_a_broker_restarted_without_its_data_brings_the_worker_back_exact(tmp_pa
         b.stop(1)
     text = log.read_text(errors="replace")
     assert exits == [70], text[-3000:]
-    assert "the broker lost the worker's internal topics" in text
+    assert "the broker lost the worker's topics" in text
     assert "_on_published error" not in text
     assert brief(got) == brief(ref)
     assert canon(got) == canon(ref)
