@@ -43,11 +43,22 @@ the checks use what was PRODUCED vs what LANDED, not the components' counters:
              receiver's 2xx requests, per (dedup_key, action): missing, duplicated
              (pages of incidents no longer on the topic, after a broker restart, are
              counted apart: the topic cannot say whether they were due)
-  RSS        the worker's VmRSS every 5 s (first/last/max per incarnation and overall)
+  RSS        the worker's VmRSS every 5 s (first/last/max per incarnation and overall);
+             for the longest-lived incarnation, the slope of a least-squares line through
+             its samples after --warmup-min, in MiB per 10 min, and the medians of its
+             first and last 5 minutes after the warm-up (``worker_memory``)
   logs       Traceback / ERROR lines in the worker logs
 Prints a table and writes bench/results/soak.json.
 
     .venv/bin/python bench/soak.py --minutes 5 [--seed 1] [--restart-broker]
+
+``--worker-kills 0`` (issue 17, memory): the worker is never killed, the other faults
+(sink and notifier kill -9, broker cuts) go on, so one worker process lives through the
+whole run and its memory over time is measured (unless it exits on its own, which is
+listed as a fault):
+
+    .venv/bin/python bench/soak.py --minutes 30 --worker-kills 0 \
+        --out bench/results/soak_30min_memory.json
 """
 
 from __future__ import annotations
@@ -252,6 +263,11 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
                     help="event seconds published per wall second [2]")
     ap.add_argument("--fault-every", type=float, default=30.0,
                     help="mean wall seconds between faults [30]")
+    ap.add_argument("--worker-kills", type=int, default=None,
+                    help="at most this many kill -9 of the worker (0: one worker process "
+                    "for the whole run, to measure its memory) [no limit]")
+    ap.add_argument("--warmup-min", type=float, default=5.0,
+                    help="worker RSS slope: samples after this many minutes of its life [5]")
     ap.add_argument("--restart-broker", action="store_true",
                     help="faults include kill -9 + restart of the broker (loses the topics)")
     ap.add_argument("--settle", type=float, default=20.0,
@@ -359,6 +375,8 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
                      and now >= (t_wall0 + pub_end) / 2)
             if force or (now >= next_fault and now < pub_end - 10 and not pending):
                 choices = ["worker", "sink", "notifier", "worker", "cut"]
+                if args.worker_kills is not None and kills["worker"] >= args.worker_kills:
+                    choices = [c for c in choices if c != "worker"]
                 if args.restart_broker:
                     choices.append("broker")
                 what = "broker" if force else rng.choice(choices)
@@ -490,6 +508,7 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
                     if not CONNECTION_NOISE.search(line):
                         log_serious.append(f"{name}: {line[:300]}")
         all_rss = [r["rss_mib"] for r in rss]
+        memory = worker_memory(rss, args.warmup_min * 60.0, publish_s)
         last_inc = [r["rss_mib"] for r in rss if r["start"] == kids["worker"].starts]
         result: dict[str, Any] = {
             "args": vars(args), "publish_s": round(publish_s, 1), "drain_s": round(drain_s, 1),
@@ -519,6 +538,7 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
                                "last_incarnation_first": last_inc[0] if last_inc else None,
                                "last_incarnation_last": last_inc[-1] if last_inc else None,
                                "samples": rss},
+            "worker_memory": memory,
             "log_errors": log_errors[:50], "log_error_lines": len(log_errors),
             "log_serious": log_serious[:50], "log_serious_lines": len(log_serious),
             "detector_error_lines": sum("detector" in x.lower() for x in log_serious),
@@ -555,6 +575,61 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
         print(f"total {time.monotonic() - started:.0f} s")
 
 
+def slope_per_10min(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, MiB) points, in MiB per 10 minutes."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var == 0:
+        return None
+    return 600.0 * sum((t - mt) * (v - mv) for t, v in points) / var
+
+
+def worker_memory(rss: list[dict], warmup_s: float, publish_s: float) -> dict[str, Any]:
+    """The longest-lived worker incarnation's RSS over time: samples after ``warmup_s`` of
+    its life and while the producer published (the drain is idle time), their slope (MiB
+    per 10 min), and the medians of the first and last 5 minutes of that span."""
+    by_start: dict[int, list[dict]] = {}
+    for r in rss:
+        by_start.setdefault(r["start"], []).append(r)
+    if not by_start:
+        return {"incarnations": 0}
+    start, samples = max(by_start.items(),
+                         key=lambda kv: kv[1][-1]["t_s"] - kv[1][0]["t_s"])
+    born = samples[0]["t_s"]
+    span = [(r["t_s"], r["rss_mib"]) for r in samples
+            if r["t_s"] - born >= warmup_s and r["t_s"] <= publish_s]
+
+    def median(vals: list[float]) -> float | None:
+        vals = sorted(vals)
+        return round(vals[len(vals) // 2], 1) if vals else None
+
+    first = [v for t, v in span if t - span[0][0] < 300] if span else []
+    last = [v for t, v in span if span[-1][0] - t < 300] if span else []
+    slope = slope_per_10min(span)
+    return {"incarnations": len(by_start), "incarnation": start,
+            "lived_s": round(samples[-1]["t_s"] - born, 1), "warmup_s": warmup_s,
+            "samples_after_warmup": len(span),
+            "span_s": round(span[-1][0] - span[0][0], 1) if span else 0.0,
+            "slope_mib_per_10min": None if slope is None else round(slope, 2),
+            "median_first_5min_mib": median(first), "median_last_5min_mib": median(last),
+            "min_mib": min((v for _, v in span), default=None),
+            "max_mib": max((v for _, v in span), default=None)}
+
+
+def _memory_line(m: dict) -> str:
+    if not m.get("samples_after_warmup"):
+        return f"{m.get('incarnations', 0)} incarnation(s), no samples after the warm-up"
+    return (f"{m['incarnations']} incarnation(s); #{m['incarnation']} lived "
+            f"{m['lived_s'] / 60:.1f} min: slope {m['slope_mib_per_10min']} MiB/10 min "
+            f"after {m['warmup_s'] / 60:g} min, median first/last 5 min "
+            f"{m['median_first_5min_mib']}/{m['median_last_5min_mib']} MiB, "
+            f"min/max {m['min_mib']}/{m['max_mib']}")
+
+
 def print_table(r: dict) -> None:
     s, inc, p, rss = r["steps"], r["incidents"], r["pages"], r["worker_rss_mib"]
     rows = [
@@ -574,6 +649,7 @@ def print_table(r: dict) -> None:
         ("pages MISSING / DUPLICATED", f"{len(p['missing'])}/{len(p['duplicated'])}"),
         ("pages of incidents gone from topic", len(p["of_incidents_not_on_topic"])),
         ("worker RSS first/last/max MiB", f"{rss['first']}/{rss['last']}/{rss['max']}"),
+        ("worker memory (one process)", _memory_line(r["worker_memory"])),
         ("error lines in logs (all)", r["log_error_lines"]),
         ("  not connection noise", r["log_serious_lines"]),
         ("  detector errors", r["detector_error_lines"]),
