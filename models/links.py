@@ -36,7 +36,7 @@ from models.config import JobConfig
 from models.cusum import capped_increment, cusum_update
 from models.findings import Finding
 from models.peers import lower_half_ref
-from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER, lower_quartile
+from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER
 from models.stats import RollingMedian
 from models.telemetry import TelemetryStore
 
@@ -273,18 +273,26 @@ class LinkMonitor:
 
 
 def refine_with_nics(f: Finding, slow_members: Sequence[tuple[int, ...]], store: TelemetryStore,
-                     rank_host: dict[int, str], rank_gpu: dict[int, int]
-                     ) -> tuple[Finding, bool]:
+                     rank_host: dict[int, str], rank_gpu: dict[int, int],
+                     memo: dict[Any, Any] | None = None) -> tuple[Finding, bool]:
     """Re-aim a slow_link finding at the host or rank pair whose NIC counters
     stand out (``NIC_OUTLIER`` x the job's other NICs), when that explanation is
     consistent with every slow group: most NICs of one host, or a single NIC,
     -> that host; one NIC at each of two hosts -> the rank pair they serve.
-    Returns (the finding, possibly re-aimed; whether the NICs decided it)."""
-    hosts = set(rank_host.values())
-    nics = {k: d for k, d in store.nics.items() if k[0] in hosts}
+    Returns (the finding, possibly re-aimed; whether the NICs decided it).
+
+    ``memo``: a dict the caller keeps while the store does not change (one judged
+    step): the job's NICs and their outliers are then found once, not per finding."""
+    hosts = frozenset(rank_host.values())
+    got = memo.get(hosts) if memo is not None else None
+    if got is None:
+        nics = {k: d for k, d in store.nics.items() if k[0] in hosts}
+        got = (nics, outlier_nics(nics) if len(nics) >= 4 else [])
+        if memo is not None:
+            memo[hosts] = got
+    nics, bad = got
     if len(nics) < 4:
         return f, False
-    bad = outlier_nics(nics)
     if not bad:
         return f, False
     per_host: dict[str, int] = {}
@@ -320,22 +328,22 @@ def outlier_nics(nics: dict[tuple[str, str, int], Any]) -> list[tuple[str, str]]
     """(host, nic) of the ports whose congestion or error counters grow at least
     ``NIC_OUTLIER`` times the ports' lower quartile, on ``NIC_AGREE`` counters.
     The quartile is taken once per counter over all ports (one port more or
-    less in the reference does not move a quartile)."""
-    refs = {name: lower_quartile([d.rates.get(name, 0.0) for d in nics.values()])
-            for name in CONGESTION + NIC_ERRORS}
-    bad = []
-    for key, dev in nics.items():
-        rates = dev.rates
-        for names in (CONGESTION, NIC_ERRORS):
-            hits = 0
-            for name in names:
-                r = rates.get(name, 0.0)
-                if r > 0 and r >= NIC_OUTLIER * max(refs[name], 0.01 * r):
-                    hits += 1
-            if hits >= NIC_AGREE:
-                bad.append((key[0], key[1]))
-                break
-    return bad
+    less in the reference does not move a quartile). One numpy pass over a
+    (counter x port) matrix of rates."""
+    if not nics:
+        return []
+    devs = [d.rates for d in nics.values()]
+    rates = np.array([[r.get(name, 0.0) for r in devs] for name in _OUTLIER_NAMES])
+    # lower_quartile of each counter: the nearest-rank 25th percentile
+    refs = np.sort(rates, axis=1)[:, (len(devs) - 1) // 4]
+    hit = (rates > 0) & (rates >= NIC_OUTLIER * np.maximum(refs[:, None], 0.01 * rates))
+    k = len(CONGESTION)
+    bad = (hit[:k].sum(axis=0) >= NIC_AGREE) | (hit[k:].sum(axis=0) >= NIC_AGREE)
+    keys = list(nics)
+    return [(keys[i][0], keys[i][1]) for i in np.flatnonzero(bad).tolist()]
+
+
+_OUTLIER_NAMES = CONGESTION + NIC_ERRORS
 
 
 def nic_slots(f: Finding, store: TelemetryStore, job: Any) -> set[tuple[str, str]] | None:

@@ -375,10 +375,11 @@ class Detector:
         self._release(job_hosts, ts - self.telemetry_delay_s)
         step_s = job.job_step_s or 1.0
         located = []
+        nic_memo: dict[Any, Any] = {}    # the job's NIC outliers, found once per judgement
         for f in findings:
             if f.fault == "slow_link":
                 g, decided = refine_with_nics(f, job.links.slow_members, self.store,
-                                              job.rank_host, job.rank_gpu)
+                                              job.rank_host, job.rank_gpu, nic_memo)
                 if not decided and f.evidence.get("ambiguous") and f.confirmed:
                     # Transfers alone cannot tell which end; give the NIC counters a few
                     # steps to show it before settling on the first candidate.
@@ -386,7 +387,7 @@ class Detector:
                     g.confirmed = waited >= self.confirm_steps + LINK_PATIENCE_STEPS
                 f = g
             located.append(f)
-        for f in self._pairs(job, s, ts, located, sub):
+        for f in self._pairs(job, s, ts, located, sub, nic_memo):
             if not f.confirmed and (job.job_id, f.key) not in self.tracker.open:
                 continue
             cached = self._causes.get((job.job_id, f.key))
@@ -409,7 +410,7 @@ class Detector:
         return self.tracker.step(job.job_id, ts, found)
 
     def _pairs(self, job: JobState, s: int, ts: float, located: list[Finding],
-               sub: bool = False) -> list[Finding]:
+               sub: bool = False, nic_memo: dict[Any, Any] | None = None) -> list[Finding]:
         """The step's findings with the pipeline pairs' (``models.p2p``) merged in: a pair
         the collective groups already name is one finding (theirs, with the pair's cost);
         a pair on a host whose NICs a finding already blames adds nothing; a step with a
@@ -437,7 +438,7 @@ class Detector:
         out = [f for f in located if f.fault != "job_slowdown"]
         for f in pf:
             g, _ = refine_with_nics(f, p2p.members.get(f.key, []), self.store, job.rank_host,
-                                    job.rank_gpu)
+                                    job.rank_gpu, nic_memo)
             same = by_key.get(g.key)
             if same is not None:
                 same.confirmed = same.confirmed or g.confirmed
