@@ -209,9 +209,9 @@ class TopicIdWatch:
       count in the lost log). A topic that is missing keeps its old id until it is back
       (someone else creates it), and a changed topic none of whose partitions is assigned
       yet (the group is rebalancing after the restart) waits for the next round.
-    - the worker (``streams.sends.TopicWatch``) asks ``lost()`` every second and before
-      and after each of its commits, and repairs and restarts itself when its topics are
-      lost (it owns its internal topics: for it a missing one is lost).
+    - the worker (``streams.sends.TopicWatch``) asks ``lost()`` every second and after
+      each of its offset commits; when its internal topics are lost (it owns them: for it
+      a missing one is lost) it commits the lost topics' start, repairs them and restarts.
     """
 
     def __init__(self, bootstrap: str, topics: list[str], logger: Any,

@@ -20,7 +20,8 @@ future until the broker has acknowledged it:
   ``barrier()`` before it writes a snapshot, because a snapshot acks the job topic up to
   its offsets and records the incidents it emitted as emitted;
 - ``TopicWatch`` (a daemon thread) watches the worker's topics (internal and input) by
-  their ids with ``schema.kafka_security.TopicIdWatch``, the watcher of the sink and the
+  their ids (the internal topics decide: an input topic recreated alone is read again by
+  faust's own rebalance) with ``schema.kafka_security.TopicIdWatch``, the watcher of the sink and the
   notifier too: every second, and after each offset commit of the worker. An in-memory
   broker restarted without its data has none of them, or has them auto-created by the
   first client that asked for their metadata (Tansu does that, with no retention); a
@@ -237,10 +238,10 @@ def recreate(admin: AdminClient, configs: dict[str, dict[str, str]], partitions:
 
 class TopicWatch(threading.Thread):
     """Every ``interval_s``, and after each commit of the consumer given to ``guard``: are
-    the worker's topics (the internal ones, ``configs``, and ``inputs``) still the ones it
-    works with? If not (the broker lost them): no more commits, the internal topics
-    repaired, the lost topics' start committed, ``on_lost`` (default: exit 70). See the
-    module doc."""
+    the worker's internal topics (``configs``) still the ones it works with? If not (the
+    broker lost them): no more commits, the internal topics repaired, the start of every
+    lost topic (internal, and ``inputs`` whose id changed too) committed, ``on_lost``
+    (default: exit 70). See the module doc."""
 
     def __init__(self, bootstrap: str, configs: dict[str, dict[str, str]], partitions: int,
                  interval_s: float | None = None, on_lost: Callable[[str], None] = die,
@@ -290,6 +291,11 @@ class TopicWatch(threading.Thread):
             self.checks += 1
         if lost is None:
             return None  # unreachable: nothing to decide now
+        if not any(n in self.configs for n in lost):
+            # an input topic recreated alone: faust's rebalance on the metadata change reads
+            # it from its start (measured: the same incidents, no restart); its loss counts
+            # with the internal topics' (a broker restart), when their start is committed
+            lost = {}
         if lost or not self._structure_checked:
             try:
                 wrong = internal_topics_wrong(self._admin_client(), self.configs,

@@ -214,3 +214,52 @@ def test_an_outage_longer_than_a_snapshot_flush_skips_snapshots_not_the_worker(t
     assert "snapshots are skipped until the broker takes them again" in text
     assert brief(got) == brief(ref)
     assert canon(got) == canon(ref)
+
+
+@pytest.mark.integration
+def test_input_topics_recreated_under_a_running_worker_lose_nothing_and_restart_nothing(
+        tmp_path):
+    """An operator deletes and recreates the input topics while the worker runs (the broker
+    keeps running). faust's rebalance on the metadata change reads the new topics from
+    their start: the job published afterwards gives exactly the offline Detector's
+    incidents, and the worker's topic watch (which watches the input topics' ids too, to
+    commit their start when the broker lost everything) does not restart the worker."""
+    from confluent_kafka.admin import AdminClient
+
+    port = free_port()
+    b = start_broker(port, log_path=tmp_path / "tansu.log")
+    topics = Topics("recreate.")
+    log = tmp_path / "worker.log"
+    worker: WorkerProcess | None = None
+    before = scenario_events("gpu_thermal_30", "a")
+    after = scenario_events("input_stall_50", "b")
+    ref = reference(after)
+    try:
+        create_topics(b.bootstrap, topics)
+        worker = WorkerProcess(b.bootstrap, topics, group="recreate.g", log_path=log)
+        publish(b, topics, before)
+        assert wait_for_incidents(b.bootstrap, topics, 1, timeout=90, settle=2.0)
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        for fut in admin.delete_topics(topics.inputs(), operation_timeout=10).values():
+            fut.result()
+        time.sleep(1.0)
+        create_topics(b.bootstrap, topics)
+        publish(b, topics, after)
+        deadline = time.monotonic() + 120
+        got: list[dict] = []
+        stable = 0
+        while time.monotonic() < deadline and stable < 5 and worker.proc.poll() is None:
+            now = [i for i in read_incidents(b.bootstrap, topics) if i["job_id"][:2] == "b."]
+            stable = stable + 1 if len(now) == len(got) and len(got) >= len(ref) else 0
+            got = now
+            time.sleep(1.0)
+        running = worker.proc.poll() is None
+    finally:
+        if worker is not None:
+            worker.stop()
+        b.stop(1)
+    text = log.read_text(errors="replace")
+    assert running, text[-3000:]
+    assert "the broker lost the worker's topics" not in text
+    assert brief(got) == brief(ref)
+    assert canon(got) == canon(ref)
