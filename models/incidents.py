@@ -13,8 +13,12 @@ If the same culprit comes back with the same estimated onset after a resolve,
 the new incident's id gets a ``.N`` suffix (still deterministic on replay).
 An incident opens as ``info`` and pages (warning / critical) only once its
 culprit has stayed confirmed ``page_after_steps`` more steps, so a two-step
-blip is recorded but wakes nobody. Severity never goes down while an incident
-is open: ``job_slowdown`` is always
+blip is recorded but wakes nobody; or at once, when its finding's evidence is
+consistent across windows spanning at least ``page_after_s`` seconds (evidence
+``sustained_s``: a member its group waited for window after window inside a long
+step, ``models.substep``): a stall shorter than that never confirms there, so
+waiting for steps to end would only delay the page by steps that last many
+seconds. Severity never goes down while an incident is open: ``job_slowdown`` is always
 ``info``, and so is a ``slow_link`` that no NIC counter explains (root cause
 ``unknown``: seen only in collective timings); otherwise ``critical`` from ``critical_pct`` percent of job slowdown,
 else ``warning``.
@@ -64,10 +68,12 @@ class IncidentTracker:
 
     def __init__(self, resolve_steps: int = 5, critical_pct: float = 20.0,
                  open_min_pct: float = 5.0, page_after_steps: int = 2,
-                 min_update_s: float = 5.0) -> None:
+                 min_update_s: float = 5.0, page_after_s: float = 2.0) -> None:
         self.resolve_steps = resolve_steps
         self.min_update_s = min_update_s
         self.page_after_steps = page_after_steps
+        # (the default is JobConfig's sustain_s: a sub-step confirmation spans it)
+        self.page_after_s = page_after_s
         self.critical_pct = critical_pct
         self.open_min_pct = open_min_pct
         self.open: dict[tuple[str, str], Incident] = {}
@@ -232,7 +238,9 @@ class IncidentTracker:
         # Escalation only: a mitigation once recommended stays until a stronger one.
         if last and LADDER.index(action) < LADDER.index(last["mitigation"]):
             action = last["mitigation"]
-        sev = self.severity(f.fault, pct, cause) if inc.age >= self.page_after_steps else "info"
+        sustained = f.evidence.get("sustained_s", 0.0) >= getattr(self, "page_after_s", 2.0)
+        sev = self.severity(f.fault, pct, cause) \
+            if inc.age >= self.page_after_steps or sustained else "info"
         if f.imbalance or pct < self.open_min_pct or action == "ignore":
             # The layout, or a slowdown the planner would ignore: recorded, never paged.
             # (A paged incident's mitigation never falls back to ignore: the ladder above.)

@@ -37,8 +37,9 @@ from models.ranks import RankState
 from models.stats import EWMeanVar, RollingMedian, median
 from models.substep import SubStep
 
-# Sub-step judgements per episode of a member confirmed inside a long step: it opens,
-# then pages once the incident tracker saw it confirmed ``page_after_steps`` (2) more.
+# Sub-step judgements per episode of a member confirmed inside a long step: it opens, and
+# pages at once when its evidence spans the tracker's ``page_after_s`` (``sustained_s``),
+# else once the tracker saw it confirmed ``page_after_steps`` (2) more.
 SUB_EMITS = 4
 # A job without step events: a derived step is this many producer windows, its length
 # learned once one rank sent NOSTEP_LEARN windows (``JobState._nostep_comm``).
@@ -293,12 +294,19 @@ class JobState(Attribution):
                 hit = det[m]
                 self.sub_seen[m] = (s, hit)
                 st = self.ranks.get(m)
-                if not hit["long"] or (st is not None and st.kind is not None):
+                # Inside a long step: this one has run 1.5 windows (``models.substep``), or
+                # the job's steps last that long (the step's first window is inside too).
+                long = hit["long"] or self.job_step_s >= 1.5 * (self.substep.window_s or 1.0)
+                if not long or (st is not None and st.kind is not None):
                     continue
                 k = self.sub_emits.get(m, 0) + 1
                 self.sub_emits[m] = k
                 if k <= SUB_EMITS:
-                    found.append(self._substep_finding(m, group, hit, ts))
+                    # seconds the confirming ticks span: from the end of the tick before them
+                    n = int(hit["ticks"])
+                    span = g.ts[-1] - g.ts[-n - 1] if len(g.ts) > n else \
+                        n * (self.substep.window_s or 1.0)
+                    found.append(self._substep_finding(m, group, dict(hit, span=span), ts))
         if not found:
             return []
         keys = {f.key for f in found}
@@ -318,7 +326,7 @@ class JobState(Attribution):
             lost_s=share * max(ts - float(hit["onset_ts"]), 0.0), world=self.world,
             evidence={"substep": True, "group": group, "rel_to_group": round(hit["rel"], 3),
                       "wait_share": round(share, 3), "windows": hit["ticks"],
-                      "evidence": hit["kind"]})
+                      "sustained_s": round(float(hit["span"]), 1), "evidence": hit["kind"]})
 
     def _synth_step(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
         """Steps from collectives alone: the job's widest group (by size) syncs

@@ -132,3 +132,61 @@ def test_far_from_peers_since_the_first_step_pages_within_five_steps_at_short_st
     assert paged and {i.get("rank") for i in paged} == {fault["rank"]}
     fifth = max(e["ts"] for e in trace.events() if e["kind"] == "step" and e["step"] == 4)
     assert paged[0]["ts"] <= fifth               # by the end of the job's fifth step
+
+
+def _sub_finding(sustained_s: float):
+    from models.findings import Finding
+    return Finding(key="slow_rank:r5", fault="slow_rank", confirmed=True, onset_ts=10.0,
+                   onset_step=7, slowdown_pct=30.0, own_pct=30.0, rank=5, host="h0", gpu=5,
+                   evidence={"substep": True, "sustained_s": sustained_s})
+
+
+@pytest.mark.parametrize(("sustained_s", "first"), [(2.0, "critical"), (3.9, "critical"),
+                                                    (1.9, "info"), (0.0, "info")])
+def test_a_confirmation_sustained_for_page_after_s_pages_at_once(sustained_s, first):
+    """Evidence consistent across windows for page_after_s seconds pages when it opens;
+    shorter evidence opens as info and pages only page_after_steps confirmations later."""
+    from models.incidents import IncidentTracker
+    tr = IncidentTracker(page_after_s=2.0)
+    out = []
+    for k in range(3):
+        out += tr.step("j", 12.0 + k, [(_sub_finding(sustained_s), "gpu_thermal",
+                                         "rebalance_microbatches", "", {})])
+    assert out[0]["status"] == "open" and out[0]["severity"] == first
+    assert [e["severity"] for e in out][-1] == "critical"     # the step rule still pages
+    if first == "info":
+        assert out[-1]["ts"] == 14.0
+
+
+def test_sub_step_confirmation_pages_inside_the_step_it_began():
+    """8 s steps: the culprit's incident opens already paging, inside its first slow step,
+    seconds after its first slowed op; no other incident is loud."""
+    from models.pipeline import Detector
+    trace = simulate(SCENARIOS["long8_power_25"], seed=0, steps=17)
+    fault = trace.truth["faults"][0]
+    det = Detector()
+    starts = {}
+    incs = []
+    for chunk in trace.batches():
+        for ev in chunk:
+            if ev["kind"] == "step":
+                starts[(ev["rank"], ev["step"])] = ev["ts"] - ev["duration_s"]
+        incs.extend(det.process_batch(chunk))
+    loud = [i for i in incs if i["severity"] != "info"]
+    assert loud and {i.get("rank") for i in loud} == {fault["rank"]}
+    first = next(i for i in incs if i.get("rank") == fault["rank"])
+    assert first["status"] == "open" and first["severity"] != "info"
+    assert first["evidence"]["sustained_s"] >= 2.0
+    start = starts[(fault["rank"], fault["onset_step"])]
+    assert first["ts"] - start < 6.0                   # seconds, not the 8 s step's end
+
+
+def test_two_second_steps_are_long_from_their_first_window():
+    """A job whose steps last 2 windows: a member confirmed from a step's first window is
+    judged inside the step (the job's step time says the step is long)."""
+    trace, found = _feed("long2_thermal_30", steps=30)
+    fault = trace.truth["faults"][0]
+    assert found and {r for _, _, r, _ in found} == {fault["rank"]}
+    ts, s, _, f = found[0]
+    assert s == fault["onset_step"] + 1 or s == fault["onset_step"]
+    assert ts - _step_start(trace, fault["rank"], fault["onset_step"]) < 4.0
