@@ -261,6 +261,7 @@ class TopicWatch(threading.Thread):
         self._lock = threading.Lock()
         self._check_lock = threading.Lock()   # the thread and a commit's check: one at a time
         self._reported = False
+        self._handled = threading.Event()     # set once the loss is handled on the loop
         self._structure_checked = False
         self._consumer: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -356,6 +357,7 @@ class TopicWatch(threading.Thread):
             return
         self.frozen = True
         reset = await self._reset(topics)
+        self._handled.set()
         self._report(f"{why}; {reset}")
 
     def _report(self, why: str) -> None:
@@ -419,6 +421,7 @@ class TopicWatch(threading.Thread):
                 fut = asyncio.run_coroutine_threadsafe(self._lose(*found), loop)
                 with contextlib.suppress(Exception):
                     fut.result(timeout=20.0)
+                self._handled.wait(20.0)  # a commit's check may be handling it already
             self.frozen = True
             self._report(found[0])  # the loop did not (it is blocked, or there is none)
 
