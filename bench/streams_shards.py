@@ -5,8 +5,8 @@ the job's size).
 
 Workload: one job of ``--ranks`` ranks (tp8 pp8, ranks / 8 hosts with 1 Hz GPU/NIC/host
 telemetry, comm grain, 1 s steps), ``--steps`` steps, published up front in 1 s slices as
-live collectors would (``bench/streams_throughput.py``'s), 4 partitions; then the workers
-start and read it as a backlog.
+live collectors would (``bench/streams_throughput.py``'s), 4 partitions, once the workers
+have started and joined (``--settle``), so they read it while it is published and after.
 
 This VM has 2 cores shared with the broker and other work, so the wall-clock rate of two
 workers says little about what two machines would do. The CPU-normalized rate is the
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -50,13 +51,21 @@ RESULTS = Path(__file__).parent / "results"
 JUDGED = "failslow_stream_judged_rank_steps_total"
 
 
-def run(bootstrap: str, topics: Topics, n_events: int, expect_judged: int, n_workers: int,
-        timeout: float) -> dict:
+def run(bootstrap: str, topics: Topics, events: list[dict], expect_judged: int,
+        n_workers: int, timeout: float, settle: float) -> dict:
+    n_events = len(events)
     ports = [free_port() for _ in range(n_workers)]
     group = f"bench-{uuid.uuid4().hex[:6]}"
-    workers = [WorkerProcess(bootstrap, topics, group=group, metrics_port=p) for p in ports]
+    logs = [Path(tempfile.gettempdir()) / f"{group}-w{n}.log" for n in range(n_workers)]
+    workers = [WorkerProcess(bootstrap, topics, group=group, metrics_port=p, log_path=log)
+               for p, log in zip(ports, logs, strict=True)]
     pids = [w.proc.pid for w in workers]
     try:
+        # The workers join the group before the backlog comes: a worker that started
+        # alone would take every partition, and hand half over (snapshot, replay) when the
+        # other one joins, which is a rebalance's cost, not the job's.
+        time.sleep(settle)
+        publish_sliced(bootstrap, topics, events)
         deadline = time.monotonic() + timeout
         t_first = None
         cpu0 = [0.0] * n_workers
@@ -70,21 +79,26 @@ def run(bootstrap: str, topics: Topics, n_events: int, expect_judged: int, n_wor
         judged, t_judged = 0.0, time.monotonic()
         cpu1 = cpu0
         rss = [0] * n_workers
-        # done when every step is judged, or judging stopped growing for 20 s
+        # done when every step is judged, or every event was processed and judging
+        # stopped growing for 20 s
         while time.monotonic() < deadline:
             now_judged = processed(ports, JUDGED)
+            rss = [max(a, rss_bytes(p)) for a, p in zip(rss, pids, strict=True)]
             if now_judged != judged:
                 judged, t_judged = now_judged, time.monotonic()
                 cpu1 = [cpu_seconds(p) for p in pids]
-                rss = [max(a, rss_bytes(p)) for a, p in zip(rss, pids, strict=True)]
-            if judged >= expect_judged or time.monotonic() - t_judged > 20:
+            if judged >= expect_judged or (time.monotonic() - t_judged > 20
+                                           and processed(ports) >= n_events):
                 break
             time.sleep(1.0)
         done = processed(ports)
         unmapped = processed(ports, "failslow_stream_unmapped_telemetry_total")
+        cpu_total = [cpu_seconds(p) for p in pids]
+        alive = [w.proc.poll() is None for w in workers]
     finally:
-        for w in workers:
-            w.stop()
+        codes = [w.stop() for w in workers]
+    if not all(alive):
+        print(f"a worker exited during the run (codes {codes}); logs: {logs}", flush=True)
     span = t_judged - (t_first or t_judged)
     cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
     busiest = max(cpu) if cpu else 0.0
@@ -92,9 +106,9 @@ def run(bootstrap: str, topics: Topics, n_events: int, expect_judged: int, n_wor
             "judged_rank_steps": judged, "expected_rank_steps": expect_judged,
             "seconds_to_last_judged": span,
             "judged_rank_steps_per_s_wall": judged / span if span > 0 else 0.0,
-            "worker_cpu_s": cpu,
+            "worker_cpu_s": cpu, "worker_cpu_since_start_s": cpu_total,
             "judged_rank_steps_per_busiest_worker_cpu_s": judged / busiest if busiest else 0.0,
-            "worker_rss_bytes": rss, "telemetry_messages_to_every_partition": unmapped}
+            "worker_rss_bytes": rss, "workers_alive_to_the_end": alive, "telemetry_messages_to_every_partition": unmapped}
 
 
 def main() -> None:
@@ -102,6 +116,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=16384)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--settle", type=float, default=20.0,
+                    help="seconds the workers get to join before the backlog is published")
     ap.add_argument("--runs", nargs="+", default=["sharded:1", "sharded:2", "whole:1"],
                     help="mode:workers; mode sharded (the default shard size) or whole "
                          "(the job judged on its home partition, as before issue 16)")
@@ -127,9 +143,9 @@ def main() -> None:
                 os.environ["FAILSLOW_SHARD_RANKS"] = shard_env
             topics = Topics(f"b{uuid.uuid4().hex[:8]}.")
             create_topics(broker.bootstrap, topics, partitions=4)
-            publish_sliced(broker.bootstrap, topics, events)
             load0 = machine_load()
-            r = run(broker.bootstrap, topics, len(events), expect, int(n), args.timeout)
+            r = run(broker.bootstrap, topics, events, expect, int(n), args.timeout,
+                    args.settle)
             r["mode"] = mode
             r["shard_ranks"] = os.environ.get("FAILSLOW_SHARD_RANKS", "default")
             r["load_before"], r["load_after"] = load0, machine_load()

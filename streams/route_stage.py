@@ -11,6 +11,7 @@ no partition sees a job's early telemetry late.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -74,6 +75,8 @@ class RouteStage:
         self.src_kind = cfg.source_kinds()
         self.steps_topic = cfg.topics.for_kind("step")
         self.shard_ranks = cfg.shard_ranks
+        self.announced: dict[tuple[str, int], float] = {}  # (host, partition) -> when
+        self.fresh: list[tuple[str, int]] = []   # learned, to announce on the host map
 
     async def route_batch(self, messages: list[Any], now: float) -> None:
         """Route one batch of Kafka messages and send the packs on."""
@@ -81,6 +84,15 @@ class RouteStage:
         for msg in messages:  # first the steps: they tell where the telemetry goes
             if self.steps_topic == msg.topic and msg.key:
                 self.learn_hosts(msg.value, msg.key.decode("utf-8", "replace"), now)
+        if self.fresh:
+            # issue 16: the other workers route these hosts' telemetry too; tell them now,
+            # not once the job stage (behind in a backlog) reaches the steps
+            fresh, self.fresh = self.fresh, []
+            if len(self.announced) > 1 << 16:   # hosts of ended jobs: forget them
+                self.announced = {k: t for k, t in self.announced.items()
+                                  if now - t <= self.hostmap.ttl_s}
+            for host, p in fresh:
+                await self.out.announce_host(host, p)
         for msg in messages:
             self.metrics.seen(msg.topic, msg.timestamp, now)
             await self.route_one(msg, now, packs)
@@ -103,7 +115,11 @@ class RouteStage:
             host = ev.get("host") if type(ev) is dict else None
             if type(host) is str:
                 k = event_shard(ev, n)
-                self.hostmap.add(host, (home + k) % parts if k else home, now)
+                p = (home + k) % parts if k else home
+                self.hostmap.add(host, p, now)
+                if now - self.announced.get((host, p), -math.inf) > self.hostmap.ttl_s / 3:
+                    self.announced[(host, p)] = now
+                    self.fresh.append((host, p))
 
     async def route_one(self, msg: Any, now: float, packs: dict[int, list[tuple]]) -> None:
         """Add ``msg`` to the packs of its home partition(s); only one copy of a message

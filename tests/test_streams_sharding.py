@@ -112,6 +112,12 @@ def test_the_route_cuts_a_large_jobs_messages_and_sends_telemetry_to_the_shard()
     # h3 holds ranks 12-15: shard 1
     assert [p for p, part in routed if part[4] == sample] == [(home + 1) % 4]
     assert topics["dead"].sent == []
+    # and the other workers hear it at once on the host map (they route telemetry too)
+    announced = {orjson.loads(m["value"])["host"]: orjson.loads(m["value"])["partition"]
+                 for m in topics["hostmap"].sent}
+    assert announced == {f"h{i}": home if i < 2 else (home + 1) % 4 for i in range(4)}
+    asyncio.run(router.route_batch([_Msg(steps, b"job5", value)], now=101.0))
+    assert len(topics["hostmap"].sent) == 4          # not again before ttl / 3
 
 
 def test_a_small_jobs_message_goes_home_whole_and_undecoded():
