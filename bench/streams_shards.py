@@ -52,12 +52,13 @@ JUDGED = "failslow_stream_judged_rank_steps_total"
 
 
 def run(bootstrap: str, topics: Topics, events: list[dict], expect_judged: int,
-        n_workers: int, timeout: float, settle: float) -> dict:
+        n_workers: int, timeout: float, settle: float, extra: list[str]) -> dict:
     n_events = len(events)
     ports = [free_port() for _ in range(n_workers)]
     group = f"bench-{uuid.uuid4().hex[:6]}"
     logs = [Path(tempfile.gettempdir()) / f"{group}-w{n}.log" for n in range(n_workers)]
-    workers = [WorkerProcess(bootstrap, topics, group=group, metrics_port=p, log_path=log)
+    workers = [WorkerProcess(bootstrap, topics, group=group, metrics_port=p, log_path=log,
+                             extra=extra)
                for p, log in zip(ports, logs, strict=True)]
     pids = [w.proc.pid for w in workers]
     try:
@@ -116,6 +117,9 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=16384)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--worker-args", default="--session-timeout 10",
+                    help="extra `failslow worker` flags; a 4,096-rank shard's step takes "
+                         "seconds of one busy core, longer than the default 2 s session")
     ap.add_argument("--settle", type=float, default=20.0,
                     help="seconds the workers get to join before the backlog is published")
     ap.add_argument("--runs", nargs="+", default=["sharded:1", "sharded:2", "whole:1"],
@@ -145,7 +149,7 @@ def main() -> None:
             create_topics(broker.bootstrap, topics, partitions=4)
             load0 = machine_load()
             r = run(broker.bootstrap, topics, events, expect, int(n), args.timeout,
-                    args.settle)
+                    args.settle, args.worker_args.split())
             r["mode"] = mode
             r["shard_ranks"] = os.environ.get("FAILSLOW_SHARD_RANKS", "default")
             r["load_before"], r["load_after"] = load0, machine_load()
@@ -173,7 +177,8 @@ def main() -> None:
                   f"{wall:.2f}x wall (2 cores shared with the broker)")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "streams_shards.json").write_text(json.dumps(
-        {"scenario": sc.name, "ranks": args.ranks, "steps": args.steps, "runs": results},
+        {"scenario": sc.name, "ranks": args.ranks, "steps": args.steps, "runs": results,
+         "worker_args": args.worker_args},
         indent=2))
 
 

@@ -121,6 +121,9 @@ class JobStage:
             other.pause(time.time() - t0)
         self.parts[p] = state
         self.held[p] = []
+        # its input caps count from 0 again (the metric is not set back)
+        for key in [k for k in self._capped_seen if k[0] == p]:
+            del self._capped_seen[key]
         self.announced[p] = {}
         return state
 
@@ -182,6 +185,8 @@ class JobStage:
         if state.counts["capped"] != before["capped"]:
             for cap, n in state.limits.counts.items():
                 reported = self._capped_seen.get((state.partition, cap), 0)
+                if n < reported:   # the partition was taken over again: a new count
+                    reported = 0
                 if n != reported:
                     metrics.capped.labels(cap).inc(n - reported)
                     self._capped_seen[(state.partition, cap)] = n

@@ -44,3 +44,27 @@ def test_judged_rank_steps_metric_is_exposed():
     text = generate_latest(m.registry).decode()
     assert "# TYPE failslow_stream_judged_rank_steps_total counter" in text
     assert "failslow_stream_judged_rank_steps_total 48.0" in text
+
+
+def test_capped_events_of_a_partition_taken_over_again_do_not_stop_the_worker():
+    """A partition revoked and taken over again starts its input caps' counts from 0; the
+    metric adds the new count instead of an increase below 0, which prometheus refuses
+    with an exception that stopped the jobs agent (seen in a 2-worker bench, issue 16)."""
+    from streams.config import WorkerConfig
+    from streams.job_stage import JobStage
+    from streams.limits import InputLimits
+    from streams.partition import JobPartition
+
+    metrics = Metrics()
+    stage = JobStage(WorkerConfig(bootstrap="unused:1"), 4, None, metrics, None, None)  # type: ignore[arg-type]
+
+    def capped_state(n: int) -> JobPartition:
+        state = JobPartition(2, limits=InputLimits(partition=2))
+        state.limits.counts["hosts"] = n
+        state.counts["capped"] = n
+        return state
+
+    stage.count(capped_state(50), {**capped_state(0).counts})
+    assert metrics.capped.labels("hosts")._value.get() == 50
+    stage.count(capped_state(7), {**capped_state(0).counts})   # a fresh state: 7 < 50
+    assert metrics.capped.labels("hosts")._value.get() == 57
