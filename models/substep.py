@@ -43,6 +43,16 @@ A stall shorter than the tested windows (one op that waits seconds) is one large
 value among small ones: the window's own deviation swamps it, it never confirms.
 The job's first step (compilation, autotuning) teaches no usual value: only peers judge
 it, so a member far outside its peers from the first op is found inside that step.
+
+A confirmation is sustained (consistent over ticks spanning ``sustain_s``) by
+construction: ``models.job`` reports the seconds its ticks span (``sustained_s``) and the
+incident tracker pages it at once from ``page_after_s`` seconds, without waiting for
+steps to end.
+
+Cost: a tick is plain Python over the group's few members (numpy's fixed cost per call
+dominated on eight values) and runs ``Windows.test`` only when some trailing window's
+mean exceeds the test's ``delta / 2`` (``_may_pass``; otherwise the test confirms
+nothing and returns no positive z, so its answers are the same).
 """
 
 from __future__ import annotations
