@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from itertools import chain, islice
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from pathlib import Path
 
 import orjson
@@ -189,17 +189,16 @@ def ordered_chunks(chunks: Iterable[list[dict]], window: int) -> Iterator[list[d
     a timestamp come out the same whichever order the ranks' files were read in.
     Sorting the held events now and then (timsort: the input is runs already sorted)
     costs less than a heap operation per event: when a quarter more than the window is
-    held, all but the window are handed on. An event's key is made in one list
-    comprehension over its chunk, while the chunk is still in the CPU cache from
-    decoding (a later pass over 100,000 held events would read each from memory).
+    held, all but the window are handed on. An event's key is made with its chunk's
+    (``_keyed``), while the chunk is still in the CPU cache from decoding (a later
+    pass over 100,000 held events would read each from memory).
     Raises ``OutOfOrderError`` for an event earlier than one already handed on."""
     held: list[tuple] = []
     last: tuple | None = None          # the key of the last event handed on
     full = window + max(window // 4, 1)   # at most a quarter more held than the window
     seq = 0
     for chunk in chunks:
-        keyed = [((ev["ts"], -1 if (rank := ev.get("rank")) is None else rank,
-                   ev.get("host") or "", i), ev) for i, ev in enumerate(chunk, seq)]
+        keyed = _keyed(chunk, seq)
         seq += len(chunk)
         while keyed:
             piece = keyed[:full - len(held)]
@@ -220,6 +219,22 @@ def ordered_chunks(chunks: Iterable[list[dict]], window: int) -> Iterator[list[d
 
 _first = itemgetter(0)
 _second = itemgetter(1)
+_rank = methodcaller("get", "rank")
+_host = methodcaller("get", "host")
+
+
+def _keyed(chunk: list[dict], seq: int) -> list[tuple]:
+    """(key, event) of each event of ``chunk``, the key (ts, rank or -1, host or "",
+    seq + position): columns taken by C-level maps and zipped (no Python code per event
+    unless a rank or host is missing)."""
+    ranks = list(map(_rank, chunk))
+    if None in ranks:
+        ranks = [-1 if r is None else r for r in ranks]
+    hosts = list(map(_host, chunk))
+    if None in hosts:
+        hosts = [h or "" for h in hosts]
+    keys = zip(map(_ts, chunk), ranks, hosts, range(seq, seq + len(chunk)), strict=True)
+    return list(zip(keys, chunk, strict=True))
 
 
 def _out_of_order(ev: dict, last: tuple, window: int) -> None:
