@@ -21,6 +21,8 @@ while the detector does not read ``comm`` windows).
     .venv/bin/python bench/real_ddp.py [--repeats 10] [--work cpu|device] [--grain collective]
         [--steps 52] [--onset 28]
         [--only ddp:compute2x,fsdp2:benign] [--keep DIR]
+    .venv/bin/python bench/real_ddp.py --redetect DIR [DIR ...] [--only ...] [--out F]
+        (no job run: the current detector on traces kept with --keep)
 """
 
 from __future__ import annotations
@@ -135,6 +137,51 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:g}"
 
 
+def row_of(rep: int, truth: dict, incidents: list[dict]) -> dict:
+    v = judge(truth, incidents)
+    meas = truth["measured_increase_pct"]
+    ok = v.slowdown_pct is not None and meas is not None and meas > 0 \
+        and abs(v.slowdown_pct - meas) <= 0.5 * meas
+    return {"repeat": rep, "named": v.named, "open_at_end": v.open_at_end,
+            "steps_to_page": v.steps_to_page, "loud_healthy": v.loud_healthy,
+            "root_cause": v.root_cause, "slowdown_pct": v.slowdown_pct,
+            "measured_pct": meas if truth["culprit"] is not None else None,
+            "slowdown_ok": ok, "wall_s": truth["wall_s"]}
+
+
+def redetect(args: argparse.Namespace) -> int:
+    """The table of the current detector over kept traces (no job is run): detection
+    is a pure function of the trace, so this is what a fresh run of the same jobs
+    would have said, without their cost."""
+    rows: dict[str, list[dict]] = {}
+    meta: dict[str, set] = {"grain": set(), "work": set(), "steps": set(), "onset": set()}
+    t0 = time.monotonic()
+    for rep, d in enumerate(sorted(p for root in args.redetect
+                                   for p in Path(root).glob("repeat*/*-*") if p.is_dir())):
+        truth_f = d / "truth.json"
+        if not truth_f.exists():
+            continue
+        truth = json.loads(truth_f.read_text())
+        if args.only and f"{truth['kind']}:{truth['scenario']}" not in args.only.split(","):
+            continue
+        for k in meta:
+            meta[k].add(truth[k] if k in truth else None)
+        rows.setdefault(f"{truth['kind']}:{truth['scenario']}", []).append(
+            row_of(rep, truth, detect(d)) | {"trace": str(d)})
+    summary = [summarize(key, rs) for key, rs in sorted(rows.items())]
+    print(table(summary), flush=True)
+    path = Path(args.out or ROOT / "bench/results/real_ddp_redetect.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "note": args.note, "redetect": args.redetect,
+        "repeats": max((len(r) for r in rows.values()), default=0),
+        **{k: sorted(v, key=str) for k, v in meta.items()},
+        "detect_wall_s": round(time.monotonic() - t0, 1),
+        "summary": summary, "runs": rows}, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=10)
@@ -148,7 +195,13 @@ def main() -> int:
     ap.add_argument("--keep", metavar="DIR", help="keep every run's traces and incidents here")
     ap.add_argument("--out", default=None, help="results file (default bench/results/"
                                                 "real_ddp[_device][_GRAIN].json)")
+    ap.add_argument("--redetect", nargs="+", metavar="DIR",
+                    help="run no job: judge the current detector on traces kept before "
+                         "(--keep DIR), every DIR/repeat*/KIND-SCENARIO with its truth.json")
+    ap.add_argument("--note", default="", help="a note on the machine and load, kept in the file")
     args = ap.parse_args()
+    if args.redetect:
+        return redetect(args)
     jobs = [j.split(":") for j in args.only.split(",")] if args.only else \
         [[k, s] for k, scenarios in KINDS.items() for s in scenarios]
     suffix = ("_device" if args.work == "device" else "") + \

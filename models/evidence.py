@@ -28,6 +28,9 @@ Everything is numpy over the ranks of a job, once per judged step.
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +46,8 @@ MEAN_FLOOR = 0.9
 RHO_PRIOR, RHO_PRIOR_N, RHO_MAX = 0.3, 20.0, 0.8   # step-to-step correlation prior
 WINDOW_Z_EXTRA = 0.0          # the windowed tests' bar over z_min (several windows per step)
 SUSPECT_Z = 2.5              # window z from which a step is not learned
+SUSPECT_LEARN_Z = 2.0        # window z (with half min_rel of mean excess) from which the
+                             # own-past baseline (RankState.observe) learns nothing
 LEARN_DELAY = 8              # steps a value waits before its noise is learned
 WINSOR = 4.0                 # learned deviations are clipped at this many sigmas
 BLOCK_N = 8                  # steps per block mean whose variance is learned
@@ -51,6 +56,21 @@ RHO_ALPHA = 0.03             # noise learning rate (~30 steps of memory)
 UNLEARNED = 2.0              # noise multiplier while none is learned
 POOL_CAP = 1.25              # a rank's noise: at most this times its peers' median
 POOL_FLOOR = 0.75            # and at least this times it
+ROBUST = True                # RankEvidence's windowed tests: Windows.robust_stats
+ROBUST_MAD = 1.4826          # MAD of normal noise -> its sigma
+ROBUST_SIGMA = 1.0           # the robust spread is at least this share of the learned noise
+ROBUST_BLOCK = True         # and the measured variance of block means bounds it
+ROBUST_POOL_W = True
+ROBUST_MIN_N = 12            # shorter windows keep the mean and sample deviation
+ROBUST_CLIP = 3.0            # a window's values are clipped this many spreads from its median
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """numpy's all-NaN-slice warning: a rank with no value in a window."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 class Windows:
@@ -165,12 +185,12 @@ class Windows:
         return np.where(learned > 0, np.maximum(sigma, np.sqrt(learned)), UNLEARNED * sigma)
 
     def mean_se(self, rows: np.ndarray, sigma: np.ndarray, sd: np.ndarray, cnt: np.ndarray,
-                n: int) -> np.ndarray:
+                n: int, block: bool = True) -> np.ndarray:
         """Standard error of an ``n``-step mean: per-step noise (``sigma`` or the
         window's own ``sd``) inflated for step-to-step correlation, or the measured
         variance of BLOCK_N-step means scaled to n steps, whichever is larger."""
         se = np.maximum(sigma, sd) * np.sqrt(self.inflation(rows, n) / np.maximum(cnt, 1))
-        return np.maximum(se, np.sqrt(self._pooled(rows, 4) * BLOCK_N / n))
+        return np.maximum(se, np.sqrt(self._pooled(rows, 4) * BLOCK_N / n)) if block else se
 
     def stats(self, rows: np.ndarray, n: int, skip: int = 0
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -185,11 +205,67 @@ class Windows:
         var = np.where(ok, (w - mean[:, None]) ** 2, 0.0).sum(axis=1) / np.maximum(cnt - 1, 1)
         return cnt, mean, np.sqrt(var)
 
+    def robust_stats(self, rows: np.ndarray, n: int, sigma: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(count, winsorized mean, robust spread) of the last ``n`` values of ``rows``.
+
+        The spread is the window's MAD (as a normal sigma, 1.4826 MAD), at least
+        ``sigma``; values are clipped at ``ROBUST_CLIP`` spreads from the window's
+        median before the mean, so a spike moves the mean by at most ROBUST_CLIP
+        spreads / n whatever its size, and the mean's noise is that of values
+        within a few spreads: spread / sqrt(n). A sample standard deviation would
+        count a fault's own step-to-step swings (a straggler whose slowdown comes on
+        most steps, not all) as noise and never confirm it."""
+        w = self.vals[rows, -n:]
+        ok = ~np.isnan(w)
+        cnt = ok.sum(axis=1)
+        if not w.size:
+            return cnt, np.zeros(rows.size), sigma
+        with np.errstate(all="ignore"), _quiet():
+            med = np.nanmedian(w, axis=1)
+            mad = ROBUST_MAD * np.nanmedian(np.abs(w - med[:, None]), axis=1)
+        med = np.nan_to_num(med)
+        mad = np.nan_to_num(mad)
+        # The job's usual window spread now: the median over its ranks with a full
+        # enough window (ranks doing the same work share the machine's noise; one
+        # whose window came out tight by chance is not trusted below its peers).
+        pool = self._mad_pool(rows) if ROBUST_POOL_W else (
+            float(np.median(mad[cnt >= MIN_FILL * n])) if (cnt >= MIN_FILL * n).sum() >= 3 else 0.0)
+        spread = np.maximum(np.maximum(mad, pool), ROBUST_SIGMA * sigma)
+        c = np.clip(w, (med - ROBUST_CLIP * spread)[:, None], (med + ROBUST_CLIP * spread)[:, None])
+        mean = np.where(ok, c, 0.0).sum(axis=1) / np.maximum(cnt, 1)
+        # A median and MAD of a few values are no estimate: rows with fewer than
+        # ROBUST_MIN_N values keep the plain mean and the larger of sigma and their
+        # sample deviation (a job's first steps, a rank that just joined).
+        few = cnt < ROBUST_MIN_N
+        if few.any():
+            _, m0, sd0 = self.stats(rows, n)
+            mean = np.where(few, m0, mean)
+            spread = np.where(few, np.maximum(sigma, sd0), spread)
+        return cnt, mean, spread
+
+    def _mad_pool(self, rows: np.ndarray) -> float:
+        """The job's usual spread now: the median over its ranks of each one's MAD
+        spread over the whole window (ranks with half a window or more; three such
+        ranks at least, else 0)."""
+        w = self.vals[rows]
+        cnt = (~np.isnan(w)).sum(axis=1)
+        full = cnt >= MIN_FILL * self.width
+        if full.sum() < 3:
+            return 0.0
+        w = w[full]
+        with np.errstate(all="ignore"), _quiet():
+            mad = np.nanmedian(np.abs(w - np.nanmedian(w, axis=1)[:, None]), axis=1)
+        return float(ROBUST_MAD * np.median(mad))
+
     def test(self, rows: np.ndarray, sigma: np.ndarray, delta: float, z_crit: float,
-             scales: tuple[int, ...] = SCALES) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+             scales: tuple[int, ...] = SCALES, robust: bool = False
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per row: (confirmed, mean excess, z, window) of the best trailing window,
         ``z = (mean - delta / 2) / (max(sigma, sample std) / sqrt(count))``;
-        confirmed where some window holds mean >= 0.9 delta and z >= z_crit."""
+        confirmed where some window holds mean >= 0.9 delta and z >= z_crit.
+        ``robust``: the window's winsorized mean and MAD spread (``robust_stats``)
+        instead of its mean and sample deviation."""
         k = rows.size
         best_z = np.full(k, -np.inf)
         best_m = np.zeros(k)
@@ -199,8 +275,11 @@ class Windows:
         for n in scales:
             if n > self.width:
                 break
-            cnt, mean, sd = self.stats(rows, n)
-            se = self.mean_se(rows, sigma, sd, cnt, n)
+            rob = robust and n >= ROBUST_MIN_N
+            cnt, mean, sd = self.robust_stats(rows, n, sigma) if rob else self.stats(rows, n)
+            # robust: ``sd`` is the robust spread, floored by the learned noise already
+            se = self.mean_se(rows, sd if rob else sigma, sd, cnt, n,
+                              block=not rob or ROBUST_BLOCK)
             z = np.where(cnt >= MIN_FILL * n, (mean - delta / 2) / np.maximum(se, 1e-9), -np.inf)
             hit = (z >= z_crit) & (mean >= MEAN_FLOOR * delta)
             # The confirming window wins over a longer, stronger-looking one that did not.
@@ -329,8 +408,8 @@ class RankEvidence:
 
         lo, far = math.log1p(cfg.min_rel), math.log1p(cfg.far_rel)
         zc = cfg.z_min + WINDOW_Z_EXTRA   # several windows are tested each step
-        ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc)
-        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc)
+        ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc, robust=ROBUST)
+        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=ROBUST)
         # Imbalance never pages: the plain bar, over the whole window.
         ok_i, m_i, _, n_i = self.peer.test(rows, sig_p, lo, cfg.z_min, scales=(self.peer.width,))
         m_s, m_f, m_i = np.expm1(m_s), np.expm1(m_f), np.expm1(m_i)

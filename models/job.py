@@ -28,7 +28,7 @@ from models.changepoint import BOCPD
 from models.comm import CommWindows
 from models.config import JobConfig
 from models.cusum import cusum_update
-from models.evidence import RankEvidence
+from models.evidence import SUSPECT_LEARN_Z, RankEvidence
 from models.findings import Finding
 from models.links import LinkMonitor
 from models.localize import imbalances, localize
@@ -549,9 +549,12 @@ class JobState(Attribution):
         st.mean_excess, st.mean_z = float(ev_.mean[i]), float(max(ev_.z[i], 0.0))
         st.mean_n = int(ev_.n[i])
         # The own-past baseline never learns a step of an open finding, nor one
-        # where the rank stands out against its own past, even weakly.
+        # where the rank stands out against its own past, even weakly, nor one while
+        # its windowed excess is moderately high (an open but unconfirmed fault: z of 2
+        # and half the smallest slowdown worth flagging) so it is not absorbed.
+        rising = ev_.z[i] >= SUSPECT_LEARN_Z and ev_.mean[i] >= cfg.min_rel / 2
         st.observe(float(pos[i]), float(work[i]), float(data[i]), float(dur[i]),
-                   bool(ev_.weak[i] or ev_.suspect[i]) or st.kind is not None
+                   bool(ev_.weak[i] or ev_.suspect[i] or rising) or st.kind is not None
                    or st.cusum > 0, cfg.learn_delay)
         return bool(st.kind is not None and (still or st.streak) or st.kind is None and (
             ev_.weak[i] or ev_.suspect[i] or st.cusum > 0))
@@ -594,7 +597,9 @@ class JobState(Attribution):
                 own[i] = st.work.sigma / med
                 ok[i] = True
         none = np.zeros(n)
-        if ok.sum() < 4:
+        # Four ranks with a learned past make a reference (three in a 4-rank job: one
+        # rank slow from its first steps must not leave the others unjudged).
+        if n < 4 or ok.sum() < min(4, n - 1):
             return none, none, none, np.zeros(n, dtype=bool)
         ref, sigma = lower_half_ref(ratio[ok])
         if ref <= 0:           # most ranks did no own work this step (odd clocks): no score
