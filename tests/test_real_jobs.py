@@ -1,11 +1,10 @@
 """Real 4-rank torch jobs end to end: hook -> FilePublisher -> JSON Lines -> `failslow detect`.
 
-Gloo on CPU, one spawn running five jobs one after another (tests/realjobs/harness.py):
+Gloo on CPU, one spawn running six jobs one after another (tests/realjobs/harness.py):
 DDP benign, DDP with one rank at 2x its own forward+backward (proportional to what it
 measured of itself before the onset), DDP with a loader stall on one rank, FSDP2 with
 one rank at 2x, a 4-stage pipeline whose last stage is heavier by design, and tensor
-parallel (DTensor Colwise/RowwiseParallel over the 4 ranks) benign and with one rank
-at 2x. The
+parallel (DTensor Colwise/RowwiseParallel over the 4 ranks) with one rank at 2x. The
 rank files go to `failslow detect` as they are (it merges them by ts). Asserted: the
 culprit named, no loud incident on anything but the culprit, the root cause of the
 stall, and ``slowdown_pct`` within +-50 % of the job's measured step-time increase.
@@ -28,9 +27,10 @@ from failslow.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
+# Six jobs (one spawn, ~10 s each on a quiet 2-core VM; more under load): tensor
+# parallel runs once, with a culprit (its three healthy ranks are asserted quiet too).
 JOBS = [("ddp", "benign"), ("ddp", "compute2x"), ("ddp", "loader_stall"),
-        ("fsdp2", "compute2x"), ("pipeline", "heavy_stage"), ("tp", "benign"),
-        ("tp", "compute2x")]
+        ("fsdp2", "compute2x"), ("pipeline", "heavy_stage"), ("tp", "compute2x")]
 # The culprit's extra compute as device time (a sleep, as a host thread waiting on a
 # slower GPU): matmuls on this 2-core VM's 4 ranks would take a core from its peers too,
 # so the job's slowdown would depend on the other tenants' load. bench/real_ddp.py runs
@@ -54,7 +54,7 @@ def rank_events(out: Path, rank: int) -> list[dict]:
     return [orjson.loads(line) for line in (out / f"rank{rank}.jsonl").read_bytes().splitlines()]
 
 
-@pytest.mark.parametrize("job", ["tp-benign", "tp-compute2x"])
+@pytest.mark.parametrize("job", ["tp-compute2x"])
 def test_tensor_parallel_all_reduces_are_seen(results, job):
     # DTensor's all-reduces are functional collectives: the hook sees them, on the tp
     # group named from the mesh, in every step, and the steps carry the layout
@@ -83,7 +83,7 @@ def show(incs: list[dict]) -> list[tuple]:
              i["slowdown_pct"]) for i in incs]
 
 
-@pytest.mark.parametrize("job", ["ddp-benign", "pipeline-heavy_stage", "tp-benign"])
+@pytest.mark.parametrize("job", ["ddp-benign", "pipeline-heavy_stage"])
 def test_healthy_jobs_page_nobody(results, job):
     truth, incs = results[job]
     v = judge(truth, incs)
