@@ -176,13 +176,14 @@ class LinkMonitor:
             peer_rel = np.where(warm, ratio - 1.0, 0.0)
             peer_z = peer_rel / np.maximum(own, 0.02)
         slow, healthy = [], []
+        # The evidence rule of ranks (models.cusum): gated, capped CUSUM of z; the
+        # increments of all groups in one numpy call
+        rels, zs = peer_rel.tolist(), peer_z.tolist()
+        incs = capped_increment(peer_rel, peer_z, cfg.min_rel, cfg).tolist()
         for i, g in enumerate(names):
             st = self.groups[g]
             b = st.cost
-            rel = float(peer_rel[i])
-            # The evidence rule of ranks (models.cusum): gated, capped CUSUM of z.
-            zi = float(peer_z[i])
-            inc = float(capped_increment(rel, zi, cfg.min_rel, cfg))
+            rel, zi, inc = rels[i], zs[i], incs[i]
             weak = rel >= cfg.min_rel / 2 and zi >= cfg.z_min / 2
             if inc > 0 and st.cusum == 0.0:
                 st.onset_ts = ts - job_s
