@@ -230,6 +230,8 @@ def main() -> int:
     ap.add_argument("--substep-hook", action="store_true",
                     help="judge the sub-step findings of comm windows (bench/substep_hook.py: "
                     "the pipeline hook issue 15 needs, until models/pipeline.py has it)")
+    ap.add_argument("--out", help="results file (default bench/results/detect_quality"
+                    "[_grain].json)")
     args = ap.parse_args()
     names = args.only or [n for n, s in SCENARIOS.items() if not s.large]
     runs = []
@@ -272,12 +274,13 @@ def main() -> int:
     print(f"grain: {args.grain}" + ("  (sub-step hook)" if args.substep_hook else ""))
     suffix = ("" if args.grain == "comm" else f"_{args.grain}") + (
         "_substep" if args.substep_hook else "")
-    out = ROOT / "bench" / "results" / f"detect_quality{suffix}.json"
+    out = Path(args.out).resolve() if args.out else \
+        ROOT / "bench" / "results" / f"detect_quality{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps({"seeds": args.seeds, "grain": args.grain, "table": table,
                                   "seconds": secs, "runs": runs},
                                  option=orjson.OPT_INDENT_2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out}")
     return 0
 
 

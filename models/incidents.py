@@ -18,7 +18,19 @@ consistent across windows spanning at least ``page_after_s`` seconds (evidence
 ``sustained_s``: a member its group waited for window after window inside a long
 step, ``models.substep``): a stall shorter than that never confirms there, so
 waiting for steps to end would only delay the page by steps that last many
-seconds. Severity never goes down while an incident is open: ``job_slowdown`` is always
+seconds. The step-level analogue (``steady``): a confirmation that rests on
+evidence spanning at least ``STEADY_MIN_STEPS`` (2, never one) of the job's steps,
+whose latest step is still clearly outside the noise (``STEADY_Z`` sigmas from its
+peers, at least ``open_min_pct`` slower) and not fading (at least ``STEADY_RATIO`` of
+the mean excess of the earlier evidence steps) pages at once. The physics: a
+fail-slow is a rate, every step of work takes longer by about the same share, so
+the step that confirms it is as slow as the ones before (or slower: the fault
+began inside the first); a stall is a lump of lost time, and what spills past
+a step boundary is the smaller remainder, so a pause that straddles two short
+steps fades on the second and keeps ``page_after_steps``. Findings with no
+windowed evidence (hosts, links) page on their second confirmation when it is
+as slow as the first. The span is counted in the job's own steps: those handed
+to ``step`` that ended after the finding's onset. Severity never goes down while an incident is open: ``job_slowdown`` is always
 ``info``, and so is a ``slow_link`` that no NIC counter explains (root cause
 ``unknown``: seen only in collective timings); otherwise ``critical`` from ``critical_pct`` percent of job slowdown,
 else ``warning``.
@@ -26,8 +38,10 @@ else ``warning``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from models.config import JobConfig
 from models.findings import Finding
 from models.rootcause import attribute
 from models.telemetry import TelemetryStore
@@ -41,13 +55,26 @@ RECHECK_S = 1.0
 # Resolved incidents still waiting for late telemetry to explain them, at most (oldest go).
 UNEXPLAINED_MAX = 1024
 LATE_FAULTS = ("slow_rank", "slow_host")
+# Step-level paging at once (``IncidentTracker.steady``): evidence steps at least, the
+# confirming step's share of the earlier evidence steps' mean excess at least (a fading
+# excess is a stall's remainder), and its z to its peers at least (a full step of
+# CUSUM evidence, 1.5 x z_min: the step alone is far outside the noise).
+STEADY_MIN_STEPS = 2
+STEADY_RATIO = 0.75
+STEADY_Z = 1.5 * JobConfig().z_min
+# Evidence that says the finding was weighed against its noise: a rank's z to its peers
+# (this step), a z-CUSUM (point-to-point pairs), a host's ranks or a link's collective
+# groups each confirmed by their own z-CUSUM.
+NOISE_KEYS = ("z_to_peers", "evidence_z", "ranks", "slow_groups")
+PERIOD_N = 5               # step gaps whose median is a job's step period
+ENDS_N = 33                # step ends kept per job (evidence windows span at most 32)
 
 
 class Incident:
     """An open incident: its last emitted event and what drives its updates."""
 
     __slots__ = ("event", "absent", "age", "causes", "emitted", "lost_s", "lost_ts", "where",
-                 "recheck")
+                 "recheck", "last_rel")
 
     def __init__(self, event: dict[str, Any]) -> None:
         self.event = event
@@ -61,6 +88,7 @@ class Incident:
         self.age = 0              # steps the culprit was present since the incident opened
         self.causes: dict[str, int] = {}
         self.emitted: dict[str, Any] = {}
+        self.last_rel = 0.0       # the culprit's step excess at its last confirmation
 
 
 class IncidentTracker:
@@ -81,6 +109,66 @@ class IncidentTracker:
         # incident id -> (job, incident as resolved): resolved with root cause unknown, whose
         # culprit's late telemetry may still come (``late_sample``)
         self.unexplained: dict[str, tuple[str, Incident]] = {}
+        # job -> the ends (ts) of its last ENDS_N steps: how many steps evidence spans
+        self.ends: dict[str, list[float]] = {}
+
+    def period(self, job_id: str, ts: float) -> tuple[float, list[float]]:
+        """Record a step of the job ending at ``ts``; returns its step period (the median
+        gap between its last steps, 0 while unknown) and the ends of its last steps."""
+        kept = getattr(self, "ends", None)
+        if kept is None:                  # a tracker restored from an older snapshot
+            kept = self.ends = {}
+        ends = kept.get(job_id) or []
+        if not ends or ts > ends[-1]:
+            ends = (ends + [ts])[-ENDS_N:]
+            kept[job_id] = ends
+        last = ends[-PERIOD_N - 1:]
+        gaps = sorted(b - a for a, b in zip(last[:-1], last[1:], strict=True))
+        return (gaps[len(gaps) // 2] if gaps else 0.0), ends
+
+    def steady(self, inc: Incident | None, f: Finding,
+               period: tuple[float, list[float]]) -> bool:
+        """Whether a confirmation pages at once, without ``page_after_steps`` more: its
+        evidence spans ``STEADY_MIN_STEPS`` steps or more and its latest step is clearly
+        outside the noise and not fading (module doc)."""
+        gap, ends = period
+        if not f.confirmed or f.imbalance or gap <= 0:
+            return False
+        ev = f.evidence
+        cur = self._step_rel(f)
+        if cur < self.open_min_pct / 100.0 or not any(k in ev for k in NOISE_KEYS) \
+                or float(ev.get("z_to_peers", STEADY_Z)) < STEADY_Z:
+            # Too small, or no word on the noise (a finding carrying no z-scored evidence):
+            # today's rule.
+            return False
+        if inc is not None and inc.age >= 1 and getattr(inc, "last_rel", 0.0) > 0:
+            # a second confirmation: as slow as the first (an incident's own memory)
+            return cur >= STEADY_RATIO * inc.last_rel
+        mean, n = ev.get("mean_excess"), ev.get("mean_excess_steps")
+        # Steps of evidence: the job's steps that ended after the onset (the start of the
+        # culprit's first step under it; the step before ends there, give or take the
+        # ranks' skew, a small share of a step).
+        since = float(f.onset_ts) + 0.25 * gap
+        k = sum(1 for e in ends if e > since)
+        if mean is None or not n or k < STEADY_MIN_STEPS:
+            return False
+        # The window holds the log excess of its last n steps, the confirming one
+        # included: the rest of its sum is the earlier evidence steps' (k - 1 of them;
+        # steps before the onset add only noise).
+        cur_l = math.log1p(cur)
+        prior = (float(mean) * int(n) - cur_l) / (min(k, int(n)) - 1)
+        return cur_l >= STEADY_RATIO * prior
+
+    @staticmethod
+    def _step_rel(f: Finding) -> float:
+        """The culprit's relative excess in the step at hand."""
+        ev = f.evidence
+        if "transfer_rel_slowdown" in ev:
+            return float(ev["transfer_rel_slowdown"])
+        if "rel_to_peers" in ev or "rel_to_own_past" in ev:
+            return max(float(ev.get("rel_to_peers") or 0.0),
+                       float(ev.get("rel_to_own_past") or 0.0))
+        return f.own_pct / 100.0
 
     def severity(self, fault: str, pct: float, cause: str = "unknown") -> str:
         if fault == "job_slowdown" or (fault == "slow_link" and cause == "unknown"):
@@ -107,6 +195,7 @@ class IncidentTracker:
         out: list[dict[str, Any]] = []
         seen = set()
         ts = float(ts)
+        period = self.period(job_id, ts)
         for f, cause, action, why, rc_ev in found:
             k = (job_id, f.key)
             inc = self.open.get(k)
@@ -131,15 +220,20 @@ class IncidentTracker:
                     value = getattr(f, name)
                     if value is not None:
                         ev[name] = value
+                fast = self.steady(None, f, period)
                 inc = self.open[k] = Incident(ev)
                 inc.causes[cause] = 1
-                self._fill(inc, f, cause, action, why, rc_ev, pct, ts)
+                inc.last_rel = self._step_rel(f)
+                self._fill(inc, f, cause, action, why, rc_ev, pct, ts, fast)
                 out.append(dict(ev))
                 continue
             inc.absent = 0
+            fast = False
             if f.confirmed:          # only a culprit still standing out counts toward paging
                 inc.age += 1
-            if self._fill(inc, f, cause, action, why, rc_ev, pct, ts):
+                fast = self.steady(inc, f, period)
+                inc.last_rel = self._step_rel(f)
+            if self._fill(inc, f, cause, action, why, rc_ev, pct, ts, fast):
                 out.append(dict(inc.event))
         for k in [k for k in self.open if k[0] == job_id and k not in seen]:
             inc = self.open[k]
@@ -228,10 +322,11 @@ class IncidentTracker:
         for iid in [i for i in self.reopened if i.startswith(prefix)
                     and i[len(prefix):].split(":", 1)[0] in FAULTS]:
             del self.reopened[iid]
+        getattr(self, "ends", {}).pop(job_id, None)
         return out
 
     def _fill(self, inc: Incident, f: Finding, cause: str, action: str, why: str,
-              rc_ev: dict, pct: float, ts: float) -> bool:
+              rc_ev: dict, pct: float, ts: float, fast: bool = False) -> bool:
         """Refresh the incident's fields; True when the change deserves an update event."""
         ev = inc.event
         last = inc.emitted
@@ -240,7 +335,7 @@ class IncidentTracker:
             action = last["mitigation"]
         sustained = f.evidence.get("sustained_s", 0.0) >= getattr(self, "page_after_s", 2.0)
         sev = self.severity(f.fault, pct, cause) \
-            if inc.age >= self.page_after_steps or sustained else "info"
+            if inc.age >= self.page_after_steps or sustained or fast else "info"
         if f.imbalance or pct < self.open_min_pct or action == "ignore":
             # The layout, or a slowdown the planner would ignore: recorded, never paged.
             # (A paged incident's mitigation never falls back to ignore: the ladder above.)

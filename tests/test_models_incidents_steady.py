@@ -1,0 +1,138 @@
+"""Step-level paging at once (``IncidentTracker.steady``, issue 15): a confirmation whose
+evidence spans two or more of the job's steps, with its latest step far outside the
+noise and not fading, pages on open; a stall's remainder, a single step of evidence,
+weak or noise-less evidence keep ``page_after_steps``."""
+
+from __future__ import annotations
+
+import math
+
+from models.findings import Finding
+from models.incidents import STEADY_Z, IncidentTracker
+
+ACT = "rebalance_microbatches"
+
+
+def rank_finding(rel: float, window: list[float], onset_ts: float, z: float = 20.0,
+                 confirmed: bool = True) -> Finding:
+    """A rank's finding as ``models.localize`` builds it: this step's excess over its peers
+    (``rel``, z-scored) and the windowed mean of the log excess of its last steps."""
+    logs = [math.log1p(x) for x in window]
+    return Finding(key="slow_rank:r5", fault="slow_rank", confirmed=confirmed,
+                   onset_ts=onset_ts, onset_step=10, slowdown_pct=100.0 * rel,
+                   own_pct=100.0 * rel, rank=5, host="h0", gpu=5,
+                   evidence={"rel_to_peers": rel, "z_to_peers": z, "rel_to_own_past": rel,
+                             "mean_excess": round(sum(logs) / len(logs), 3),
+                             "mean_excess_steps": len(logs), "evidence": "change",
+                             "evidence_z": 8.0})
+
+
+def warm(tr: IncidentTracker, steps: int = 8, period: float = 1.0) -> float:
+    """Healthy steps of job j every ``period`` s; returns the ts of the last."""
+    ts = 0.0
+    for k in range(steps):
+        ts = 100.0 + period * k
+        assert tr.step("j", ts, []) == []
+    return ts
+
+
+def test_a_rate_slowdown_pages_on_its_confirmation():
+    # 30 % slower from inside step 1 (partial: 15 %), in full on step 2: the step that
+    # confirms it is as slow as the evidence before it.
+    tr = IncidentTracker()
+    ts = warm(tr)
+    onset = ts
+    ts += 1.15
+    assert tr.step("j", ts, []) == []
+    ts += 1.3
+    f = rank_finding(0.3, [0.0, 0.01, -0.01, 0.0, 0.15, 0.3], onset)
+    out = tr.step("j", ts, [(f, "gpu_thermal", ACT, "why", {})])
+    assert [(e["status"], e["severity"]) for e in out] == [("open", "critical")]
+
+
+def test_a_stall_that_straddles_two_steps_keeps_todays_rule():
+    # A pause of 0.4 s split over a step boundary: 40 % then a 17 % remainder, z far
+    # above the noise on both: it confirms (two steps of evidence) but fades, so it opens
+    # as info and, gone on the next step, never pages.
+    tr = IncidentTracker()
+    ts = warm(tr)
+    onset = ts
+    ts += 1.4
+    assert tr.step("j", ts, []) == []
+    ts += 1.17
+    f = rank_finding(0.17, [0.0, 0.01, -0.01, 0.0, 0.4, 0.17], onset, z=12.0)
+    out = tr.step("j", ts, [(f, "unknown", ACT, "why", {})])
+    assert [(e["status"], e["severity"]) for e in out] == [("open", "info")]
+    for _ in range(8):
+        ts += 1.0
+        out += tr.step("j", ts, [])
+    assert {e["severity"] for e in out} == {"info"}
+    assert out[-1]["status"] == "resolved"
+
+
+def test_single_step_evidence_never_pages_at_once():
+    # Everything in one step (the onset one period ago): never one step.
+    tr = IncidentTracker()
+    ts = warm(tr)
+    onset = ts
+    ts += 1.0
+    f = rank_finding(0.5, [0.0, 0.0, 0.0, 0.0, 0.0, 0.5], onset)
+    out = tr.step("j", ts, [(f, "gpu_thermal", ACT, "why", {})])
+    assert [e["severity"] for e in out] == ["info"]
+
+
+def test_evidence_inside_the_noise_waits_for_more_confirmations():
+    # Steady but only a few sigmas from its peers: paged page_after_steps later.
+    tr = IncidentTracker()
+    ts = warm(tr)
+    onset = ts
+    sev = []
+    for k in range(4):
+        ts += 1.0
+        if k == 0:
+            assert tr.step("j", ts, []) == []
+            continue
+        f = rank_finding(0.3, [0.0, 0.0, 0.0] + [0.3] * (k + 1) + [0.3] * 0, onset,
+                         z=STEADY_Z - 1.0)
+        sev += [e["severity"] for e in tr.step("j", ts, [(f, "gpu_thermal", ACT, "", {})])]
+    assert sev == ["info", "critical"]
+    assert tr.open[("j", "slow_rank:r5")].age == 2
+
+
+def test_a_host_pages_on_a_second_confirmation_as_slow_as_the_first():
+    tr = IncidentTracker()
+    ts = warm(tr)
+
+    def host(rel: float) -> Finding:
+        return Finding(key="slow_host:h3", fault="slow_host", confirmed=True, onset_ts=ts - 2,
+                       onset_step=10, slowdown_pct=25.0, own_pct=100.0 * rel, host="h3",
+                       hosts=["h3"], evidence={"ranks": [24, 25], "rel_to_peers": rel,
+                                                "rel_to_own_past": rel})
+
+    ts += 1.0
+    out = tr.step("j", ts, [(host(0.26), "cpu_contention", ACT, "", {})])
+    ts += 1.0
+    out += tr.step("j", ts, [(host(0.25), "cpu_contention", ACT, "", {})])
+    assert [e["severity"] for e in out] == ["info", "critical"]
+    # One that fades on its second confirmation waits: today's rule.
+    tr2 = IncidentTracker()
+    ts = warm(tr2)
+    ts += 1.0
+    out = tr2.step("j", ts, [(host(0.4), "cpu_contention", ACT, "", {})])
+    ts += 1.0
+    out += tr2.step("j", ts, [(host(0.1), "cpu_contention", ACT, "", {})])
+    assert [e["severity"] for e in out] == ["info"]
+
+
+def test_the_step_period_is_the_jobs_own():
+    # The same finding at 0.25 s and at 1 s steps: the evidence span is counted in steps
+    # of the job at hand, so the 2.5 s of evidence is 10 steps at 0.25 s and 2.5 at 1 s
+    # (both at least two), and 0.3 s of evidence at 1 s steps is one step (never pages).
+    for period, span, paged in ((0.25, 2.5, True), (1.0, 2.5, True), (1.0, 0.3, False)):
+        tr = IncidentTracker()
+        ts = warm(tr, period=period) + period
+        tr.step("j", ts, [])
+        f = rank_finding(0.3, [0.0] * 3 + [0.3] * 3, ts - span)
+        out = tr.step("j", ts, [(f, "gpu_thermal", ACT, "", {})])
+        assert (out[0]["severity"] != "info") is paged, (period, span)
+        assert tr.period("k", 1.0) == (0.0, [1.0])   # another job: no period yet
