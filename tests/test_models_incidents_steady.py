@@ -136,3 +136,24 @@ def test_the_step_period_is_the_jobs_own():
         out = tr.step("j", ts, [(f, "gpu_thermal", ACT, "", {})])
         assert (out[0]["severity"] != "info") is paged, (period, span)
         assert tr.period("k", 1.0) == (0.0, [1.0])   # another job: no period yet
+
+
+def _incidents(name: str, seed: int) -> list[dict]:
+    from models.pipeline import Detector
+    from simulator import SCENARIOS, simulate
+
+    det = Detector()
+    out: list[dict] = []
+    for chunk in simulate(SCENARIOS[name], seed=seed).batches():
+        out.extend(det.process_batch(chunk))
+    return out + det.flush()
+
+
+def test_end_to_end_a_throttled_gpu_pages_on_open_a_straddling_stall_never():
+    # 1 s steps: rank 5 throttled 30 % pages with the event that opens it; rank 43's
+    # pause that spills over a step boundary (40 % then 17 %) opens info and never pages.
+    incs = _incidents("gpu_thermal_30", 0)
+    first = next(i for i in incs if i.get("rank") == 5)
+    assert first["status"] == "open" and first["severity"] != "info"
+    benign = _incidents("healthy_hybrid_64", 2)
+    assert {i["severity"] for i in benign} <= {"info"}
