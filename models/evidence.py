@@ -60,9 +60,17 @@ ROBUST = True                # RankEvidence's windowed tests: Windows.robust_sta
 ROBUST_MAD = 1.4826          # MAD of normal noise -> its sigma
 ROBUST_SIGMA = 1.0           # the robust spread is at least this share of the learned noise
 ROBUST_BLOCK = True         # and the measured variance of block means bounds it
-ROBUST_POOL_W = True
 ROBUST_MIN_N = 12            # shorter windows keep the mean and sample deviation
 ROBUST_CLIP = 3.0            # a window's values are clipped this many spreads from its median
+
+
+def _rowmedian(w: np.ndarray) -> np.ndarray:
+    """Median of each row, NaN ignored (NaN for a row of NaN); numpy's plain median
+    where no value is missing (several times faster than nanmedian)."""
+    if not np.isnan(w).any():
+        return np.median(w, axis=1)
+    with np.errstate(all="ignore"), _quiet():
+        return np.nanmedian(w, axis=1)
 
 
 @contextmanager
@@ -205,8 +213,8 @@ class Windows:
         var = np.where(ok, (w - mean[:, None]) ** 2, 0.0).sum(axis=1) / np.maximum(cnt - 1, 1)
         return cnt, mean, np.sqrt(var)
 
-    def robust_stats(self, rows: np.ndarray, n: int, sigma: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def robust_stats(self, rows: np.ndarray, n: int, sigma: np.ndarray,
+                     pool: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(count, winsorized mean, robust spread) of the last ``n`` values of ``rows``.
 
         The spread is the window's MAD (as a normal sigma, 1.4826 MAD), at least
@@ -221,16 +229,15 @@ class Windows:
         cnt = ok.sum(axis=1)
         if not w.size:
             return cnt, np.zeros(rows.size), sigma
-        with np.errstate(all="ignore"), _quiet():
-            med = np.nanmedian(w, axis=1)
-            mad = ROBUST_MAD * np.nanmedian(np.abs(w - med[:, None]), axis=1)
+        med = _rowmedian(w)
+        mad = ROBUST_MAD * _rowmedian(np.abs(w - med[:, None]))
         med = np.nan_to_num(med)
         mad = np.nan_to_num(mad)
-        # The job's usual window spread now: the median over its ranks with a full
-        # enough window (ranks doing the same work share the machine's noise; one
-        # whose window came out tight by chance is not trusted below its peers).
-        pool = self._mad_pool(rows) if ROBUST_POOL_W else (
-            float(np.median(mad[cnt >= MIN_FILL * n])) if (cnt >= MIN_FILL * n).sum() >= 3 else 0.0)
+        # The job's usual spread now (``_mad_pool``): ranks doing the same work share
+        # the machine's noise; one whose window came out tight by chance is not
+        # trusted below its peers.
+        if pool is None:
+            pool = self._mad_pool(rows)
         spread = np.maximum(np.maximum(mad, pool), ROBUST_SIGMA * sigma)
         c = np.clip(w, (med - ROBUST_CLIP * spread)[:, None], (med + ROBUST_CLIP * spread)[:, None])
         mean = np.where(ok, c, 0.0).sum(axis=1) / np.maximum(cnt, 1)
@@ -254,8 +261,7 @@ class Windows:
         if full.sum() < 3:
             return 0.0
         w = w[full]
-        with np.errstate(all="ignore"), _quiet():
-            mad = np.nanmedian(np.abs(w - np.nanmedian(w, axis=1)[:, None]), axis=1)
+        mad = _rowmedian(np.abs(w - _rowmedian(w)[:, None]))
         return float(ROBUST_MAD * np.median(mad))
 
     def test(self, rows: np.ndarray, sigma: np.ndarray, delta: float, z_crit: float,
@@ -272,11 +278,12 @@ class Windows:
         best_n = np.zeros(k, dtype=np.int64)
         ok = np.zeros(k, dtype=bool)
         sigma = self.noise(rows, sigma)
+        pool = self._mad_pool(rows) if robust else 0.0
         for n in scales:
             if n > self.width:
                 break
             rob = robust and n >= ROBUST_MIN_N
-            cnt, mean, sd = self.robust_stats(rows, n, sigma) if rob else self.stats(rows, n)
+            cnt, mean, sd = self.robust_stats(rows, n, sigma, pool) if rob else self.stats(rows, n)
             # robust: ``sd`` is the robust spread, floored by the learned noise already
             se = self.mean_se(rows, sd if rob else sigma, sd, cnt, n,
                               block=not rob or ROBUST_BLOCK)
