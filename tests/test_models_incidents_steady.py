@@ -158,18 +158,3 @@ def test_end_to_end_a_throttled_gpu_pages_on_open_a_straddling_stall_never():
     benign = _incidents("healthy_hybrid_64", 2)
     assert {i["severity"] for i in benign} <= {"info"}
 
-
-def test_an_excess_that_is_mostly_input_wait_keeps_todays_rule():
-    # A compute hiccup then a loader stall on the next step (two lumps, rising): steady
-    # by its numbers, but the confirming step's excess is input wait, which stalls in
-    # bursts: info on open, as before.
-    tr = IncidentTracker()
-    ts = warm(tr)
-    onset = ts
-    ts += 1.2
-    assert tr.step("j", ts, []) == []
-    ts += 1.3
-    f = rank_finding(0.3, [0.0, 0.01, -0.01, 0.0, 0.25, 0.3], onset, z=16.0)
-    f.data_share = 0.9
-    out = tr.step("j", ts, [(f, "unknown", ACT, "why", {})])
-    assert [(e["status"], e["severity"]) for e in out] == [("open", "info")]
