@@ -138,6 +138,12 @@ class IncidentTracker:
         if not f.confirmed or f.imbalance or gap <= 0:
             return False
         ev = f.evidence
+        if ev.get("evidence") == "change" and float(ev.get("evidence_z", 0.0)) < STEADY_Z / 2:
+            # A change against the rank's own past confirmed by its window mean alone
+            # (its per-step CUSUM, ``evidence_z``, still low: no step far outside the
+            # noise) rests on a baseline of a few dozen noisy steps: it pages only once
+            # it persists (today's rule).
+            return False
         cur = self._step_rel(f)
         if cur < self.open_min_pct / 100.0 or not any(k in ev for k in NOISE_KEYS) \
                 or float(ev.get("z_to_peers", STEADY_Z)) < STEADY_Z:
