@@ -56,10 +56,7 @@ RHO_ALPHA = 0.03             # noise learning rate (~30 steps of memory)
 UNLEARNED = 2.0              # noise multiplier while none is learned
 POOL_CAP = 1.25              # a rank's noise: at most this times its peers' median
 POOL_FLOOR = 0.75            # and at least this times it
-ROBUST = True                # RankEvidence's windowed tests: Windows.robust_stats
 ROBUST_MAD = 1.4826          # MAD of normal noise -> its sigma
-ROBUST_SIGMA = 1.0           # the robust spread is at least this share of the learned noise
-ROBUST_BLOCK = True         # and the measured variance of block means bounds it
 ROBUST_MIN_N = 12            # shorter windows keep the mean and sample deviation
 ROBUST_CLIP = 3.0            # a window's values are clipped this many spreads from its median
 
@@ -193,12 +190,12 @@ class Windows:
         return np.where(learned > 0, np.maximum(sigma, np.sqrt(learned)), UNLEARNED * sigma)
 
     def mean_se(self, rows: np.ndarray, sigma: np.ndarray, sd: np.ndarray, cnt: np.ndarray,
-                n: int, block: bool = True) -> np.ndarray:
+                n: int) -> np.ndarray:
         """Standard error of an ``n``-step mean: per-step noise (``sigma`` or the
         window's own ``sd``) inflated for step-to-step correlation, or the measured
         variance of BLOCK_N-step means scaled to n steps, whichever is larger."""
         se = np.maximum(sigma, sd) * np.sqrt(self.inflation(rows, n) / np.maximum(cnt, 1))
-        return np.maximum(se, np.sqrt(self._pooled(rows, 4) * BLOCK_N / n)) if block else se
+        return np.maximum(se, np.sqrt(self._pooled(rows, 4) * BLOCK_N / n))
 
     def stats(self, rows: np.ndarray, n: int, skip: int = 0
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -238,7 +235,7 @@ class Windows:
         # trusted below its peers.
         if pool is None:
             pool = self._mad_pool(rows)
-        spread = np.maximum(np.maximum(mad, pool), ROBUST_SIGMA * sigma)
+        spread = np.maximum(np.maximum(mad, pool), sigma)
         c = np.clip(w, (med - ROBUST_CLIP * spread)[:, None], (med + ROBUST_CLIP * spread)[:, None])
         mean = np.where(ok, c, 0.0).sum(axis=1) / np.maximum(cnt, 1)
         # A median and MAD of a few values are no estimate: rows with fewer than
@@ -285,8 +282,7 @@ class Windows:
             rob = robust and n >= ROBUST_MIN_N
             cnt, mean, sd = self.robust_stats(rows, n, sigma, pool) if rob else self.stats(rows, n)
             # robust: ``sd`` is the robust spread, floored by the learned noise already
-            se = self.mean_se(rows, sd if rob else sigma, sd, cnt, n,
-                              block=not rob or ROBUST_BLOCK)
+            se = self.mean_se(rows, sd if rob else sigma, sd, cnt, n)
             z = np.where(cnt >= MIN_FILL * n, (mean - delta / 2) / np.maximum(se, 1e-9), -np.inf)
             hit = (z >= z_crit) & (mean >= MEAN_FLOOR * delta)
             # The confirming window wins over a longer, stronger-looking one that did not.
@@ -415,8 +411,8 @@ class RankEvidence:
 
         lo, far = math.log1p(cfg.min_rel), math.log1p(cfg.far_rel)
         zc = cfg.z_min + WINDOW_Z_EXTRA   # several windows are tested each step
-        ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc, robust=ROBUST)
-        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=ROBUST)
+        ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc, robust=True)
+        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=True)
         # Imbalance never pages: the plain bar, over the whole window.
         ok_i, m_i, _, n_i = self.peer.test(rows, sig_p, lo, cfg.z_min, scales=(self.peer.width,))
         m_s, m_f, m_i = np.expm1(m_s), np.expm1(m_f), np.expm1(m_i)

@@ -36,7 +36,7 @@ from models.config import JobConfig
 from models.cusum import capped_increment, cusum_update
 from models.findings import Finding
 from models.peers import lower_half_ref
-from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER
+from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER, lower_quartiles
 from models.stats import RollingMedian
 from models.telemetry import TelemetryStore
 
@@ -325,6 +325,9 @@ def _median(xs: list[float]) -> float:
     return xs[k // 2] if k % 2 else 0.5 * (xs[k // 2 - 1] + xs[k // 2])
 
 
+_OUTLIER_NAMES = CONGESTION + NIC_ERRORS   # outlier_nics' counters, in its rows' order
+
+
 def outlier_nics(nics: dict[tuple[str, str, int], Any]) -> list[tuple[str, str]]:
     """(host, nic) of the ports whose congestion or error counters grow at least
     ``NIC_OUTLIER`` times the ports' lower quartile, on ``NIC_AGREE`` counters.
@@ -335,16 +338,13 @@ def outlier_nics(nics: dict[tuple[str, str, int], Any]) -> list[tuple[str, str]]
         return []
     devs = [d.rates for d in nics.values()]
     rates = np.array([[r.get(name, 0.0) for r in devs] for name in _OUTLIER_NAMES])
-    # lower_quartile of each counter: the nearest-rank 25th percentile
-    refs = np.sort(rates, axis=1)[:, (len(devs) - 1) // 4]
+    refs = lower_quartiles(rates)
     hit = (rates > 0) & (rates >= NIC_OUTLIER * np.maximum(refs[:, None], 0.01 * rates))
     k = len(CONGESTION)
     bad = (hit[:k].sum(axis=0) >= NIC_AGREE) | (hit[k:].sum(axis=0) >= NIC_AGREE)
     keys = list(nics)
     return [(keys[i][0], keys[i][1]) for i in np.flatnonzero(bad).tolist()]
 
-
-_OUTLIER_NAMES = CONGESTION + NIC_ERRORS
 
 
 def nic_slots(f: Finding, store: TelemetryStore, job: Any) -> set[tuple[str, str]] | None:

@@ -121,9 +121,6 @@ class JobStage:
             other.pause(time.time() - t0)
         self.parts[p] = state
         self.held[p] = []
-        # its input caps count from 0 again (the metric is not set back)
-        for key in [k for k in self._capped_seen if k[0] == p]:
-            del self._capped_seen[key]
         self.announced[p] = {}
         return state
 
