@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from schema import Topics
-from schema.kafka_security import client_conf, reader_conf
+from schema.kafka_security import client_conf, reader_conf, refused
 
 COMPONENTS = ("worker", "sink", "notify", "collect")
 KNOWN_GROUPS = ("failslow-worker", "failslow-sink", "failslow-notify")  # the commands' defaults
@@ -77,8 +77,10 @@ def check_kafka(report: Report, bootstrap: str, topics: Topics, timeout: float,
         meta = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         report.broker["ok"] = False
-        report.broker["error"] = _kafka_error(exc)
-        report.problems.append(f"broker {bootstrap} unreachable: {report.broker['error']}")
+        wrong_login = refused(admin)  # wrong SASL credentials: say so, not "unreachable"
+        report.broker["error"] = str(wrong_login) if wrong_login else _kafka_error(exc)
+        report.problems.append(f"broker {bootstrap}{'' if wrong_login else ' unreachable'}: "
+                               f"{report.broker['error']}")
         return
     report.broker.update(ok=True, brokers=len(meta.brokers))
     probe = Consumer(reader_conf(bootstrap, "failslow-status", {

@@ -23,12 +23,19 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
+from schema.errors import FailslowError
+
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 class KafkaSecurityError(ValueError):
     """An inconsistent or unsupported Kafka security setting."""
+
+
+class KafkaAuthError(FailslowError):
+    """The broker refused this process's SASL credentials (a configuration error: retrying
+    with the same credentials cannot succeed, so the process stops with one line)."""
 
 
 @dataclass(frozen=True)
@@ -154,10 +161,48 @@ def current() -> KafkaSecurity:
     return _current[0]
 
 
+def auth_error(err: Any) -> KafkaAuthError | None:
+    """The error to stop with when librdkafka's ``err`` (an error_cb argument) says the
+    broker refused the SASL credentials, else None. librdkafka itself retries such a
+    login forever and reports a metadata request as a mere transport failure."""
+    from confluent_kafka import KafkaError
+
+    if err.code() != KafkaError._AUTHENTICATION:
+        return None
+    sec = _current[0]
+    who = f"SASL {sec.sasl_mechanism} user {sec.username}" if sec.uses_sasl else sec.protocol
+    text = err.str()
+    if sec.password:
+        text = text.replace(sec.password, "***")
+    return KafkaAuthError(f"the Kafka broker refused the credentials ({who}): {text}")
+
+
+def _raise_on_auth_error(err: Any) -> None:
+    exc = auth_error(err)
+    if exc is not None:
+        raise exc  # confluent-kafka re-raises it from the poll()/flush() that served it
+
+
+def refused(client: Any) -> KafkaAuthError | None:
+    """After a request of ``client`` (made with ``client_conf``) failed: the refused SASL
+    login behind it, if that is why, else None. librdkafka reports a refused login as a
+    transport failure of the request and queues the real reason for poll()."""
+    try:
+        client.poll(0)
+    except KafkaAuthError as exc:
+        return exc
+    return None
+
+
 def client_conf(bootstrap: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A confluent-kafka configuration: bootstrap, this process's security, then ``extra``."""
+    """A confluent-kafka configuration: bootstrap, this process's security, then ``extra``.
+    Unless ``extra`` brings its own ``error_cb``, a SASL login the broker refuses raises
+    ``KafkaAuthError`` from the client's next poll()/flush() (one line and exit status 2
+    from the command line) instead of being retried forever."""
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap}
     conf.update(_current[0].confluent())
+    if _current[0].uses_sasl:
+        conf["error_cb"] = _raise_on_auth_error
     conf.update(extra or {})
     return conf
 

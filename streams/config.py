@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from models.shard import SHARD_RANKS
 from schema import Topics
-from schema.kafka_security import client_conf
+from schema.kafka_security import client_conf, refused
 from schema.topics import KIND_TOPIC
 from streams import quiet
 from streams.partition import INPUT_KINDS
@@ -90,6 +90,8 @@ def ensure_internal_topics(cfg: WorkerConfig) -> int:
     try:
         meta = admin.list_topics(timeout=10)
     except KafkaException as exc:  # no broker: one line, not a traceback
+        if (wrong_login := refused(admin)) is not None:  # say so, not "unreachable"
+            raise wrong_login from None
         raise StreamsError(f"broker {cfg.bootstrap} unreachable ({exc.args[0].str()}): is it "
                            "running? (`failslow status` checks)") from None
     incidents = meta.topics.get(cfg.topics.for_kind("incident"))

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from tls_support import TLSProxy, make_ca
+from sasl_support import SASLProxy
+from tls_support import TestCA, TLSProxy, make_ca
 
 from failslow.config import resolve
 from failslow.errors import ConfigError
@@ -192,57 +193,270 @@ def _stop(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
-def test_every_process_works_through_tls(tls_broker, tmp_path):
+def _every_process(bootstrap: str, env: dict[str, str], tmp_path: Path, name: str) -> None:
     """replay (the collectors' publisher) -> worker (faust/aiokafka + confluent) -> incidents
-    -> sink (chdb) and notify (console), all over mutual TLS with hostname verification."""
+    -> sink (chdb) and notify (console), and query reading the sink, all with ``env``'s
+    Kafka security against ``bootstrap``; every log is returned free of the SASL password."""
     from simulator import FaultSpec, JobSpec, Scenario, simulate
 
-    ca, proxy, bootstrap = tls_broker
-    kafka_security.use(KafkaSecurity(ca_file=str(ca.ca), cert_file=str(ca.client_cert),
-                                     key_file=str(ca.client_key)))
-    topics = Topics(prefix=f"tls{uuid.uuid4().hex[:8]}.")
+    topics = Topics(prefix=f"{name}{uuid.uuid4().hex[:8]}.")
     create_topics(bootstrap, topics, partitions=2)
+    job = f"{name}-job"
     trace = tmp_path / "trace.jsonl"
-    scenario = Scenario("tls", "8 ranks, one 30 % slower from step 15",
-                        (JobSpec(job_id="tls-job", hosts=1, step_s=1.0),),
-                        faults=(FaultSpec("gpu_clock", 15.0, None, 0.3, rank=5, job="tls-job"),),
+    scenario = Scenario(name, "8 ranks, one 30 % slower from step 15",
+                        (JobSpec(job_id=job, hosts=1, step_s=1.0),),
+                        faults=(FaultSpec("gpu_clock", 15.0, None, 0.3, rank=5, job=job),),
                         steps=45)
     with trace.open("wb") as f:
         for ev in simulate(scenario, seed=3).events():
             f.write(orjson.dumps(ev) + b"\n")
 
-    env = _tls_env(ca)
     conn = ["--bootstrap", bootstrap, "--topic-prefix", topics.prefix, "--home", str(tmp_path),
             "--clickhouse", f"chdb://{tmp_path / 'chdb'}"]
-    worker = _spawn(["worker", *conn, "--group", "tls-worker", "--log-level", "warning"],
+    worker = _spawn(["worker", *conn, "--group", f"{name}-worker", "--log-level", "warning"],
                     tmp_path / "worker.log", env)
-    sink = _spawn(["sink", *conn, "--group", "tls-sink"], tmp_path / "sink.log", env)
+    sink = _spawn(["sink", *conn, "--group", f"{name}-sink"], tmp_path / "sink.log", env)
     notify = _spawn(["notify", *conn, "--console", "--state-dir", str(tmp_path / "notify"),
-                     "--group", "tls-notify"], tmp_path / "notify.log", env)
+                     "--group", f"{name}-notify"], tmp_path / "notify.log", env)
+    outputs: list[str] = []
     try:
         rc = subprocess.run([sys.executable, "-m", "failslow.cli", "replay", str(trace), *conn],
                             capture_output=True, text=True, env=env, timeout=120)
+        outputs.append(rc.stdout + rc.stderr)
         assert rc.returncode == 0, rc.stderr
         found: list[dict] = []
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not found:
-            for p, name in ((worker, "worker"), (sink, "sink"), (notify, "notify")):
-                assert p.poll() is None, (tmp_path / f"{name}.log").read_text()[-2000:]
+            for p, proc in ((worker, "worker"), (sink, "sink"), (notify, "notify")):
+                assert p.poll() is None, (tmp_path / f"{proc}.log").read_text()[-2000:]
             if (tmp_path / "chdb.owner.json").exists():
                 q = subprocess.run([sys.executable, "-m", "failslow.cli", "query", *conn,
                                     "--format", "json", "SELECT job_id, rank, fault FROM "
                                     "failslow.incidents_current WHERE severity != 'info'"],
                                    capture_output=True, text=True, env=env, timeout=60)
+                outputs.append(q.stdout + q.stderr)
                 assert q.returncode == 0, q.stderr
                 found = [orjson.loads(x) for x in q.stdout.splitlines()]
             time.sleep(1.0)
         assert found, (tmp_path / "worker.log").read_text()[-3000:]
-        assert {(r["job_id"], r["rank"], r["fault"]) for r in found} == {("tls-job", 5, "slow_rank")}
+        assert {(r["job_id"], r["rank"], r["fault"]) for r in found} == {(job, 5, "slow_rank")}
         deadline = time.monotonic() + 30
-        while "tls-job" not in (tmp_path / "notify.log").read_text() and time.monotonic() < deadline:
+        while job not in (tmp_path / "notify.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert "tls-job" in (tmp_path / "notify.log").read_text()
+        assert job in (tmp_path / "notify.log").read_text()
     finally:
         codes = [_stop(p) for p in (worker, sink, notify)]
     assert codes == [0, 0, 0]
+    password = env.get("FAILSLOW_KAFKA_PASSWORD") or ""
+    if env.get("FAILSLOW_KAFKA_PASSWORD_FILE"):
+        password = Path(env["FAILSLOW_KAFKA_PASSWORD_FILE"]).read_text().strip()
+    if password:
+        for log in ("worker", "sink", "notify"):
+            outputs.append((tmp_path / f"{log}.log").read_text())
+        assert not [o for o in outputs if password in o]
+
+
+def test_every_process_works_through_tls(tls_broker, tmp_path):
+    """Every process over mutual TLS with hostname verification."""
+    ca, proxy, bootstrap = tls_broker
+    kafka_security.use(KafkaSecurity(ca_file=str(ca.ca), cert_file=str(ca.client_cert),
+                                     key_file=str(ca.client_key)))
+    _every_process(bootstrap, _tls_env(ca), tmp_path, "tls")
     assert proxy.connections > 0
+
+
+# -- a real SASL listener -----------------------------------------------------------------
+
+USER, PASSWORD = "failslow-svc", "sasl-Pw-7f3e91"
+
+
+@pytest.fixture(scope="module")
+def sasl_brokers(tmp_path_factory):
+    """Two Tansu brokers, one behind a SASL_PLAINTEXT proxy and one behind a SASL_SSL proxy
+    (tests/sasl_support.py: the proxy authenticates PLAIN / SCRAM-SHA-256 / SCRAM-SHA-512
+    itself, then pipes to Tansu); each Tansu advertises its proxy. -> {tls: (proxy,
+    bootstrap)} and the CA."""
+    ca = make_ca(tmp_path_factory.mktemp("sasl-ca"))
+    started: list = []
+    out = {}
+    try:
+        for tls in (False, True):
+            port = free_port()
+            broker = start_broker(advertised_port=port)
+            started.append(broker)
+            proxy = SASLProxy(port, broker.port, {USER: PASSWORD},
+                              ca=ca if tls else None).start()
+            started.append(proxy)
+            out[tls] = (proxy, f"127.0.0.1:{port}")
+        yield out, ca
+    finally:
+        for thing in reversed(started):
+            if isinstance(thing, SASLProxy):
+                thing.stop()
+            else:
+                thing.stop(timeout=2)
+
+
+def _sasl(mech: str, tls: bool, ca: TestCA, password: str = PASSWORD) -> KafkaSecurity:
+    return KafkaSecurity(sasl_mechanism=mech, username=USER, password=password,
+                         ca_file=str(ca.ca) if tls else None)
+
+
+def _confluent_round_trip(bootstrap: str, topic: str, value: bytes) -> list[bytes]:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    producer = Producer(client_conf(bootstrap))
+    producer.produce(topic, value)
+    assert producer.flush(15) == 0
+    consumer = Consumer(client_conf(bootstrap, {"group.id": "sasl-matrix",
+                                                "enable.auto.commit": False}))
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    try:
+        while time.monotonic() < deadline and len(got) < 1:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg.value())
+    finally:
+        consumer.close()
+    return got
+
+
+def _aiokafka_round_trip(bootstrap: str, sec: KafkaSecurity, topic: str,
+                         value: bytes) -> list[bytes]:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    async def trip() -> list[bytes]:
+        # the keyword arguments faust hands to aiokafka (test_sasl_maps_to_both_clients)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **sec.aiokafka())
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, value, partition=0)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **sec.aiokafka())
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, 0)])
+            consumer.seek(TopicPartition(topic, 0), 0)
+            batch = await consumer.getmany(timeout_ms=20000, max_records=10)
+            return [m.value for msgs in batch.values() for m in msgs]
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(asyncio.wait_for(trip(), 60))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("tls", [False, True], ids=["SASL_PLAINTEXT", "SASL_SSL"])
+@pytest.mark.parametrize("mech", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_each_mechanism_with_both_clients(sasl_brokers, mech, tls):
+    """A produce + consume round trip with confluent-kafka and with aiokafka (faust's
+    client) through a real SASL login, over plaintext and over TLS."""
+    brokers, ca = sasl_brokers
+    proxy, bootstrap = brokers[tls]
+    sec = _sasl(mech, tls, ca)
+    kafka_security.use(sec)
+    topic = f"sasl-{mech.lower()}-{uuid.uuid4().hex[:6]}"
+    create_topics(bootstrap, Topics(prefix=topic + "."), partitions=1)
+    topic = Topics(prefix=topic + ".").all()[0]
+    before = proxy.authenticated.get(mech, 0)
+    assert _confluent_round_trip(bootstrap, topic, b"from-confluent") == [b"from-confluent"]
+    after_confluent = proxy.authenticated.get(mech, 0)
+    assert after_confluent > before
+    got = _aiokafka_round_trip(bootstrap, sec, topic, b"from-aiokafka")
+    assert got == [b"from-confluent", b"from-aiokafka"]
+    assert proxy.authenticated.get(mech, 0) > after_confluent
+    # Tansu's own ApiVersions answer lists the SASL requests both clients need.
+    assert proxy.advertised == {17: (0, 1), 36: (0, 2)}
+    assert proxy.legacy_handshakes == 0
+
+
+@pytest.mark.integration
+def test_no_or_wrong_credentials_get_nothing(sasl_brokers):
+    """The proxy is a real gate: a client without SASL, or with a wrong password (either
+    client), never reaches Tansu."""
+    brokers, ca = sasl_brokers
+    proxy, bootstrap = brokers[False]
+    from confluent_kafka.admin import AdminClient
+
+    kafka_security.use(KafkaSecurity())
+    before = proxy.refused_unauthenticated
+    with pytest.raises(Exception):  # noqa: B017 - librdkafka's KafkaException
+        AdminClient(client_conf(bootstrap, {"log_level": 0})).list_topics(timeout=3)
+    assert proxy.refused_unauthenticated > before
+    for mech in ("PLAIN", "SCRAM-SHA-512"):
+        wrong = _sasl(mech, False, ca, password="not-the-password")
+        kafka_security.use(wrong)
+        before = proxy.failed
+        admin = AdminClient(client_conf(bootstrap, {"log_level": 0}))
+        with pytest.raises(Exception):  # noqa: B017 - a transport failure
+            admin.list_topics(timeout=3)
+        assert proxy.failed > before
+        # the reason librdkafka queued: the refused login, without the password
+        err = kafka_security.refused(admin)
+        assert err is not None and "not-the-password" not in str(err), err
+        assert f"SASL {mech} user {USER}" in str(err)
+        before = proxy.failed
+        from aiokafka.errors import KafkaError as AioKafkaError
+
+        with pytest.raises(AioKafkaError):
+            _aiokafka_round_trip(bootstrap, wrong, "any", b"x")
+        assert proxy.failed > before
+
+
+@pytest.mark.integration
+def test_every_process_works_through_sasl_ssl(sasl_brokers, tmp_path):
+    """Every process over SASL_SSL with SCRAM-SHA-512 (password from a 0600 file),
+    the broker's certificate and host name checked against the test CA."""
+    brokers, ca = sasl_brokers
+    proxy, bootstrap = brokers[True]
+    kafka_security.use(_sasl("SCRAM-SHA-512", True, ca))
+    pw = tmp_path / "kafka-password"
+    pw.write_text(PASSWORD + "\n")
+    pw.chmod(0o600)
+    env = {**os.environ, "FAILSLOW_KAFKA_CA_FILE": str(ca.ca),
+           "FAILSLOW_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "FAILSLOW_KAFKA_USERNAME": USER,
+           "FAILSLOW_KAFKA_PASSWORD_FILE": str(pw), "PYTHONUNBUFFERED": "1"}
+    env.pop("FAILSLOW_KAFKA_PASSWORD", None)
+    failed, before = proxy.failed, proxy.authenticated.get("SCRAM-SHA-512", 0)
+    _every_process(bootstrap, env, tmp_path, "sasl")
+    assert proxy.authenticated.get("SCRAM-SHA-512", 0) > before
+    assert proxy.failed == failed
+
+
+@pytest.mark.integration
+def test_a_wrong_password_stops_a_command_with_one_line(sasl_brokers, tmp_path):
+    """notify (a long-running confluent-kafka consumer) exits 2 with one line naming the
+    refused login; status reports it as the broker's problem; neither prints the password."""
+    brokers, ca = sasl_brokers
+    proxy, bootstrap = brokers[True]
+    wrong = "wrong-Pw-c0ffee"
+    env = {**os.environ, "FAILSLOW_KAFKA_CA_FILE": str(ca.ca),
+           "FAILSLOW_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "FAILSLOW_KAFKA_USERNAME": USER,
+           "FAILSLOW_KAFKA_PASSWORD": wrong, "PYTHONUNBUFFERED": "1"}
+    env.pop("FAILSLOW_KAFKA_PASSWORD_FILE", None)
+    conn = ["--bootstrap", bootstrap, "--home", str(tmp_path)]
+    before = proxy.failed
+    out = subprocess.run([sys.executable, "-m", "failslow.cli", "notify", *conn, "--console",
+                          "--state-dir", str(tmp_path / "notify")],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr[-2000:]
+    # failslow says it once, as its last line (librdkafka's own log lines, ``%3|...|FAIL|``
+    # from its threads, may come before or after it)
+    ours = [x for x in out.stderr.splitlines() if not x.startswith("%")]
+    assert ours and sum("refused" in x for x in ours) == 1, out.stderr[-3000:]
+    assert ours[-1].startswith("failslow notify: the Kafka broker refused the credentials "
+                               f"(SASL SCRAM-SHA-512 user {USER}): "), ours
+    assert "Authentication failed" in ours[-1]
+    assert wrong not in out.stdout + out.stderr
+    assert proxy.failed > before
+    status = subprocess.run([sys.executable, "-m", "failslow.cli", "status", *conn],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert status.returncode != 0
+    broker_line = next(x for x in status.stdout.splitlines() if x.startswith("broker"))
+    assert "DOWN: the Kafka broker refused the credentials" in broker_line, status.stdout
+    assert wrong not in status.stdout + status.stderr

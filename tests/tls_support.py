@@ -20,6 +20,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class TestCA:
+    __test__ = False  # not a test class (pytest collects Test* names)
+
     ca: Path
     server_cert: Path
     server_key: Path
