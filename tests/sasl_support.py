@@ -211,6 +211,7 @@ class SASLProxy:
         self.failed = 0
         self.refused_unauthenticated = 0
         self.legacy_handshakes = 0
+        self.sasl_versions: set[tuple[int, int]] = set()  # (api_key, version) clients sent
         self.advertised: dict[int, tuple[int, int] | None] = {}
         self._sock = socket.create_server(("127.0.0.1", port))
         self._stop = threading.Event()
@@ -262,6 +263,8 @@ class SASLProxy:
         while not self._stop.is_set():
             frame = read_frame(client)
             api_key, version, corr, pos = parse_header(frame)
+            if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+                self.sasl_versions.add((api_key, version))
             if api_key == API_VERSIONS:
                 # Tansu 0.6 already lists SaslHandshake v0-1 and SaslAuthenticate v0-2
                 # (measured): its answer goes back as it is, and is checked.

@@ -1,11 +1,24 @@
 """Kafka TLS / SASL: FAILSLOW_KAFKA_* settings and flags, mapped once to confluent-kafka and
-to faust/aiokafka; every process through a real TLS listener.
+to faust/aiokafka; every process through a real TLS listener and a real SASL listener.
 
 Tansu 0.6 serves neither TLS (--cert is accepted, the listener stays plain TCP) nor
 SASL that a client can use (with --authentication and memory storage every mechanism
 gets NoSharedMechanism, and `tansu user create` cannot authenticate to add the first
-user), so TLS runs through a TLS-terminating proxy with a test CA (tests/tls_support.py)
-and SASL is tested as far as the configuration both clients receive.
+user), so both are terminated by proxies in front of the real Tansu, which advertises
+the proxy's address so that every connection after bootstrap goes through it too:
+
+- TLS: tests/tls_support.py, with a test CA made by openssl in the test (mutual TLS,
+  host name checked);
+- SASL: tests/sasl_support.py speaks the Kafka protocol's authentication on each client
+  connection (ApiVersions forwarded to Tansu, SaslHandshake v1, SaslAuthenticate v0-2
+  with PLAIN or a SCRAM-SHA-256/512 server exchange, wrong password -> error 58 and the
+  connection closed) and pipes the bytes to Tansu only after a successful login; with the
+  test CA it is SASL_SSL.
+
+Tested through them: each mechanism over SASL_PLAINTEXT and SASL_SSL with both clients
+(a produce + consume round trip), every process (replay, worker, sink, notify, query)
+over mutual TLS and over SASL_SSL SCRAM-SHA-512, and a wrong password refused with one
+line, exit status 2 and no password in the output.
 """
 
 from __future__ import annotations
@@ -372,7 +385,9 @@ def test_each_mechanism_with_both_clients(sasl_brokers, mech, tls):
     assert proxy.authenticated.get(mech, 0) > after_confluent
     # Tansu's own ApiVersions answer lists the SASL requests both clients need.
     assert proxy.advertised == {17: (0, 1), 36: (0, 2)}
+    # both clients use SaslHandshake v1 + SaslAuthenticate: no unframed v0 tokens
     assert proxy.legacy_handshakes == 0
+    assert {v for key, v in proxy.sasl_versions if key == 17} == {1}, proxy.sasl_versions
 
 
 @pytest.mark.integration
