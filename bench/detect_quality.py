@@ -106,8 +106,12 @@ def run_one(name: str, seed: int, grain: str = "comm", hook: bool = False) -> di
                                        <= inc["detected_ts"])
             res["latency_s_over_step"] = round((inc["detected_ts"] - f["onset_ts"])
                                                / step_s[f["job_id"]], 2)
-            page = next((e["ts"] for e in incidents if e["incident_id"] == inc["incident_id"]
-                         and e["severity"] != "info"), None)
+            page_ev = next((e for e in incidents if e["incident_id"] == inc["incident_id"]
+                            and e["severity"] != "info"), None)
+            page = page_ev["ts"] if page_ev is not None else None
+            res["rule"] = _rule(first[inc["incident_id"]])
+            if page_ev is not None:
+                res["page_rule"] = _rule(page_ev)
             first_op = _first_slowed_op(f, step_start)
             res["step_s"] = step_s[f["job_id"]]
             res["from_first_step"] = f["onset_step"] == 0
@@ -128,6 +132,45 @@ def run_one(name: str, seed: int, grain: str = "comm", hook: bool = False) -> di
                                  "root_cause": last[i["incident_id"]].get("root_cause")}
                                 for i in false],
             "info_incidents": sum(1 for iid in first if iid not in loud)}
+
+
+def _rule(ev: dict) -> str:
+    """Which evidence an incident event rests on (``--explain``): sub-step windows of a
+    group, windows of a point-to-point pair, a pair judged per step, collective groups, or
+    the rank's step evidence (peers / own past, its z)."""
+    e = ev.get("evidence") or {}
+    if e.get("substep"):
+        return f"substep:{e.get('evidence')}:{e.get('sustained_s')}s"
+    if e.get("p2p_windows"):
+        return f"p2p-windows:{e.get('sustained_s')}s"
+    if "slow_groups" in e:
+        return "link-groups"
+    if "transfer_rel_slowdown" in e:
+        return f"p2p-steps:z{e.get('evidence_z')}"
+    if "ranks" in e:
+        return "host-ranks"
+    return f"step:{e.get('evidence', '?')}:z{e.get('z_to_peers', e.get('evidence_z', '?'))}"
+
+
+def explain(runs: list[dict]) -> None:
+    """Per fault with a first slowed op: when its first incident and its first page came
+    (seconds and nominal steps after that op) and from which evidence."""
+    rows = []
+    for r in runs:
+        for f in r["faults"]:
+            if "step_s" not in f:
+                continue
+            band = "first" if f["from_first_step"] else (">=2s" if f["step_s"] >= 2.0 else "<2s")
+            rows.append((band, f["step_s"], r["scenario"], r["seed"], f))
+    rows.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
+    print(f"\n{'band':5s} {'scenario':28s} {'sd':>2s} {'step_s':>6s} {'detect':>7s} {'steps':>5s}"
+          f" {'rule':24s} {'page':>7s} {'steps':>5s} page rule")
+    for band, step, name, seed, f in rows:
+        d, p = f.get("detect_s"), f.get("page_s")
+        print(f"{band:5s} {name:28s} {seed:2d} {step:6.2f} {d if d is not None else '-':>7} "
+              f"{round(d / step, 2) if d is not None else '-':>5} {f.get('rule', '-'):24s} "
+              f"{p if p is not None else '-':>7} {round(p / step, 2) if p is not None else '-':>5}"
+              f" {f.get('page_rule', '-')}")
 
 
 def _first_slowed_op(f: dict, step_start: dict[tuple[str, int], dict[int, float]]
@@ -234,6 +277,9 @@ def main() -> int:
     ap.add_argument("--substep-hook", action="store_true",
                     help="judge the sub-step findings of comm windows (bench/substep_hook.py: "
                     "the pipeline hook issue 15 needs, until models/pipeline.py has it)")
+    ap.add_argument("--explain", action="store_true",
+                    help="print, per fault, when its first incident and page came and from "
+                    "which evidence")
     ap.add_argument("--out", help="results file (default bench/results/detect_quality"
                     "[_grain].json)")
     args = ap.parse_args()
@@ -275,6 +321,8 @@ def main() -> int:
         print(f"  {band:10s} faults {t['faults']:3d}  detect p50 {t['detect_p50_s']} "
               f"p95 {t['detect_p95_s']}  page p50 {t['page_p50_s']} p95 {t['page_p95_s']} "
               f"({t['page_p50_steps']} / {t['page_p95_steps']} steps){extra}")
+    if args.explain:
+        explain(runs)
     print(f"grain: {args.grain}" + ("  (sub-step hook)" if args.substep_hook else ""))
     suffix = ("" if args.grain == "comm" else f"_{args.grain}") + (
         "_substep" if args.substep_hook else "")

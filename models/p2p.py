@@ -34,6 +34,20 @@ pairs, are that host's NICs (``slow_link:HOST``); otherwise each slow pair is na
 (``slow_link:rA-rB``, both ranks and both hosts). The job's cost comes from measured
 step durations (``Attribution``'s rule): the job's step time since the onset over its
 step time before, bounded by the pair's own extra transfer time.
+
+Inside a long step (``comm`` windows, one a second): the same shortest op per byte,
+window by window (``add_comm``). Each side reports its half of a window; an
+*observation* of a direction is the smaller of the two sides' costs over windows that
+overlap in time (the side that posted last waited for nobody, so a rank that paused
+leaves its neighbour's ops long but not its own). An observation is compared with the
+latest observations of the other cross-host pairs moving ops of the same size (no past
+needed): at least ``far_rel`` slower and ``z_min`` of their spread. A pair whose every
+observation stays so for ``sustain_s`` seconds or more (two observations at least) is
+confirmed from windows: a ``slow_link`` finding with ``sustained_s`` (the incident
+tracker pages it at once from ``page_after_s``) and ``p2p_windows``, kept while its run
+lasts and the per-step evidence has not taken it over. One slow observation below the
+bar ends the run; pairs slow together that share a rank or a host are left to the
+per-step grouping (a host's NICs). Short steps (under 1.5 windows) keep the step rule.
 """
 
 from __future__ import annotations
@@ -54,6 +68,7 @@ NOISE_FLOOR = 0.02       # relative noise below which a pair's cost is not trust
 PEERS_MIN = 4            # pairs of one op size needed for a comparison across pairs
 SIZE_BUCKET = 0.5        # log2 width of an op-size class (ops of similar size compare)
 HISTORY = 64             # the job's step times kept for pre-onset baselines
+LONG_WINDOWS = 1.5       # a step of at least this many windows is long (``models.substep``)
 
 
 class PairState:
@@ -98,6 +113,27 @@ class P2PMonitor:
         self.link_pct: dict[str, tuple[float, float]] = {}   # key -> the groups' estimate
         self.last: list[Finding] = []     # the last judged step's findings
         self.orphans: dict[int, list[tuple[str, int, str, float, float, int]]] = {}
+        self._init_windows()
+
+    def _init_windows(self) -> None:
+        """Per-window evidence (``_window``): the producers' window (learned), each rank's
+        step start, each side's latest report per direction, each direction's latest
+        observation, and each pair's run of slow observations."""
+        self.window_s = 0.0
+        self.wstart: dict[int, tuple[int, float]] = {}
+        # (pair, direction, rank) -> (window start, window end, seconds per byte)
+        self.wrep: dict[tuple[tuple[int, int], int, int], tuple[float, float, float]] = {}
+        # (pair, direction) -> (seconds per byte, size class)
+        self.wlast: dict[tuple[tuple[int, int], int], tuple[float, float]] = {}
+        # pair -> [since ts, since step, observations, rel (max), extra s, z (max), last ts,
+        #          emitted (0/1), its slow direction]
+        self.wrun: dict[tuple[int, int], list[float]] = {}
+        self.world = 0
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if "wrun" not in state:          # pickled before the per-window evidence existed
+            self._init_windows()
 
     # -- ingestion ---------------------------------------------------------------------
 
@@ -145,11 +181,13 @@ class P2PMonitor:
             self._orphan(step, ev["group"], ev["rank"], ev["op"], ev["duration_s"], ev["bytes"],
                          1)
 
-    def add_comm(self, ev: dict[str, Any], step: int) -> None:
+    def add_comm(self, ev: dict[str, Any], step: int) -> bool:
         """The ``send`` / ``recv`` entries of a ``comm`` window (with a ``peer``, or on a
-        group of two)."""
+        group of two). True when a pair was just confirmed from windows inside a long
+        step (its finding is then in ``last``: judge it now)."""
         rank = ev["rank"]
         seen = False
+        new = False
         for e in ev["ops"]:
             if e["op"] in P2P_OPS:
                 peer = e.get("peer")
@@ -162,6 +200,119 @@ class P2PMonitor:
                                  e["n"])
         if seen:
             self.hosts[rank] = ev["host"]
+            new = self._window(ev, step)
+        else:
+            self._window_time(ev, step)
+        return new
+
+    # -- inside a long step: window by window -------------------------------------------
+
+    def _window_time(self, ev: dict[str, Any], step: int) -> float:
+        """Learn the producers' window and the rank's step start; the seconds the rank's
+        step has run at this window's end."""
+        r = ev["rank"]
+        ts, w0 = float(ev["ts"]), float(ev["window_start_ts"])
+        st = self.wstart.get(r)
+        if st is None or st[0] != step:
+            st = self.wstart[r] = (step, w0)
+        if not ev.get("step_end") and ts > w0:
+            self.window_s = ts - w0 if not self.window_s \
+                else 0.9 * self.window_s + 0.1 * (ts - w0)
+        return ts - st[1]
+
+    def _window(self, ev: dict[str, Any], step: int) -> bool:
+        """The send/recv entries of one window as per-window observations (module doc)."""
+        elapsed = self._window_time(ev, step)
+        w = self.window_s or 1.0
+        recent = sorted(d for _, d in self.hist[-5:])
+        if elapsed < LONG_WINDOWS * w and (not recent or recent[len(recent) // 2]
+                                           < LONG_WINDOWS * w):
+            return False               # a short step: the step rule
+        r = ev["rank"]
+        if ev.get("world_size"):
+            self.world = max(self.world, int(ev["world_size"]))
+        h = self.hosts.get(r)
+        ts, w0 = float(ev["ts"]), float(ev["window_start_ts"])
+        cfg = self.cfg
+        new = False
+        for e in ev["ops"]:
+            if e["op"] not in P2P_OPS or e["n"] <= 0 or e["bytes"] <= 0 or e["min_s"] <= 0:
+                continue
+            peer = e.get("peer")
+            if peer is None:
+                ranks = self.duo.get(e["group"], ())
+                if e["group_size"] != 2 or len(ranks) != 2 or r not in ranks:
+                    continue
+                peer = ranks[0] + ranks[1] - r
+            peer = int(peer)
+            ph = self.hosts.get(peer)
+            if peer == r or h is None or ph is None or ph == h:
+                continue
+            pair = (r, peer) if r < peer else (peer, r)
+            d = 0 if (e["op"] == "send") == (r < peer) else 1
+            per_op = e["bytes"] / e["n"]
+            cost = e["min_s"] / per_op
+            self.wrep[(pair, d, r)] = (w0, ts, cost)
+            other = self.wrep.get((pair, d, peer))
+            if other is None or other[1] <= w0 or other[0] >= ts:
+                continue               # the other side's overlapping window is still to come
+            obs = min(cost, other[2])
+            cls = round(math.log2(max(per_op, 1.0)) / SIZE_BUCKET)
+            self.wlast[(pair, d)] = (obs, cls)
+            same = [c for (c, k) in self.wlast.values() if k == cls]
+            run = self.wrun.get(pair)
+            slow = False
+            rel = z = 0.0
+            if len(same) >= PEERS_MIN:
+                ref, sig = lower_half_ref(np.array(same))
+                if ref > 0:
+                    rel = obs / ref - 1.0
+                    z = rel / max(sig / ref, NOISE_FLOOR)
+                    slow = rel >= cfg.far_rel and z >= cfg.z_min
+            if not slow:
+                if run is not None and d == run[8]:
+                    del self.wrun[pair]     # the slow direction back within its peers
+                continue
+            extra = e["n"] * (obs - ref) * per_op
+            if run is None:
+                self.wrun[pair] = run = [min(w0, other[0]), float(step), 0.0, 0.0, 0.0, 0.0,
+                                         ts, 0.0, float(d)]
+            if run[8] != d and rel < run[3]:
+                continue
+            run[8] = float(d)
+            run[2] += 1
+            run[3] = max(run[3], rel)
+            run[4] += extra
+            run[5] = max(run[5], z)
+            run[6] = ts
+            if not run[7] and run[2] >= 2 and ts - run[0] >= cfg.sustain_s - 1e-9:
+                if any(set(q) & set(pair) or {self.hosts.get(q[0]), self.hosts.get(q[1])}
+                       & {h, ph} for q in self.wrun if q != pair):
+                    continue           # several slow pairs on one end: the step grouping
+                run[7] = 1.0
+                f = self._window_finding(pair)
+                self.last = [g for g in self.last if g.key != f.key] + [f]
+                self.members[f.key] = [pair]
+                new = True
+        return new
+
+    def _window_finding(self, pair: tuple[int, int]) -> Finding:
+        """The ``slow_link`` finding of a pair confirmed from windows."""
+        a, b = pair
+        run = self.wrun[pair]
+        span = max(run[6] - run[0], 1e-9)
+        rate = min(run[4] / span, 0.9)     # extra transfer seconds per second
+        pct = 100.0 * rate / (1.0 - rate)
+        host = self.hosts
+        evidence = {"slow_pairs": [f"r{a}-r{b}"], "transfer_rel_slowdown": round(run[3], 3),
+                    "extra_transfer_s": round(run[4], 4), "evidence_z": round(run[5], 1),
+                    "p2p_windows": True, "windows": int(run[2]),
+                    "sustained_s": round(span, 1), "located_by": "p2p timing (windows)"}
+        return Finding(key=f"slow_link:r{a}-r{b}", fault="slow_link", confirmed=True,
+                       onset_ts=run[0], onset_step=int(run[1]), slowdown_pct=pct,
+                       own_pct=100.0 * run[3], lost_s=run[4], world=self.world,
+                       evidence=evidence, rank=a, peer_rank=b, host=host[a],
+                       peer_host=host[b], hosts=[host[a], host[b]])
 
     # -- once per judged step -----------------------------------------------------------
 
@@ -181,8 +332,14 @@ class P2PMonitor:
         self.hist.append((s, job_s))
         if len(self.hist) > HISTORY:
             del self.hist[0]
+        if world:
+            self.world = world
+        runs = getattr(self, "wrun", {})
+        for p in [p for p, run in runs.items()
+                  if run[6] < ts - job_s - 2.0 * (self.window_s or 1.0)]:
+            del runs[p]                # no observation of it for a step: its run is over
         if not data:
-            return self._close(s, job_s, ts, set(), world, rank_host)
+            return self._with_windows(self._close(s, job_s, ts, set(), world, rank_host))
         cfg = self.cfg
         host = {**self.hosts, **rank_host}
         # A pair's cost: the slower direction's shortest op (a direction whose ops took no
@@ -193,7 +350,7 @@ class P2PMonitor:
                        if host.get(p[0]) is not None and host.get(p[1]) is not None
                        and host[p[0]] != host[p[1]])
         if not names:
-            return self._close(s, job_s, ts, set(), world, rank_host)
+            return self._with_windows(self._close(s, job_s, ts, set(), world, rank_host))
         n = len(names)
         cost = np.array([costs[p] for p in names])
         size = np.array([data[p][2] / max(data[p][3] / 2, 1.0) for p in names])
@@ -260,7 +417,22 @@ class P2PMonitor:
                 st.rel = r if fresh else 0.8 * st.rel + 0.2 * r
                 st.extra_s = extra if fresh else 0.8 * st.extra_s + 0.2 * extra
                 slow.append(p)
-        return self._close(s, job_s, ts, set(slow), world, host)
+        return self._with_windows(self._close(s, job_s, ts, set(slow), world, host))
+
+    def _with_windows(self, out: list[Finding]) -> list[Finding]:
+        """The step's findings, and those of pairs confirmed from windows whose run goes on
+        and that the step's own evidence does not hold yet (their incidents stay present)."""
+        keys = {f.key for f in out}
+        held = {p for f in out for p in self.members.get(f.key, ())}
+        for p in sorted(getattr(self, "wrun", {})):
+            run = self.wrun[p]
+            if not run[7] or p in held:
+                continue
+            f = self._window_finding(p)
+            if f.key not in keys:
+                out.append(f)
+                self.members[f.key] = [p]
+        return out
 
     def _close(self, s: int, job_s: float, ts: float, slow: set[tuple[int, int]], world: int,
                host: dict[int, str]) -> list[Finding]:

@@ -185,8 +185,11 @@ class Detector:
                         seen[job.job_id] = t
                 if kind == "comm":
                     s = job.comm_step(ev)
-                    if s > job.evaluated:
-                        p2p.add_comm(ev, s)
+                    if s > job.evaluated and p2p.add_comm(ev, s):
+                        # a pipeline pair confirmed from windows inside a long step
+                        # (``models.p2p``): judged now, the step's other findings along
+                        out.extend(self._judge(job, s, list(job.last_findings),
+                                               float(ev["ts"]), sub=True))
                     # judgements from windows inside a long step (``models.substep``), or
                     # of whole derived steps in a job without step events (``comm_full``)
                     for s, findings, ts in job.add_comm(ev):

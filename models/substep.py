@@ -15,8 +15,11 @@ wait per op taken off ``late_m``, down to zero (it arrived later at the group's 
 because a pipeline neighbour or link was late, not because it worked longer). In each
 member's first window of a step its longest op is left out (the first op of a step
 waits for the members' different starts, not for their work); groups whose ops come in
-a burst (windows with its ops: fewer than ``MIN_SPREAD`` a step, e.g. gradient buckets
-at the step's end) or with almost no work between them (``MIN_WORK``) give no value.
+a burst (windows with its ops that closed on time, not cut by the step's end: fewer than
+``MIN_SPREAD`` a step, e.g. gradient buckets at the step's end, which fill the step's last
+window and at most one before it) or with almost no work between them (``MIN_WORK``)
+give no value. Counting windows closed on time, not all windows, lets a 2 s step (two
+full windows and the short one its end cuts) judge its tensor-parallel group.
 
 ``late_m / work`` is how much longer the member took between two ops of the group than
 its peers, relative to that work: 0.3 for a GPU 30 % slower, whatever the step time or
@@ -69,7 +72,8 @@ from models.peers import lower_half_ref
 P2P = frozenset(("send", "recv"))
 WIDTH = 32                 # ticks kept per member
 MIN_OPS = 3               # ops of the group per member in a tick (windows add up until then)
-MIN_SPREAD = 3            # windows of a step with ops of the group (this step or the last)
+MIN_SPREAD = 2            # windows of a step with ops of the group, closed by time, not by
+                          # the step's end (this step or the last)
 MIN_WORK = 0.2            # least share of a member's time spent working between the ops
 SIGMA_FLOOR = 0.02         # per-tick noise floor (fraction): per-op means over ~1 s jitter
 
@@ -167,7 +171,7 @@ class SubStep:
                 # The first op of a step waits for the members' different starts (the
                 # last step's other groups), not for their work: in every member's first
                 # window of the group in a step, its longest op is left out.
-                c = g.seen[r] = (step, 1, c[1] if c is not None else 0)
+                c = g.seen[r] = (step, int(not end), c[1] if c is not None else 0)
                 q = pend.pop(r, None)      # and what was left of its last step
                 if q is not None and q[1] >= MIN_OPS:
                     g.ready -= 1
@@ -177,7 +181,7 @@ class SubStep:
                 if n <= 0:
                     continue
             else:
-                c = g.seen[r] = (step, c[1] + 1, c[2])
+                c = g.seen[r] = (step, c[1] + (not end), c[2])
             p = pend.get(r)
             if p is None:
                 pend[r] = [b, float(n), span, ball, float(max(c[1], c[2])), p2p]
