@@ -163,6 +163,41 @@ class ShardedDetector(Detector):
         inc["evidence"] = ev
         return inc
 
+    # -- device state of other shards' hosts --------------------------------------------
+
+    def device_hosts(self) -> set[str]:
+        """The hosts whose device state (GPU, NIC, host samples) this detector holds."""
+        st = self.store
+        return {h for h, _ in st.gpus} | {k[0] for k in st.nics} | set(st.hosts)
+
+    def forget_hosts(self, hosts: Iterable[str]) -> int:
+        """Drop the device state of ``hosts`` unless one of this detector's jobs (shards)
+        runs on them; returns how many hosts were dropped.
+
+        A worker's partition gets the telemetry of a host the route has not placed yet
+        (every partition does, at a job's start), and keeps the host's device state
+        although no shard of its own runs there: once the host map says which partitions
+        hold the host (``streams.sharding.prune_foreign_hosts``), that state is dead weight
+        (it made a shard's snapshot 4x a lone job's, issue 16). No decision of this
+        detector reads it: root causes look at the devices of the job's own hosts, and a
+        host a step of a job here has used (``_cut``) is never dropped."""
+        used = set(self._cut)
+        for job in self.jobs.values():
+            used.update(job.rank_host.values())
+        drop = set(hosts) - used
+        if not drop:
+            return 0
+        st = self.store
+        held = self.device_hosts()
+        drop &= held
+        if not drop:
+            return 0
+        st.gpus = {k: d for k, d in st.gpus.items() if k[0] not in drop}
+        st.nics = {k: d for k, d in st.nics.items() if k[0] not in drop}
+        st.hosts = {h: d for h, d in st.hosts.items() if h not in drop}
+        st.gpu_rank = {k: r for k, r in st.gpu_rank.items() if k[0] not in drop}
+        return len(drop)
+
     # -- the Detector's entry points ---------------------------------------------------
 
     def process_batch(self, events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from streams.metrics import Metrics
 from streams.outputs import Outputs
 from streams.partition import JobPartition
 from streams.routing import HostMap, unpack
+from streams.sharding import prune_foreign_hosts
 from streams.snapshots import SnapshotStore, scan
 
 log = logging.getLogger("failslow.worker")
@@ -207,6 +208,8 @@ class JobStage:
             t0 = time.monotonic()
             if not force and t0 < self.due.get(p, 0.0):
                 continue
+            # issue 16: other shards' hosts (their early telemetry reached every partition)
+            prune_foreign_hosts(state, p, self.hostmap, time.time())
             snap = state.snapshot()
             state.prune()
             blob = self.store.encode(snap)

@@ -32,9 +32,10 @@ from typing import Any
 import orjson
 
 from models.shard import SHARD_RANKS, shard_of
-from streams.routing import home_partition
+from streams.routing import HostMap, home_partition
 
-__all__ = ["SHARD_RANKS", "shard_of", "shard_partition", "shard_parts", "event_shard"]
+__all__ = ["SHARD_RANKS", "shard_of", "shard_partition", "shard_parts", "event_shard",
+           "prune_foreign_hosts"]
 
 _RANK = re.compile(rb'"rank"\s*:\s*(\d+)')
 
@@ -70,3 +71,26 @@ def shard_parts(value: bytes, shard_ranks: int = SHARD_RANKS) -> dict[int, bytes
     if len(parts) == 1 and 0 in parts:
         return None
     return {k: orjson.dumps(evs) for k, evs in parts.items()}
+
+
+def prune_foreign_hosts(state: Any, partition: int, hostmap: HostMap, now: float) -> int:
+    """Drop from ``state``'s detector the device state of hosts that the host map places on
+    other partitions only and that no job of this partition runs on; returns how many.
+
+    At a job's start the route sends a host's telemetry to every partition until it knows
+    the host's shard, and each partition keeps that host's device state: a shard of a
+    131,072-rank job held every host of the job, a snapshot 4x a lone job's. The state of
+    a host placed elsewhere is never read here (a job here that starts on that host
+    later gets its samples from its first announcement on, as before), so it goes before
+    each snapshot. A detector without ``forget_hosts`` is left alone."""
+    det = getattr(state, "detector", None)
+    forget = getattr(det, "forget_hosts", None)
+    held = getattr(det, "device_hosts", None)
+    if forget is None or held is None:
+        return 0
+    foreign = []
+    for host in held():
+        homes = hostmap.partitions(host, now)
+        if homes and partition not in homes and not state.runs_on(host):
+            foreign.append(host)
+    return int(forget(foreign)) if foreign else 0
