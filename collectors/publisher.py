@@ -123,7 +123,7 @@ class Publisher:
         self._replay_ok: set[tuple[int, int]] = set()
         self._next_replay = 0.0
         self._failures_in_row = 0
-        self._last_error = ""
+        self._last_error: dict[int, str] = {}  # error code -> its last logged problem
         self._closed = False
         self._stats = dict.fromkeys(
             ("published", "produced", "delivered", "failed", "spooled", "dropped",
@@ -286,9 +286,12 @@ class Publisher:
             self._held.clear()
 
     def _on_error(self, err: KafkaError) -> None:
-        # Transport errors repeat while the broker is down: log each new one once.
-        if err.str() != self._last_error:
-            self._last_error = err.str()
+        # Transport errors repeat while the broker is down: log each new one once, per
+        # kind (a refused SASL login repeats every retry, its "(after N ms in state X)"
+        # tail differs, alternating with "1/1 brokers are down").
+        problem = err.str().split(" (after ")[0]
+        if self._last_error.get(err.code()) != problem:
+            self._last_error[err.code()] = problem
             log.info("kafka: %s", err.str())
 
     # -- serving thread ----------------------------------------------------------------------

@@ -150,6 +150,46 @@ def test_help_names_the_settings_and_shows_no_secret():
         assert "hunter2" not in out.stdout + out.stderr
 
 
+def test_a_refused_login_is_one_error_without_the_password(caplog):
+    """client_conf's error_cb turns librdkafka's refused SASL login (which librdkafka itself
+    retries forever) into KafkaAuthError, a FailslowError: one line from the command line;
+    the publisher (collect, replay) keeps its own error_cb and logs the refusal once."""
+    import logging
+
+    from confluent_kafka import KafkaError
+
+    from collectors.publisher import Publisher
+    from failslow.errors import FailslowError
+
+    kafka_security.use(KafkaSecurity(sasl_mechanism="SCRAM-SHA-256", username="u",
+                                     password="s3cret-x"))
+
+    def refused(ms: int) -> KafkaError:
+        return KafkaError(KafkaError._AUTHENTICATION, "sasl_ssl://b:9093/bootstrap: SASL "
+                          f"authentication error: bad s3cret-x (after {ms}ms in state AUTH_REQ)")
+
+    exc = kafka_security.auth_error(refused(8))
+    assert isinstance(exc, FailslowError)
+    assert "s3cret-x" not in str(exc) and "(SASL SCRAM-SHA-256 user u)" in str(exc)
+    assert kafka_security.auth_error(KafkaError(KafkaError._TRANSPORT)) is None
+    cb = client_conf("b:9093")["error_cb"]
+    cb(KafkaError(KafkaError._ALL_BROKERS_DOWN))  # other errors: librdkafka retries
+    with pytest.raises(kafka_security.KafkaAuthError):
+        cb(refused(8))
+    kafka_security.use(KafkaSecurity())
+    assert "error_cb" not in client_conf("b:9092")  # no SASL: librdkafka's default
+    pub = Publisher("127.0.0.1:1")
+    try:
+        with caplog.at_level(logging.INFO, logger="collectors.publisher"):
+            for ms in (8, 9, 14, 10):
+                pub._on_error(refused(ms))
+                pub._on_error(KafkaError(KafkaError._RESOLVE, "kafka-9.example: resolve failed"))
+    finally:
+        pub.close(timeout=0)
+    assert caplog.text.count("SASL authentication error") == 1
+    assert caplog.text.count("resolve failed") == 1
+
+
 # -- a real TLS listener ------------------------------------------------------------------
 
 
