@@ -28,9 +28,6 @@ Everything is numpy over the ranks of a job, once per judged step.
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,19 +60,23 @@ ROBUST_CLIP = 3.0            # a window's values are clipped this many spreads f
 
 def _rowmedian(w: np.ndarray) -> np.ndarray:
     """Median of each row, NaN ignored (NaN for a row of NaN); numpy's plain median
-    where no value is missing (several times faster than nanmedian)."""
-    if not np.isnan(w).any():
+    where no value is missing (several times faster than nanmedian).
+
+    With values missing: the rows sorted (NaN last), the mean of the two middle values
+    of each row's count (the middle one twice for an odd count), what ``np.nanmedian``
+    computes for rows this short (a masked sort, then (low + high) / 2), without its
+    masked arrays and warnings: ~10x faster at 1,024 ranks."""
+    missing = np.isnan(w)
+    if not missing.any():
         return np.median(w, axis=1)
-    with np.errstate(all="ignore"), _quiet():
-        return np.nanmedian(w, axis=1)
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """numpy's all-NaN-slice warning: a rank with no value in a window."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
+    s = np.sort(w, axis=1)
+    cnt = w.shape[1] - missing.sum(axis=1)
+    hi = cnt // 2
+    lo = np.where(cnt % 2 == 1, hi, hi - 1)
+    rows = np.arange(s.shape[0])
+    med = (s[rows, np.maximum(lo, 0)] + s[rows, np.minimum(hi, w.shape[1] - 1)]) / 2.0
+    med[cnt == 0] = np.nan
+    return med
 
 
 class Windows:
