@@ -248,8 +248,9 @@ def _stop(proc: subprocess.Popen) -> int:
 
 def _every_process(bootstrap: str, env: dict[str, str], tmp_path: Path, name: str) -> None:
     """replay (the collectors' publisher) -> worker (faust/aiokafka + confluent) -> incidents
-    -> sink (chdb) and notify (console), and query reading the sink, all with ``env``'s
-    Kafka security against ``bootstrap``; every log is returned free of the SASL password."""
+    -> sink (chdb) and notify (console), query reading the sink and status reading the
+    broker, all with ``env``'s Kafka security against ``bootstrap``; no output or log holds
+    the SASL password."""
     from simulator import FaultSpec, JobSpec, Scenario, simulate
 
     topics = Topics(prefix=f"{name}{uuid.uuid4().hex[:8]}.")
@@ -293,6 +294,13 @@ def _every_process(bootstrap: str, env: dict[str, str], tmp_path: Path, name: st
             time.sleep(1.0)
         assert found, (tmp_path / "worker.log").read_text()[-3000:]
         assert {(r["job_id"], r["rank"], r["fault"]) for r in found} == {(job, 5, "slow_rank")}
+        # status reads the broker (metadata, end offsets, the groups' lag) the same way
+        st = subprocess.run([sys.executable, "-m", "failslow.cli", "status", *conn, "--format",
+                             "json"], capture_output=True, text=True, env=env, timeout=60)
+        outputs.append(st.stdout + st.stderr)
+        report = orjson.loads(st.stdout)
+        assert report["broker"]["ok"], report
+        assert report["topics"] and all(t["exists"] for t in report["topics"]), report
         deadline = time.monotonic() + 30
         while job not in (tmp_path / "notify.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.5)
