@@ -493,8 +493,9 @@ def test_every_process_works_through_sasl_ssl(sasl_brokers, tmp_path):
 
 @pytest.mark.integration
 def test_a_wrong_password_stops_a_command_with_one_line(sasl_brokers, tmp_path):
-    """notify (a long-running confluent-kafka consumer) exits 2 with one line naming the
-    refused login; status reports it as the broker's problem; neither prints the password."""
+    """notify (a long-running confluent-kafka consumer) and the worker (its first metadata
+    request) exit 2 with one line naming the refused login; status reports it as the
+    broker's problem; none prints the password."""
     brokers, ca = sasl_brokers
     proxy, bootstrap = brokers[True]
     wrong = "wrong-Pw-c0ffee"
@@ -504,6 +505,10 @@ def test_a_wrong_password_stops_a_command_with_one_line(sasl_brokers, tmp_path):
     env.pop("FAILSLOW_KAFKA_PASSWORD_FILE", None)
     conn = ["--bootstrap", bootstrap, "--home", str(tmp_path)]
     before = proxy.failed
+    # the worker waits 10 s for the metadata it cannot get: it runs alongside the rest
+    worker = subprocess.Popen([sys.executable, "-m", "failslow.cli", "worker", *conn],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env, stdin=subprocess.DEVNULL)
     out = subprocess.run([sys.executable, "-m", "failslow.cli", "notify", *conn, "--console",
                           "--state-dir", str(tmp_path / "notify")],
                          capture_output=True, text=True, env=env, timeout=60)
@@ -523,3 +528,12 @@ def test_a_wrong_password_stops_a_command_with_one_line(sasl_brokers, tmp_path):
     broker_line = next(x for x in status.stdout.splitlines() if x.startswith("broker"))
     assert "DOWN: the Kafka broker refused the credentials" in broker_line, status.stdout
     assert wrong not in status.stdout + status.stderr
+    try:
+        worker_out, _ = worker.communicate(timeout=90)
+    finally:
+        _stop(worker)
+    assert worker.returncode == 2, worker_out[-3000:]
+    last = [x for x in worker_out.splitlines() if not x.startswith("%")][-1]
+    assert last.startswith("failslow worker: the Kafka broker refused the credentials "
+                           f"(SASL SCRAM-SHA-512 user {USER}): "), worker_out[-3000:]
+    assert wrong not in worker_out
