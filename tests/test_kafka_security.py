@@ -384,8 +384,10 @@ def _confluent_round_trip(bootstrap: str, topic: str, value: bytes) -> list[byte
     return got
 
 
-def _aiokafka_round_trip(bootstrap: str, sec: KafkaSecurity, topic: str,
-                         value: bytes) -> list[bytes]:
+def _aiokafka_round_trip(bootstrap: str, sec: KafkaSecurity, topic: str, value: bytes,
+                         want: int = 2) -> list[bytes]:
+    """Produce ``value`` to partition 0, then read the partition from the start until
+    ``want`` records came back (or 20 s passed)."""
     import asyncio
 
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -403,8 +405,12 @@ def _aiokafka_round_trip(bootstrap: str, sec: KafkaSecurity, topic: str,
         try:
             consumer.assign([TopicPartition(topic, 0)])
             consumer.seek(TopicPartition(topic, 0), 0)
-            batch = await consumer.getmany(timeout_ms=20000, max_records=10)
-            return [m.value for msgs in batch.values() for m in msgs]
+            got: list[bytes] = []
+            deadline = time.monotonic() + 20
+            while len(got) < want and time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=1000)
+                got += [m.value for msgs in batch.values() for m in msgs]
+            return got
         finally:
             await consumer.stop()
 
