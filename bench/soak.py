@@ -610,7 +610,8 @@ def worker_memory(rss: list[dict], warmup_s: float, publish_s: float) -> dict[st
     first = [v for t, v in span if t - span[0][0] < 300] if span else []
     last = [v for t, v in span if span[-1][0] - t < 300] if span else []
     slope = slope_per_10min(span)
-    return {"incarnations": len(by_start), "incarnation": start,
+    return {"flat": memory_flat(samples, publish_s),
+            "incarnations": len(by_start), "incarnation": start,
             "lived_s": round(samples[-1]["t_s"] - born, 1), "warmup_s": warmup_s,
             "samples_after_warmup": len(span),
             "span_s": round(span[-1][0] - span[0][0], 1) if span else 0.0,
@@ -618,6 +619,65 @@ def worker_memory(rss: list[dict], warmup_s: float, publish_s: float) -> dict[st
             "median_first_5min_mib": median(first), "median_last_5min_mib": median(last),
             "min_mib": min((v for _, v in span), default=None),
             "max_mib": max((v for _, v in span), default=None)}
+
+
+FLAT_SLOPE_PCT = 1.0   # at most this % of the median RSS per 10 min over the last 2/3
+FLAT_LEVEL_PCT = 3.0   # (informative) last-5-min median vs the median at the 1/3 mark
+
+
+def memory_flat(samples: list[dict], publish_s: float) -> dict[str, Any]:
+    """The verdict "worker memory flat" (issue 17) for one worker process's RSS samples.
+
+    Rule: over the last two thirds of the publishing time (minutes 10-30 of a 30-min
+    soak: start-up, imports, the first jobs and the allocator's arenas reaching their
+    working size are the first third), the least-squares slope of VmRSS is below
+    ``FLAT_SLOPE_PCT`` % of that window's median RSS per 10 minutes. Scale-free: the
+    same rule holds for a 100 MiB worker and a 1 GiB one, with no MiB constant. 1 % per
+    10 min is above what the samples' noise gives a flat process (GC thresholds, batch
+    buffers, a burst after a cut: +-2-3 % of RSS, which a 20-min least-squares line
+    averages to well under 1 %/10 min) and below the leak it must catch (before the fix,
+    3-4 %/10 min). Also recorded, not judged: the last 5 minutes' median against the
+    median of the 5 minutes around the window's start (``level_change_pct``, within
+    ``FLAT_LEVEL_PCT`` % for a flat process): one burst near the end moves it more."""
+    if not samples:
+        return {"verdict": None, "why": "no samples"}
+    born = samples[0]["t_s"]
+    end = min(samples[-1]["t_s"], publish_s)
+    start = born + (end - born) / 3.0
+    win = [(r["t_s"], r["rss_mib"]) for r in samples if start <= r["t_s"] <= end]
+    slope = slope_per_10min(win)
+    if slope is None or end - start < 300:
+        return {"verdict": None, "why": "fewer than 5 minutes of samples after the first third"}
+    vals = sorted(v for _, v in win)
+    med = vals[len(vals) // 2]
+
+    def median_of(lo: float, hi: float) -> float:
+        vs = sorted(v for t, v in win if lo <= t <= hi)
+        return vs[len(vs) // 2]
+
+    at_start = median_of(start, start + 300)
+    at_end = median_of(end - 300, end)
+    pct = 100.0 * slope / med
+    level = 100.0 * (at_end - at_start) / at_start
+    return {"verdict": pct < FLAT_SLOPE_PCT,
+            "rule": f"RSS slope over the last 2/3 of the run < {FLAT_SLOPE_PCT:g} % of its "
+                    "median per 10 min",
+            "window_s": [round(start - born, 1), round(end - born, 1)],
+            "median_mib": med, "slope_mib_per_10min": round(slope, 2),
+            "slope_pct_per_10min": round(pct, 2),
+            "median_first_5min_of_window_mib": at_start, "median_last_5min_mib": at_end,
+            "level_change_pct": round(level, 2),
+            "level_within_pct": abs(level) <= FLAT_LEVEL_PCT}
+
+
+def _flat_line(f: dict) -> str:
+    if f.get("verdict") is None:
+        return f"no verdict ({f.get('why')})"
+    return (f"{'FLAT' if f['verdict'] else 'NOT FLAT'}: slope {f['slope_pct_per_10min']} % "
+            f"of {f['median_mib']} MiB per 10 min over {f['window_s'][0] / 60:.1f}-"
+            f"{f['window_s'][1] / 60:.1f} min of its life (rule < {FLAT_SLOPE_PCT:g} %); "
+            f"level {f['median_first_5min_of_window_mib']} -> {f['median_last_5min_mib']} MiB "
+            f"({f['level_change_pct']:+} %)")
 
 
 def _memory_line(m: dict) -> str:
@@ -650,6 +710,7 @@ def print_table(r: dict) -> None:
         ("pages of incidents gone from topic", len(p["of_incidents_not_on_topic"])),
         ("worker RSS first/last/max MiB", f"{rss['first']}/{rss['last']}/{rss['max']}"),
         ("worker memory (one process)", _memory_line(r["worker_memory"])),
+        ("worker memory flat", _flat_line(r["worker_memory"].get("flat", {}))),
         ("error lines in logs (all)", r["log_error_lines"]),
         ("  not connection noise", r["log_serious_lines"]),
         ("  detector errors", r["detector_error_lines"]),

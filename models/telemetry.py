@@ -120,3 +120,19 @@ class TelemetryStore:
     def nics_of(self, host: str) -> list[Device]:
         return [d for (h, _, _), d in self.nics.items() if h == host]
 
+    def forget(self, before_ts: float, keep_hosts: set[str]) -> int:
+        """Drop every device whose newest sample is older than ``before_ts`` and whose host
+        is not in ``keep_hosts`` (issue 17: the devices of hosts no job runs on any more
+        would otherwise be kept for ever); returns how many were dropped."""
+        gone_g = [k for k, d in self.gpus.items() if d.last_ts < before_ts and k[0] not in keep_hosts]
+        for g in gone_g:
+            del self.gpus[g]
+            self.gpu_rank.pop(g, None)
+        gone_n = [k for k, d in self.nics.items() if d.last_ts < before_ts and k[0] not in keep_hosts]
+        for nk in gone_n:
+            del self.nics[nk]
+        n = len(gone_g) + len(gone_n)
+        gone_h = [h for h, d in self.hosts.items() if d.last_ts < before_ts and h not in keep_hosts]
+        for h in gone_h:
+            del self.hosts[h]
+        return n + len(gone_h)

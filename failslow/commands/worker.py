@@ -126,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
                        max_hosts_per_job=args.max_hosts_per_job)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from streams import memdiag
+
+    memdiag.start_from_env()  # issue 17: FAILSLOW_TRACEMALLOC=DIR, off by default
     app = build_app(cfg)
     quiet.install(on_suppress=app.failslow_metrics.client_errors.inc)  # type: ignore[attr-defined]
     tune_gc()
