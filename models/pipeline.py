@@ -325,6 +325,9 @@ class Detector:
             idle = max(self.job_idle_s, JOB_IDLE_STEPS * job.job_step_s if job else 0.0)
             if last < now - idle:
                 out.extend(self._end_job(job_id))
+        # issue 17 (memory): devices of hosts no job here runs on, silent for the idle time
+        self.store.forget(now - self.job_idle_s,
+                          {h for j in self.jobs.values() for h in j.rank_host.values()})
         return out
 
     def end_jobs(self) -> list[dict[str, Any]]:
