@@ -150,10 +150,14 @@ class ScramServer:
 
     ITERATIONS = 4096
 
-    def __init__(self, mechanism: str, users: dict[str, str]):
+    def __init__(self, mechanism: str, users: dict[str, str], nonce: str | None = None,
+                 salt: bytes | None = None):
         self.hash = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
         self.users = users
         self.user: str | None = None
+        # random per exchange; fixed only to check the RFC's worked example
+        self._nonce = nonce or base64.b64encode(os.urandom(18)).decode()
+        self._salt = salt or os.urandom(16)
 
     def _hmac(self, key: bytes, msg: bytes) -> bytes:
         return hmac.new(key, msg, self.hash).digest()
@@ -166,8 +170,8 @@ class ScramServer:
         self.user = _unescape(a.get("n", ""))
         if self.user not in self.users or "r" not in a:
             return None
-        self.nonce = a["r"] + base64.b64encode(os.urandom(18)).decode()
-        self.salt = os.urandom(16)
+        self.nonce = a["r"] + self._nonce
+        self.salt = self._salt
         self.server_first = (f"r={self.nonce},s={base64.b64encode(self.salt).decode()},"
                              f"i={self.ITERATIONS}")
         return self.server_first

@@ -23,6 +23,7 @@ line, exit status 2 and no password in the output.
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from sasl_support import SASLProxy
+from sasl_support import SASLProxy, ScramServer
 from tls_support import TestCA, TLSProxy, make_ca
 
 from failslow.config import resolve
@@ -188,6 +189,22 @@ def test_a_refused_login_is_one_error_without_the_password(caplog):
         pub.close(timeout=0)
     assert caplog.text.count("SASL authentication error") == 1
     assert caplog.text.count("resolve failed") == 1
+
+
+def test_the_proxys_scram_server_follows_rfc_7677():
+    """The worked SCRAM-SHA-256 example of RFC 7677 section 3, server side; a wrong proof
+    or a wrong nonce is refused."""
+    server = ScramServer("SCRAM-SHA-256", {"user": "pencil"},
+                         nonce="%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0",
+                         salt=base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ=="))
+    assert server.first("n,,n=user,r=rOprNGfwEbeRWgbNEkqO") == (
+        "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096")
+    final = "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p="
+    proof = "dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
+    assert server.final(final + proof) == "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+    assert server.final(final + proof.replace("d", "e", 1)) is None
+    assert server.final(final.replace("k0,", "k1,") + proof) is None
+    assert ScramServer("SCRAM-SHA-512", {"user": "pencil"}).first("n,,n=other,r=x") is None
 
 
 # -- a real TLS listener ------------------------------------------------------------------
