@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,28 +178,40 @@ def auth_error(err: Any) -> KafkaAuthError | None:
     return KafkaAuthError(f"the Kafka broker refused the credentials ({who}): {text}")
 
 
+_refusal: list[KafkaAuthError | None] = [None]  # the last refused login any client reported
+
+
 def _raise_on_auth_error(err: Any) -> None:
     exc = auth_error(err)
-    if exc is not None:
-        raise exc  # confluent-kafka re-raises it from the poll()/flush() that served it
+    if exc is None:
+        return
+    _refusal[0] = exc
+    # Raised only in the main thread (the commands' own loops and start-up checks):
+    # confluent-kafka re-raises it from the poll()/consume()/flush() that served it. A
+    # client polled by a background thread (the worker's host-map reader, its snapshot
+    # writer) keeps librdkafka's retries rather than dying in that thread.
+    if threading.current_thread() is threading.main_thread():
+        raise exc
 
 
 def refused(client: Any) -> KafkaAuthError | None:
     """After a request of ``client`` (made with ``client_conf``) failed: the refused SASL
     login behind it, if that is why, else None. librdkafka reports a refused login as a
     transport failure of the request and queues the real reason for poll()."""
+    _refusal[0] = None
     try:
         client.poll(0)
     except KafkaAuthError as exc:
         return exc
-    return None
+    return _refusal[0]
 
 
 def client_conf(bootstrap: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """A confluent-kafka configuration: bootstrap, this process's security, then ``extra``.
     Unless ``extra`` brings its own ``error_cb``, a SASL login the broker refuses raises
-    ``KafkaAuthError`` from the client's next poll()/flush() (one line and exit status 2
-    from the command line) instead of being retried forever."""
+    ``KafkaAuthError`` from the client's next poll()/consume()/flush() in the main thread
+    (one line and exit status 2 from the command line) instead of being retried forever
+    (librdkafka's way: a wrong password cannot become right by retrying)."""
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap}
     conf.update(_current[0].confluent())
     if _current[0].uses_sasl:

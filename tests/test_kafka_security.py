@@ -177,6 +177,20 @@ def test_a_refused_login_is_one_error_without_the_password(caplog):
     cb(KafkaError(KafkaError._ALL_BROKERS_DOWN))  # other errors: librdkafka retries
     with pytest.raises(kafka_security.KafkaAuthError):
         cb(refused(8))
+    import threading
+
+    in_thread: list[BaseException] = []
+
+    def background() -> None:
+        try:
+            cb(refused(9))
+        except BaseException as exc:  # noqa: BLE001 - what the test looks for
+            in_thread.append(exc)
+
+    t = threading.Thread(target=background)
+    t.start()
+    t.join()
+    assert in_thread == []  # a background thread's client keeps librdkafka's retries
     kafka_security.use(KafkaSecurity())
     assert "error_cb" not in client_conf("b:9092")  # no SASL: librdkafka's default
     pub = Publisher("127.0.0.1:1")
