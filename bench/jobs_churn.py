@@ -8,7 +8,9 @@ seconds after the previous one's last event. Jobs end by ``--job-idle`` (event t
 as in the worker. After each checkpoint the process's resident memory (VmRSS, after a
 full garbage collection), the jobs still tracked and the size of the Detector's snapshot
 are printed. ``--job-idle 1e12`` shows the memory when jobs never end (the code before
-issue 17). A worker run of 1,000 jobs would take hours on this VM; the worker adds its
+issue 17). ``--fresh-hosts``: each job runs on hosts (and GPUs) of its own, as in a
+cluster whose jobs land on other machines (the soak's workload): the devices of the hosts
+of ended jobs must go too (issue 17, "worker memory flat"). A worker run of 1,000 jobs would take hours on this VM; the worker adds its
 partition state (de-duplication marks, input caps, emitted incidents), which prunes by
 event time too (``JobPartition.prune``).
 
@@ -47,6 +49,8 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=5.0, help="event-time s between two jobs")
     ap.add_argument("--job-idle", type=float, default=300.0)
     ap.add_argument("--scenario", default="healthy_hybrid_64")
+    ap.add_argument("--fresh-hosts", action="store_true",
+                    help="each job on hosts of its own (renamed), not the same 8")
     args = ap.parse_args()
     base = list(simulate(SCENARIOS[args.scenario], seed=0, steps=args.steps).events())
     t0, t1 = base[0]["ts"], base[-1]["ts"]
@@ -68,16 +72,24 @@ def main() -> None:
                 ev["window_start_ts"] += shift
             if "job_id" in ev:
                 ev["job_id"] = job
+            if args.fresh_hosts:
+                if "host" in ev:
+                    ev["host"] = f"{job}-{ev['host']}"
+                if "uuid" in ev:
+                    ev["uuid"] = f"{ev['uuid']}-{k}"
             events.append(ev)
         incidents += len(det.process_batch(events))
         if k + 1 in checkpoints:
             gc.collect()
             state = len(orjson.dumps(det.state_dict()))
+            st = det.store
             rows.append({"jobs": k + 1, "rss_bytes": rss_bytes(), "tracked_jobs": len(det.jobs),
-                         "jobs_ended": det.jobs_ended, "state_bytes": state})
+                         "jobs_ended": det.jobs_ended, "state_bytes": state,
+                         "devices": len(st.gpus) + len(st.nics) + len(st.hosts)})
             r = rows[-1]
             print(f"after {k + 1:>5} jobs: RSS {r['rss_bytes'] / 2**20:7.1f} MiB, "
                   f"{r['tracked_jobs']} jobs tracked, {r['jobs_ended']} ended, "
+                  f"{r['devices']} devices, "
                   f"snapshot {state / 2**10:8.1f} KiB", flush=True)
     cpu = time.process_time() - started
     first = next(r for r in rows if r["jobs"] == min(10, args.jobs))
@@ -88,8 +100,11 @@ def main() -> None:
           f"({cpu:.0f} CPU s; {incidents} incident events)")
     RESULTS.mkdir(exist_ok=True)
     name = "jobs_churn.json" if args.job_idle < 1e9 else "jobs_churn_never_end.json"
+    if args.fresh_hosts:
+        name = name.replace(".json", "_fresh_hosts.json")
     (RESULTS / name).write_text(json.dumps(
         {"scenario": args.scenario, "ranks": ranks, "steps": args.steps,
+         "fresh_hosts": args.fresh_hosts,
          "job_idle_s": args.job_idle, "rows": rows, "rss_growth": growth,
          "cpu_s": cpu}, indent=2))
 
