@@ -56,6 +56,7 @@ POOL_FLOOR = 0.75            # and at least this times it
 ROBUST_MAD = 1.4826          # MAD of normal noise -> its sigma
 ROBUST_MIN_N = 12            # shorter windows keep the mean and sample deviation
 ROBUST_CLIP = 3.0            # a window's values are clipped this many spreads from its median
+PRESENT_RECENT = 4           # ``present``: the newest 1/4 of a window must carry the excess too
 
 
 def _rowmedian(w: np.ndarray) -> np.ndarray:
@@ -296,14 +297,20 @@ class Windows:
 
     def present(self, rows: np.ndarray, sigma: np.ndarray, delta: float) -> np.ndarray:
         """Still there: over the last 8, 16 or 32 steps the mean excess is at least
-        ``delta / 2`` and one standard error above zero. Looser than ``test``, so an
-        open incident outlives noisy steps, and clears once most of a window is clean."""
+        ``delta / 2`` and one standard error above zero, and so is the mean of that
+        window's newest quarter (``PRESENT_RECENT``: the excess has not left the recent
+        steps). Looser than ``test``, so an open incident outlives noisy steps, and
+        clears once the recent steps are clean: a long window's mean alone would keep
+        an episode that ended alive for most of its length (a 12-step stall, over, in a
+        32-step window)."""
         out = np.zeros(rows.size, dtype=bool)
         sigma = self.noise(rows, sigma)
         for n in (8, 16, 32):
             cnt, mean, sd = self.stats(rows, n)
             se = self.mean_se(rows, sigma, sd, cnt, n)
-            out |= (cnt >= MIN_FILL * n) & (mean >= delta / 2) & (mean >= se)
+            _, recent, _ = self.stats(rows, max(n // PRESENT_RECENT, 2))
+            out |= (cnt >= MIN_FILL * n) & (mean >= delta / 2) & (mean >= se) \
+                & (recent >= delta / 2)
         return out
 
     def onset_back(self, row: int, mean: float) -> int:

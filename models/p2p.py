@@ -60,7 +60,7 @@ import numpy as np
 from models.config import JobConfig
 from models.cusum import capped_increment, cusum_update
 from models.findings import Finding
-from models.peers import lower_half_ref
+from models.peers import KeyedValues, lower_half_ref
 from models.stats import RollingMedian, median
 
 P2P_OPS = frozenset(("send", "recv"))
@@ -125,6 +125,7 @@ class P2PMonitor:
         self.wrep: dict[tuple[tuple[int, int], int, int], tuple[float, float, float]] = {}
         # (pair, direction) -> (seconds per byte, size class)
         self.wlast: dict[tuple[tuple[int, int], int], tuple[float, float]] = {}
+        self.wcls: dict[float, KeyedValues] = {}  # wlast's costs by size class
         # pair -> [since ts, since step, observations, rel (max), extra s, z (max), last ts,
         #          emitted (0/1), its slow direction]
         self.wrun: dict[tuple[int, int], list[float]] = {}
@@ -258,8 +259,24 @@ class P2PMonitor:
                 continue               # the other side's overlapping window is still to come
             obs = min(cost, other[2])
             cls = round(math.log2(max(per_op, 1.0)) / SIZE_BUCKET)
-            self.wlast[(pair, d)] = (obs, cls)
-            same = [c for (c, k) in self.wlast.values() if k == cls]
+            key = (pair, d)
+            prev = self.wlast.get(key)
+            self.wlast[key] = (obs, cls)
+            # issue 14 (speed): wlast's costs by size class, kept with it (scanning every
+            # direction for each entry was half of a 1,024-rank job's detect time); the
+            # order of ``same`` does not matter (lower_half_ref sorts)
+            by_cls = getattr(self, "wcls", None)
+            if by_cls is None:           # a snapshot from before the index
+                by_cls = self.wcls = {}
+                for k2, (c2, s2) in self.wlast.items():
+                    by_cls.setdefault(s2, KeyedValues()).set(k2, c2)
+            elif prev is not None and prev[1] != cls:
+                by_cls[prev[1]].discard(key)
+            row = by_cls.get(cls)
+            if row is None:
+                row = by_cls[cls] = KeyedValues()
+            row.set(key, obs)
+            same = row.array()
             run = self.wrun.get(pair)
             slow = False
             rel = z = 0.0

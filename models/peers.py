@@ -21,6 +21,8 @@ of a two-host job. Scores are relative, so they hold for any step time and model
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from models.stats import median
@@ -40,6 +42,46 @@ def lower_half_ref(values: np.ndarray) -> tuple[float, float]:
     q25 = float(low[k // 2]) if k % 2 else 0.5 * (float(low[k // 2 - 1]) + float(low[k // 2]))
     sigma = median(np.abs(low - q25)) / LOWER_HALF_MAD
     return q25 + 0.6745 * sigma, sigma
+
+
+class KeyedValues:
+    """The latest value of each key as one float array, in no particular order: for
+    statistics that sort anyway (``lower_half_ref``) over many keys updated one at a time
+    (a list rebuilt from a dict for each update costs O(keys) in Python)."""
+
+    __slots__ = ("slot", "keys", "vals")
+
+    def __init__(self) -> None:
+        self.slot: dict[Any, int] = {}     # key -> its index in vals
+        self.keys: list[Any] = []
+        self.vals = np.empty(16)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def set(self, key: Any, value: float) -> None:
+        i = self.slot.get(key)
+        if i is None:
+            i = len(self.keys)
+            if i == self.vals.size:
+                self.vals = np.concatenate([self.vals, np.empty(i)])
+            self.slot[key] = i
+            self.keys.append(key)
+        self.vals[i] = value
+
+    def discard(self, key: Any) -> None:
+        i = self.slot.pop(key, None)
+        if i is None:
+            return
+        last = self.keys.pop()
+        if i < len(self.keys):          # the last one takes the freed place
+            self.keys[i] = last
+            self.slot[last] = i
+            self.vals[i] = self.vals[len(self.keys)]
+
+    def array(self) -> np.ndarray:
+        """The values (a view: copy before keeping it)."""
+        return self.vals[:len(self.keys)]
 
 
 def has_peers(groups: np.ndarray) -> np.ndarray:

@@ -58,3 +58,21 @@ def test_few_values_fall_back_to_the_plain_test():
     _, m_rob, z_rob, _ = w.test(rows, sigma, 0.05, 4.0, scales=(12,), robust=True)
     _, m_pl, z_pl, _ = w.test(rows, sigma, 0.05, 4.0, scales=(12,))
     assert m_rob[0] == m_pl[0] and z_rob[0] == z_pl[0]
+
+
+def test_an_episode_that_ended_is_no_longer_present():
+    # ``Windows.present`` keeps an open finding alive; an excess of +1.0 (log) for 12
+    # steps that ended 10 steps ago still lifts the 32-step mean above delta / 2, but
+    # the window's newest quarter is clean: not present. One that goes on is.
+    ended = [0.0] * 10 + [1.0] * 12 + [0.0] * 10
+    w, rows = _window(ended)
+    sigma = np.full(rows.size, 0.05)
+    assert not w.present(rows, sigma, delta=0.22)[0]
+    going = [0.0] * 10 + [1.0] * 22
+    w, rows = _window(going)
+    assert w.present(rows, sigma, delta=0.22)[0]
+    # and a real but noisy excess (a straggler back at its peers on one step in three)
+    noisy = [0.0] * 8 + [0.0 if k % 3 == 2 else 0.4 for k in range(24)]
+    w, rows = _window(noisy)
+    assert w.present(rows, sigma, delta=0.05)[0]
+    assert not w.present(rows, sigma, delta=0.05)[1:].any()
