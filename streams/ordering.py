@@ -353,12 +353,32 @@ class EventOrder:
         if not self._live(now):
             hard = -math.inf
         seen = self._seen
+        dropped = 0
         for hw, shift in ((self._hw, 0.0), (self._tel_hw, self.delay)):
             gone = [s for s, t in hw.items()
                     if t + shift < hard or (t + shift < floor and now - seen[s] > self.lateness)]
             for s in gone:
                 del hw[s], seen[s]
+            dropped += len(gone)
+        hosts = len(self._job_hosts)
         self._job_hosts = {h: t for h, t in self._job_hosts.items() if t >= hard}
+        if dropped or len(self._job_hosts) != hosts:
+            self._forget_gone()
+
+    def _forget_gone(self) -> None:
+        """Forget what arrived (or never came) from jobs none of whose step / collective
+        sources is left and from telemetry sources that were dropped on hosts no job here
+        runs on (issue 17: these sets grew with every job and host the partition ever saw).
+        A job or host that comes back is new again: its first event adds it, as at first."""
+        jobs = {src[1] for src in self._hw}
+        hosts, tel = self._job_hosts, self._tel_hw
+
+        def known(kh: tuple[str, str]) -> bool:
+            return kh[1] in jobs if kh[0] == "step" else (kh[1] in hosts or kh in tel)
+
+        self._arrived = {kh for kh in self._arrived if known(kh)}
+        self._unsent = {kh for kh in self._unsent if known(kh)}
+        self._coll_jobs = {j for j in self._coll_jobs if j in jobs}
 
     def advance(self, now: float, force: bool = False) -> list[dict]:
         """The events the watermark releases now, in ts order (``force``: all of them)."""
