@@ -190,3 +190,42 @@ def test_two_second_steps_are_long_from_their_first_window():
     ts, s, _, f = found[0]
     assert s == fault["onset_step"] + 1 or s == fault["onset_step"]
     assert ts - _step_start(trace, fault["rank"], fault["onset_step"]) < 4.0
+
+
+def test_two_second_steps_judge_their_tensor_parallel_group_inside_the_first_slow_step():
+    """At 2 s steps the tensor-parallel group has ops in the two windows a step closes on
+    time (the third, cut by the step's end, holds the gradient buckets): it counts as
+    spread over the step (``MIN_SPREAD`` counts windows closed on time), so the culprit is
+    confirmed inside its first slowed step, about two windows after its first slowed op."""
+    trace, found = _feed("long2_thermal_30", steps=30)
+    fault = trace.truth["faults"][0]
+    ts, s, _, f = found[0]
+    assert s == fault["onset_step"]
+    assert ts - _step_start(trace, fault["rank"], fault["onset_step"]) < 2.6
+    assert f.evidence["sustained_s"] >= 2.0
+
+
+def test_gradient_buckets_at_the_step_end_give_no_value():
+    """A group whose ops come only in the windows a step's end cuts (and at most one before
+    it) is a burst: its ticks give no value, whoever blocks least."""
+    from models.substep import SubStep
+
+    sub = SubStep(JobConfig())
+    out = []
+    t = 0.0
+    for step in range(12):
+        for k, end in ((0, False), (1, False), (2, True)):
+            for r in range(4):
+                # the DP group's ops only in the step-end window; rank 3 blocks least
+                ops = [{"group": "dp", "group_size": 4, "op": "all_reduce", "n": 4,
+                        "blocked_s": 0.05 if r == 3 else 0.2, "max_s": 0.06, "bytes": 1 << 20,
+                        "min_s": 0.01, "peer": None}] if end else [
+                    {"group": "other", "group_size": 1, "op": "all_reduce", "n": 1,
+                     "blocked_s": 0.0, "max_s": 0.0, "bytes": 1, "min_s": 0.0, "peer": None}]
+                ev = {"rank": r, "ts": t + k + (0.5 if end else 1.0), "window_start_ts": t + k,
+                      "step_end": end, "ops": ops}
+                out.extend(sub.add(ev, step))
+        t += 2.5
+    assert not any(conf for _, conf, _ in out)
+    g = sub.groups["dp"]
+    assert np.isnan(g.raw.vals).all() or not g.ts
