@@ -16,7 +16,8 @@ culprit has stayed confirmed ``page_after_steps`` more steps, so a two-step
 blip is recorded but wakes nobody; or at once, when its finding's evidence is
 consistent across windows spanning at least ``page_after_s`` seconds (evidence
 ``sustained_s``: a member its group waited for window after window inside a long
-step, ``models.substep``): a stall shorter than that never confirms there, so
+step, ``models.substep``, or a pipeline pair slow in every window, ``models.p2p``): a
+stall shorter than that never confirms there, so
 waiting for steps to end would only delay the page by steps that last many
 seconds. The step-level analogue (``steady``): a confirmation that rests on
 evidence spanning at least ``STEADY_MIN_STEPS`` (2, never one) of the job's steps,
