@@ -7,7 +7,7 @@ The trace (``--steps`` steps; each is ~2.4 M events at 131,072 ranks) is publish
 Tansu broker with ``--partitions`` partitions (default 32: one 4,096-rank shard per
 partition, ``FAILSLOW_SHARD_RANKS`` left at its default) once both workers have joined.
 Every ``--poll`` seconds the workers' metrics, CPU and RSS are sampled. Once the first
-step is judged on every shard and each partition has written a snapshot (or
+step is judged on every shard and each partition has written a snapshot since (or
 ``--kill-after`` seconds later at most), the second worker is killed with SIGKILL and a
 new one started in the group: the restart time is from the kill to the first rank-step
 the new worker judges (the group noticing the dead member, the rebalance, the take-over:
@@ -81,6 +81,13 @@ def scrape(port: int) -> dict:
             if p and value > 0:
                 out["snapshots"][int(p.group(1))] = value
     return out
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def publish_file(bootstrap: str, topics: Topics, trace: Path, done: dict,
@@ -169,6 +176,7 @@ def main() -> None:
         publisher.start()
         t_pub = time.monotonic()
         t_step0 = None
+        snaps0: dict[int, float] = {}
         while time.monotonic() < deadline:
             time.sleep(args.poll)
             now = time.monotonic()
@@ -197,14 +205,22 @@ def main() -> None:
                                                               default=0) / 2**20, 2)}
             total += kill.get("judged_by_killed", 0.0)
             row["judged"] = total
+            # anything moving: events taken in, capped or judged on any worker
+            row["progress"] = total + sum(row[k]["events"] + row[k]["capped"]
+                                          for k in row if k.startswith("w"))
             row["load1"] = os.getloadavg()[0]
+            row["mem_available_gib"] = round(mem_available() / 2**30, 1)
             timeline.append(row)
             say(json.dumps(row))
             if t_step0 is None and total >= args.ranks:
-                t_step0 = now
+                t_step0, snaps0 = now, dict(snaps)
                 say("first step judged")
+            # a snapshot newer than the first step's judging on every partition (its size
+            # changed), or --kill-after
+            fresh = t_step0 is not None and len(snaps) >= args.partitions and all(
+                snaps0.get(p) != b for p, b in snaps.items())
             if (t_step0 is not None and not kill and args.steps > 1
-                    and (len(snaps) >= args.partitions or now - t_step0 > args.kill_after)):
+                    and (fresh or now - t_step0 > args.kill_after)):
                 # kill -9 the second worker, start a new one in its place
                 victim = workers[1]
                 kill.update(judged_by_killed=judged_seen.get(1, 0.0), killed_pid=victim.proc.pid,
@@ -222,17 +238,17 @@ def main() -> None:
             if kill and "restart_s" not in kill and judged_seen.get(2, 0.0) > 0:
                 kill["restart_s"] = time.monotonic() - t_kill
                 say(f"the new worker judges again {kill['restart_s']:.1f} s after the kill")
-            # done: every step judged (a restarted partition may judge a step again, so
-            # after a kill: once judging stopped growing for 60 s), or nothing for 180 s
+            # done once nothing moves (events, capped, judged) for 60 s after the restart
+            # (a restarted partition may judge a step again), 180 s before it
             quiet = 60 if kill.get("restart_s") else 180
             back = int(quiet / args.poll)
             stalled = (pub_state.get("publish_s") is not None and len(timeline) > back
-                       and timeline[-1]["judged"] == timeline[-1 - back]["judged"])
+                       and timeline[-1]["progress"] == timeline[-1 - back]["progress"])
             if total >= expect and not kill and args.steps == 1:
                 say("every step judged")
                 break
             if stalled:
-                say(f"nothing more judged for {quiet} s: stopping ({total:,.0f} judged, "
+                say(f"nothing moved for {quiet} s: stopping ({total:,.0f} judged, "
                     f"{expect:,} rank-steps in the trace)")
                 break
     finally:

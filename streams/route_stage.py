@@ -4,8 +4,8 @@ Step and collective/comm messages carry the job in their key and go on to the jo
 home partition as raw bytes (no decode: the cost is per message, not per event), many
 input messages packed into one internal message (``routing.pack``). Telemetry, keyed by
 host, goes to the home partitions of the jobs on that host (``HostMap``: learned from the
-step messages routed here and from the job stage's announcements, which
-``HostMapReader`` reads); telemetry of a host not known yet goes to every partition, so
+step messages routed here, from GPU samples that name their job and rank, and from the job
+stage's announcements, which ``HostMapReader`` reads); telemetry of a host not known yet goes to every partition, so
 no partition sees a job's early telemetry late.
 """
 
@@ -74,6 +74,7 @@ class RouteStage:
         self.hostmap = hostmap
         self.src_kind = cfg.source_kinds()
         self.steps_topic = cfg.topics.for_kind("step")
+        self.gpu_topic = cfg.topics.for_kind("gpu")
         self.shard_ranks = cfg.shard_ranks
         self.announced: dict[tuple[str, int], float] = {}  # (host, partition) -> when
         self.fresh: list[tuple[str, int]] = []   # learned, to announce on the host map
@@ -84,6 +85,8 @@ class RouteStage:
         for msg in messages:  # first the steps: they tell where the telemetry goes
             if self.steps_topic == msg.topic and msg.key:
                 self.learn_hosts(msg.value, msg.key.decode("utf-8", "replace"), now)
+            elif self.gpu_topic == msg.topic and msg.key:
+                self.learn_gpu_host(msg.value, msg.key.decode("utf-8", "replace"), now)
         if self.fresh:
             # issue 16: the other workers route these hosts' telemetry too; tell them now,
             # not once the job stage (behind in a backlog) reaches the steps
@@ -115,11 +118,38 @@ class RouteStage:
             host = ev.get("host") if type(ev) is dict else None
             if type(host) is str:
                 k = event_shard(ev, n)
-                p = (home + k) % parts if k else home
-                self.hostmap.add(host, p, now)
-                if now - self.announced.get((host, p), -math.inf) > self.hostmap.ttl_s / 3:
-                    self.announced[(host, p)] = now
-                    self.fresh.append((host, p))
+                self.place(host, (home + k) % parts if k else home, now)
+
+    def learn_gpu_host(self, value: bytes | None, host: str, now: float) -> None:
+        """A host not placed yet whose GPU samples name their job and rank (CONTRACT's
+        optional ``job_id`` and ``rank``) is placed on those ranks' shard partitions at
+        once (issue 16). At a large job's start its hosts' telemetry comes before their
+        first step ends (and, reading a backlog, long before the steps are routed): sent to
+        every partition, a 131,072-rank job's first seconds of samples were copied to each
+        of its 32 partitions, decoded there and dropped (``failslow_stream_capped_events``
+        counted millions), while the partitions fell minutes behind. Samples that name no
+        job still go to every partition until a step places their host."""
+        if self.hostmap.partitions(host, now):
+            return
+        try:
+            items = orjson.loads(value or b"")
+        except orjson.JSONDecodeError:
+            return
+        n, parts = self.shard_ranks, self.partitions
+        for ev in items if type(items) is list else (items,):
+            if type(ev) is not dict:
+                continue
+            job, rank = ev.get("job_id"), ev.get("rank")
+            if type(job) is str and job and type(rank) is int and rank >= 0:
+                self.place(host, shard_partition(job, event_shard(ev, n), parts), now)
+
+    def place(self, host: str, p: int, now: float) -> None:
+        """``host`` runs ranks homed on partition ``p``: map it, and announce it (each
+        host and partition every ttl / 3 at most) for the other workers' routes."""
+        self.hostmap.add(host, p, now)
+        if now - self.announced.get((host, p), -math.inf) > self.hostmap.ttl_s / 3:
+            self.announced[(host, p)] = now
+            self.fresh.append((host, p))
 
     async def route_one(self, msg: Any, now: float, packs: dict[int, list[tuple]]) -> None:
         """Add ``msg`` to the packs of its home partition(s); only one copy of a message

@@ -221,3 +221,25 @@ def test_a_host_a_shard_runs_on_is_never_forgotten():
     det.jobs["j"] = type("J", (), {"rank_host": {0: "a"}})()
     assert det.forget_hosts(["a", "b", "c"]) == 1
     assert det.device_hosts() == {"a"}
+
+
+def test_a_gpu_sample_naming_its_job_and_rank_places_its_host_at_once():
+    # issue 16: a large job's hosts send telemetry before their first step is routed; the
+    # GPU samples name job and rank, so the host goes to its shard's partition only
+    router, cfg, topics, metrics = _router(partitions=4)
+    router.shard_ranks = 8
+    gpu, host_t = cfg.topics.for_kind("gpu"), cfg.topics.for_kind("host")
+    named = orjson.dumps([{"v": 1, "kind": "gpu", "host": "h3", "gpu": g, "job_id": "job5",
+                           "rank": 12 + g} for g in range(4)])
+    hostload = orjson.dumps([{"v": 1, "kind": "host", "host": "h3"}])
+    anon = orjson.dumps([{"v": 1, "kind": "gpu", "host": "h9", "gpu": 0}])
+    asyncio.run(router.route_batch([_Msg(host_t, b"h3", hostload), _Msg(gpu, b"h3", named),
+                                    _Msg(gpu, b"h9", anon)], now=100.0))
+    routed = _routed(topics["job"])
+    shard1 = (home_partition("job5", 4) + 1) % 4
+    assert sorted(p for p, part in routed if part[4] == named) == [shard1]
+    assert sorted(p for p, part in routed if part[4] == hostload) == [shard1]
+    assert sorted(p for p, part in routed if part[4] == anon) == [0, 1, 2, 3]   # not placed
+    assert [orjson.loads(m["value"]) for m in topics["hostmap"].sent] == [
+        {"host": "h3", "partition": shard1}]
+    assert metrics.unmapped._value.get() == 1
