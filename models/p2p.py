@@ -60,7 +60,7 @@ import numpy as np
 from models.config import JobConfig
 from models.cusum import capped_increment, cusum_update
 from models.findings import Finding
-from models.peers import KeyedValues, lower_half_ref
+from models.peers import KeyedValues, lower_half_ref, surely_within
 from models.stats import RollingMedian, median
 
 P2P_OPS = frozenset(("send", "recv"))
@@ -280,7 +280,7 @@ class P2PMonitor:
             run = self.wrun.get(pair)
             slow = False
             rel = z = 0.0
-            if len(same) >= PEERS_MIN:
+            if len(same) >= PEERS_MIN and not surely_within(obs, same, cfg.far_rel):
                 ref, sig = lower_half_ref(np.array(same))
                 if ref > 0:
                     rel = obs / ref - 1.0

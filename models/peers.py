@@ -46,6 +46,13 @@ def lower_half_ref(values: np.ndarray) -> tuple[float, float]:
     return q25 + 0.6745 * sigma, sigma
 
 
+def surely_within(x: float, values: np.ndarray, rel: float) -> bool:
+    """True when ``x`` is certainly less than ``1 + rel`` times ``lower_half_ref(values)``'s
+    reference, which is never below the smallest value: callers skip computing it then."""
+    m = float(values.min())
+    return m > 0 and x < (1.0 + rel) * m * (1.0 - 1e-9)
+
+
 PARTITION_MIN = 256     # from this many values, order statistics by partition, not a sort
 
 
