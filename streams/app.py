@@ -27,7 +27,7 @@ from typing import Any
 import faust
 
 from schema import kafka_security
-from streams import faust_patch
+from streams import faust_patch, memdiag
 from streams.config import WorkerConfig, ensure_internal_topics, internal_topic_configs
 from streams.job_stage import SNAPSHOT_SHARE, JobStage, decode_value
 from streams.metrics import Metrics
@@ -119,6 +119,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     async def snapshots() -> None:
         try:
             await stage.snapshot_all(ack=True)
+            memdiag.trim(time.monotonic())  # issue 17: freed heap pages back to the OS
         except Exception:
             _fatal("snapshot timer")
 

@@ -23,6 +23,7 @@ import time
 import tracemalloc
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ENV_DIR = "FAILSLOW_TRACEMALLOC"
 ENV_EVERY = "FAILSLOW_TRACEMALLOC_EVERY_S"
@@ -85,6 +86,36 @@ class MemDiag:
         if not self._stop.is_set():
             self._stop.set()
             self.dump("exit")
+
+
+ENV_TRIM = "FAILSLOW_MALLOC_TRIM_S"
+_libc: Any = None
+_last_trim = 0.0
+
+
+def trim(now: float) -> bool:
+    """Give the C heap's free pages back to the OS (glibc ``malloc_trim(0)``), at most every
+    ``FAILSLOW_MALLOC_TRIM_S`` seconds (60; 0: never). Issue 17: a burst (the backlog after
+    a broker cut) raised the worker's RSS by 10-30 MiB and most of it stayed although the
+    objects were freed: the message buffers live in glibc's heap, whose free pages are not
+    returned by themselves. Returns True when it trimmed."""
+    global _libc, _last_trim
+    every = float(os.environ.get(ENV_TRIM, "60"))
+    if every <= 0 or now - _last_trim < every:
+        return False
+    _last_trim = now
+    if _libc is None:
+        import ctypes
+
+        try:
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):   # not glibc: nothing to trim
+            _libc = False
+    if not _libc:
+        return False
+    _libc.malloc_trim(0)
+    return True
 
 
 def start_from_env() -> MemDiag | None:
