@@ -46,7 +46,9 @@ the checks use what was PRODUCED vs what LANDED, not the components' counters:
   RSS        the worker's VmRSS every 5 s (first/last/max per incarnation and overall);
              for the longest-lived incarnation, the slope of a least-squares line through
              its samples after --warmup-min, in MiB per 10 min, and the medians of its
-             first and last 5 minutes after the warm-up (``worker_memory``)
+             first and last 5 minutes after the warm-up (``worker_memory``), and the
+             verdict "memory flat" (``worker_memory.flat``, see ``memory_flat``: the slope
+             over the last 2/3 of the run under 1 % of the median RSS per 10 min)
   logs       Traceback / ERROR lines in the worker logs
 Prints a table and writes bench/results/soak.json.
 
