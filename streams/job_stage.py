@@ -28,7 +28,7 @@ from streams.outputs import Outputs
 from streams.partition import JobPartition
 from streams.routing import HostMap, unpack
 from streams.sharding import prune_foreign_hosts
-from streams.snapshots import SnapshotStore, scan
+from streams.snapshots import SnapshotStore, high_offset, scan
 
 log = logging.getLogger("failslow.worker")
 # The most of the worker's time state snapshots may take: a partition whose snapshot took
@@ -110,8 +110,9 @@ class JobStage:
             if hasattr(det, "telemetry_delay_s"):  # the flags win over the snapshot
                 setattr(det, "telemetry_delay_s", cfg.telemetry_delay)  # noqa: B010
                 setattr(det, "job_idle_s", cfg.job_idle)  # noqa: B010
-        for m in await asyncio.to_thread(scan, cfg.bootstrap, cfg.topics.for_kind("incident"),
-                                         p):
+        incidents = cfg.topics.for_kind("incident")
+        hi = await asyncio.to_thread(high_offset, cfg.bootstrap, incidents, p)
+        for m in await asyncio.to_thread(scan, cfg.bootstrap, incidents, p, until=hi or None):
             try:
                 state.remember(orjson.loads(m.value()))
             except (orjson.JSONDecodeError, KeyError, TypeError):

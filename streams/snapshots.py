@@ -44,6 +44,7 @@ CHUNK_BYTES = 512 * 1024
 FLUSH_S = 10.0   # the longest one chunk may take to be acknowledged
 RETRY_S = 5.0    # after an undelivered snapshot, no other is tried for this long
 TRIM_EVERY_S = 10.0
+UNTIL_WAIT_S = 15.0  # the longest a scan waits for a partition's known end (``until``)
 log = logging.getLogger("failslow.worker")
 
 
@@ -79,22 +80,49 @@ def _reader(bootstrap: str) -> Consumer:
 
 
 def scan(bootstrap: str, topic: str, partition: int, start: int = 0,
-         idle_polls: int = 2, limit: int | None = None) -> list[Any]:
+         idle_polls: int = 2, limit: int | None = None, until: int | None = None,
+         wait_s: float = UNTIL_WAIT_S) -> list[Any]:
     """All messages of one partition from ``start`` until the broker has nothing more
-    (``idle_polls`` empty 0.2 s polls in a row: end offsets cannot be trusted on Tansu)."""
+    (``idle_polls`` empty 0.2 s polls in a row: end offsets cannot be trusted on Tansu).
+
+    ``until``: an offset the partition is known to reach (its high watermark): the scan
+    does not stop on empty polls before a message at ``until - 1`` or later arrived,
+    for ``wait_s`` at most. On a loaded machine the first fetch can take longer than a
+    few 0.2 s polls, and a scan that gave up then restored no snapshot (issue 16: half of
+    a killed worker's partitions of a 131,072-rank job restarted without state, at load
+    12)."""
     consumer = _reader(bootstrap)
     out: list[Any] = []
+    deadline = time.monotonic() + wait_s
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         empty = 0
-        while empty < idle_polls and (limit is None or len(out) < limit):
+        last = start - 1
+        while limit is None or len(out) < limit:
             msgs = consumer.consume(num_messages=1000, timeout=0.2)
             good = [m for m in msgs if m.error() is None]
             empty = 0 if good else empty + 1
+            if good:
+                last = max(last, good[-1].offset() or 0)
             out.extend(good)
+            if empty >= idle_polls and (until is None or last >= until - 1
+                                        or time.monotonic() > deadline):
+                break
     finally:
         consumer.close()
     return out[:limit] if limit is not None else out
+
+
+def high_offset(bootstrap: str, topic: str, partition: int) -> int | None:
+    """The high watermark of one partition, or None when the broker does not answer."""
+    consumer = _reader(bootstrap)
+    try:
+        _, hi = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5.0)
+        return int(hi)
+    except KafkaException:
+        return None
+    finally:
+        consumer.close()
 
 
 class SnapshotStore:
@@ -180,31 +208,21 @@ class SnapshotStore:
 
     def read_latest(self, partition: int) -> dict | None:
         """The newest complete snapshot of ``partition``, or None."""
-        try:
-            hi = self._high(partition)
-        except KafkaException:
-            hi = 0
+        hi = high_offset(self.bootstrap, self.topic, partition) or 0
         if hi > 0:
-            tail = scan(self.bootstrap, self.topic, partition, start=hi - 1, idle_polls=1, limit=1)
+            tail = scan(self.bootstrap, self.topic, partition, start=hi - 1, idle_polls=1,
+                        limit=1, until=hi)
             if tail:
                 h = dict(tail[0].headers() or [])
                 n, i = int(h.get("of", b"0")), int(h.get("chunk", b"-1"))
                 if n and i == n - 1:
                     msgs = scan(self.bootstrap, self.topic, partition, start=hi - n,
-                                idle_polls=1, limit=n)
+                                idle_polls=1, limit=n, until=hi)
                     snap = _assemble(msgs)
                     if snap is not None:
                         return snap
-        return _newest(scan(self.bootstrap, self.topic, partition))
+        return _newest(scan(self.bootstrap, self.topic, partition, until=hi or None))
 
-    def _high(self, partition: int) -> int:
-        consumer = _reader(self.bootstrap)
-        try:
-            _, hi = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                   timeout=5.0)
-        finally:
-            consumer.close()
-        return int(hi)
 
 
 def _assemble(msgs: list[Any]) -> dict | None:
