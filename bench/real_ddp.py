@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 import tempfile
 import time
@@ -210,6 +211,8 @@ def main() -> int:
     path = Path(args.out or ROOT / f"bench/results/real_ddp{suffix}.json")
     rows: dict[str, list[dict]] = {f"{k}:{s}": [] for k, s in jobs}
     t0 = time.monotonic()
+    # the shared VM's load moves the jobs' noise (and the measured increase): kept with them
+    load0 = [round(x, 1) for x in os.getloadavg()]
     for rep in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             where = Path(args.keep) / f"repeat{rep}" if args.keep else Path(tmp)
@@ -233,7 +236,8 @@ def main() -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "repeats": rep + 1, "work": args.work, "grain": args.grain, "steps": args.steps,
-            "onset": args.onset, "wall_s": round(time.monotonic() - t0, 1),
+            "onset": args.onset, "wall_s": round(time.monotonic() - t0, 1), "note": args.note,
+            "load_start": load0, "load_now": [round(x, 1) for x in os.getloadavg()],
             "summary": summary, "runs": rows}, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
