@@ -100,6 +100,7 @@ from failslow.stack import (  # noqa: E402
 from failslow.worker_process import read_incidents  # noqa: E402
 from schema import Topics  # noqa: E402
 from simulator import SCENARIOS, simulate  # noqa: E402
+from simulator.relocate import relocate  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 FAULTY = ["gpu_thermal_30", "slow_link_host_50", "input_stall_50", "gpu_clock_15",
@@ -126,22 +127,7 @@ def workload(minutes: float, speed: float, seed: int) -> list[dict]:
         base = t0 if base is None else base
         shift = base + k * STAGGER_S - t0
         tag = f"i{k}"
-        for e in evs:
-            e = dict(e)
-            e["ts"] += shift
-            for f in ("start_ts", "window_start_ts"):
-                if f in e:
-                    e[f] += shift
-            if "ops" in e:
-                e["ops"] = [{**o, **({"first_start_ts": o["first_start_ts"] + shift}
-                                     if "first_start_ts" in o else {})} for o in e["ops"]]
-            if "job_id" in e:
-                e["job_id"] = f"{tag}-{name}-{e['job_id']}"
-            if "host" in e:
-                e["host"] = f"{tag}-{e['host']}"
-            if "uuid" in e:
-                e["uuid"] = f"{e['uuid']}-{tag}"
-            out.append(e)
+        out.extend(relocate(e, shift, tag, job_prefix=f"{tag}-{name}") for e in evs)
         k += 1
     out.sort(key=lambda e: e["ts"])
     end = out[0]["ts"] + span

@@ -30,9 +30,8 @@ import select
 import socket
 import ssl
 import struct
-import threading
 
-from tls_support import TestCA
+from tls_support import TestCA, ThreadedListener
 
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE, SASL_AUTHENTICATION_FAILED = 33, 34, 58
@@ -198,7 +197,7 @@ class ScramServer:
 # -- the proxy ------------------------------------------------------------------------------
 
 
-class SASLProxy:
+class SASLProxy(ThreadedListener):
     """Accept Kafka clients on 127.0.0.1:``port`` (TLS with the test CA's server
     certificate when ``ca``), authenticate them against ``users`` with one of
     ``mechanisms``, then forward to Tansu on 127.0.0.1:``target``."""
@@ -217,30 +216,7 @@ class SASLProxy:
         self.legacy_handshakes = 0
         self.sasl_versions: set[tuple[int, int]] = set()  # (api_key, version) clients sent
         self.advertised: dict[int, tuple[int, int] | None] = {}
-        self._sock = socket.create_server(("127.0.0.1", port))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-
-    def start(self) -> SASLProxy:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._sock.close()
-        self._thread.join(5)
-
-    def _accept(self) -> None:
-        self._sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                raw, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+        super().__init__(port)
 
     def _serve(self, raw: socket.socket) -> None:
         client: socket.socket = raw

@@ -11,6 +11,7 @@ import pytest
 
 from models.pipeline import Detector
 from simulator import SCENARIOS, simulate
+from simulator.relocate import relocate
 from streams.partition import JobPartition
 
 IDLE_S = 30.0
@@ -25,23 +26,7 @@ def instances(n: int, gap_s: float = 2 * IDLE_S) -> list[list[dict]]:
     out = []
     for k in range(n):
         shift = k * (span + gap_s)
-        evs = []
-        for e in base:
-            e = dict(e)
-            e["ts"] += shift
-            for f in ("start_ts", "window_start_ts"):
-                if f in e:
-                    e[f] += shift
-            if "ops" in e:
-                e["ops"] = [{**o, **({"first_start_ts": o["first_start_ts"] + shift}
-                                     if "first_start_ts" in o else {})} for o in e["ops"]]
-            if "job_id" in e:
-                e["job_id"] = f"j{k}-{e['job_id']}"
-            if "host" in e:
-                e["host"] = f"j{k}-{e['host']}"
-            if "uuid" in e:
-                e["uuid"] = f"{e['uuid']}-{k}"
-            evs.append(e)
+        evs = [relocate(e, shift, f"j{k}") for e in base]
         out.append(sorted(evs, key=lambda e: e["ts"]))
     return out
 

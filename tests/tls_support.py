@@ -16,6 +16,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 
 @dataclass(frozen=True)
@@ -59,24 +60,16 @@ def make_ca(folder: Path, hostname: str = "localhost") -> TestCA:
                   folder / "client.pem", folder / "client.key", folder / "other.pem")
 
 
-class TLSProxy:
-    """Accept TLS on 127.0.0.1:``port`` (client certificates required when
-    ``require_client_cert``) and forward the plaintext to 127.0.0.1:``target``."""
+class ThreadedListener:
+    """A listening socket on 127.0.0.1:``port`` whose connections are each served by
+    ``_serve`` in a thread of their own; ``start()`` / ``stop()`` (the proxies of the tests)."""
 
-    def __init__(self, ca: TestCA, port: int, target: int, require_client_cert: bool = True):
-        self.port, self.target = port, target
-        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(ca.server_cert, ca.server_key)
-        if require_client_cert:
-            self.ctx.load_verify_locations(ca.ca)
-            self.ctx.verify_mode = ssl.CERT_REQUIRED
-        self.handshakes_failed = 0
-        self.connections = 0
+    def __init__(self, port: int) -> None:
         self._sock = socket.create_server(("127.0.0.1", port))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
-    def start(self) -> TLSProxy:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -96,6 +89,25 @@ class TLSProxy:
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class TLSProxy(ThreadedListener):
+    """Accept TLS on 127.0.0.1:``port`` (client certificates required when
+    ``require_client_cert``) and forward the plaintext to 127.0.0.1:``target``."""
+
+    def __init__(self, ca: TestCA, port: int, target: int, require_client_cert: bool = True):
+        self.port, self.target = port, target
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ctx.load_cert_chain(ca.server_cert, ca.server_key)
+        if require_client_cert:
+            self.ctx.load_verify_locations(ca.ca)
+            self.ctx.verify_mode = ssl.CERT_REQUIRED
+        self.handshakes_failed = 0
+        self.connections = 0
+        super().__init__(port)
 
     def _serve(self, raw: socket.socket) -> None:
         try:
