@@ -18,8 +18,10 @@ worker's stages.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -53,13 +55,17 @@ def _fatal(what: str) -> None:
 def build_app(cfg: WorkerConfig) -> faust.App:
     """The faust app; input and internal topics must exist (``ensure_internal_topics``)."""
     nparts = ensure_internal_topics(cfg)
+    # faust's data folder (its table state; the worker's own state is in snapshots): gone
+    # with a clean stop, so restarts do not pile folders up in the temp dir
+    datadir = tempfile.mkdtemp(prefix="failslow-worker-")
+    atexit.register(shutil.rmtree, datadir, ignore_errors=True)
     app = faust.App(
         cfg.group, broker=f"kafka://{cfg.bootstrap}", value_serializer="raw",
         key_serializer="raw", web_enabled=False, processing_guarantee="at_least_once",
         broker_session_timeout=cfg.session_timeout, broker_heartbeat_interval=0.3,
         broker_rebalance_timeout=10.0, broker_commit_interval=1.0,
         consumer_auto_offset_reset="earliest", topic_disable_leader=True, stream_wait_empty=False,
-        topic_allow_declare=False, datadir=tempfile.mkdtemp(prefix="failslow-worker-"),
+        topic_allow_declare=False, datadir=datadir,
         broker_credentials=kafka_security.current().faust_credentials(),
     )
     faust_patch.set_fetch_wait(app, cfg.fetch_wait_ms)
