@@ -60,8 +60,10 @@ TARGETS = {
 }
 
 
-def detect(out: Path) -> list[dict]:
-    incidents = out / "incidents.jsonl"
+def detect(out: Path, into: Path | None = None) -> list[dict]:
+    """`failslow detect` on a job's rank files; the incidents go to ``into`` (default: the
+    job's folder; ``--redetect`` passes a temporary folder: kept traces are inputs only)."""
+    incidents = (into or out) / "incidents.jsonl"
     files = sorted(str(f) for f in out.glob("rank*.jsonl"))
     with contextlib.redirect_stderr(io.StringIO()):
         rc = cli(["detect", *files, "--out", str(incidents)])
@@ -167,8 +169,10 @@ def redetect(args: argparse.Namespace) -> int:
             continue
         for k in meta:
             meta[k].add(truth[k] if k in truth else None)
+        with tempfile.TemporaryDirectory() as tmp:
+            incidents = detect(d, Path(tmp))
         rows.setdefault(f"{truth['kind']}:{truth['scenario']}", []).append(
-            row_of(rep, truth, detect(d)) | {"trace": str(d)})
+            row_of(rep, truth, incidents) | {"trace": str(d)})
     summary = [summarize(key, rs) for key, rs in sorted(rows.items())]
     print(table(summary), flush=True)
     path = Path(args.out or ROOT / "bench/results/real_ddp_redetect.json")
