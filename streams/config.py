@@ -3,6 +3,7 @@ with a retention by ``ensure_internal_topics``) and which kind each input topic 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,10 @@ class WorkerConfig:
     max_ranks_per_job: int = 32_768
     max_groups_per_job: int = 65_536
     max_hosts_per_job: int = 8_192
+    # samples of hosts that no job of a partition names yet and that the route did not
+    # place on it: a pool of this many hosts (FAILSLOW_MAX_UNKNOWN_HOSTS; tests cut it)
+    max_unknown_hosts: int = field(default_factory=lambda: max(
+        1, int(os.environ.get("FAILSLOW_MAX_UNKNOWN_HOSTS") or 1_024)))
     # issue 16: ranks per shard of a large job (models.shard; FAILSLOW_SHARD_RANKS): must
     # be the same as failslow detect's to take the same decisions
     shard_ranks: int = SHARD_RANKS

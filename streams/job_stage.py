@@ -14,6 +14,7 @@ import asyncio
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -35,6 +36,10 @@ log = logging.getLogger("failslow.worker")
 # d seconds (pickling a 4,096-rank Detector: ~0.4 s) is snapshotted again after
 # max(snapshot_interval, d / SNAPSHOT_SHARE), i.e. less often when the state is large.
 SNAPSHOT_SHARE = 0.05
+_TELEMETRY = frozenset(("gpu", "nic", "host"))
+# Partitions read back at once when a worker takes partitions over (each thread opens its
+# own consumers: the waits are the broker's, the decode and restore take the GIL in turn).
+TAKEOVER_THREADS = 16
 
 
 def decode_value(value: bytes | None, kinds: frozenset[str] | None = None
@@ -72,6 +77,9 @@ class JobStage:
         self.stream: Any = None  # the job topic's manual-ack stream, once the agent runs
         self.rebalance_began: float | None = None  # when the current rebalance began
         self._capped_seen: dict[tuple[int, str], int] = {}
+        # partition -> (when its read-back began, its future): take-overs under way
+        self.reading: dict[int, tuple[float, asyncio.Future]] = {}
+        self.pool = ThreadPoolExecutor(TAKEOVER_THREADS, thread_name_prefix="failslow-takeover")
         self._counted = (("duplicates", metrics.duplicates), ("late", metrics.late),
                          ("late_samples", metrics.late_samples),
                          ("detector_errors", metrics.detector_errors),
@@ -93,32 +101,62 @@ class JobStage:
         if cfg.detector_restore:
             hooks["detector_restore"] = cfg.detector_restore
         limits = InputLimits(cfg.max_jobs, cfg.max_hosts, cfg.max_ranks_per_job,
-                             cfg.max_groups_per_job, cfg.max_hosts_per_job, partition=p)
+                             cfg.max_groups_per_job, cfg.max_hosts_per_job, partition=p,
+                             max_unknown_hosts=cfg.max_unknown_hosts)
         return JobPartition(p, lateness=cfg.lateness, idle_s=cfg.idle_s, jitter_s=cfg.jitter,
                             limits=limits, **hooks)
 
-    async def take_over(self, p: int) -> JobPartition:
-        """State of partition ``p`` when this worker gets it: newest snapshot + emitted
-        incidents."""
+    def read_back(self, p: int) -> tuple[JobPartition, dict[str, float]]:
+        """Partition ``p`` as the newest snapshot left it, with the incidents already
+        emitted on it (blocking: runs in a take-over thread). Returns the state and how long
+        each part took (s)."""
         cfg = self.cfg
+        t0 = time.monotonic()
         state = self.new_partition(p)
-        t0 = time.time()
-        snap = await asyncio.to_thread(self.store.read_latest, p)
+        snap = self.store.read_latest(p)
+        t1 = time.monotonic()
         if snap is not None:
             state.restore(snap)
             det = state.detector
             if hasattr(det, "telemetry_delay_s"):  # the flags win over the snapshot
                 setattr(det, "telemetry_delay_s", cfg.telemetry_delay)  # noqa: B010
                 setattr(det, "job_idle_s", cfg.job_idle)  # noqa: B010
+        t2 = time.monotonic()
         incidents = cfg.topics.for_kind("incident")
-        hi = await asyncio.to_thread(high_offset, cfg.bootstrap, incidents, p)
-        for m in await asyncio.to_thread(scan, cfg.bootstrap, incidents, p, until=hi or None):
+        hi = high_offset(cfg.bootstrap, incidents, p)
+        for m in scan(cfg.bootstrap, incidents, p, until=hi or None):
             try:
                 state.remember(orjson.loads(m.value()))
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue
-        log.info("partition %d taken over: snapshot %s, %d incidents already emitted", p,
-                 "restored" if snap else "none", len(state.emitted))
+        t3 = time.monotonic()
+        return state, {"snapshot": snap is not None, "read_s": t1 - t0, "restore_s": t2 - t1,
+                       "incidents_s": t3 - t2}
+
+    def prefetch(self, partitions: list[int]) -> None:
+        """Start reading back every partition just assigned that this worker does not hold,
+        all at once (issue 16): a worker taking over a dead one's 16 partitions of a
+        131,072-rank job read them one after another as their first messages came, 1.5-9 s
+        each, 59 s in all. Each is restored as soon as its read-back is done; its first
+        message waits only for its own (``take_over``)."""
+        loop = asyncio.get_running_loop()
+        for p in partitions:
+            if p not in self.parts and p not in self.reading:
+                self.reading[p] = (time.time(), loop.run_in_executor(self.pool, self.read_back, p))
+
+    async def take_over(self, p: int) -> JobPartition:
+        """State of partition ``p`` when this worker gets it: newest snapshot + emitted
+        incidents (read back since the assignment, ``prefetch``, or now)."""
+        t0 = time.time()
+        reading = self.reading.pop(p, None)
+        began, fut = reading or (t0, asyncio.get_running_loop().run_in_executor(
+            self.pool, self.read_back, p))
+        state, took = await fut
+        log.info("partition %d taken over: snapshot %s, %d incidents already emitted; read "
+                 "back in %.1f s (snapshot %.1f s, restore %.1f s, incidents %.1f s), waited "
+                 "%.1f s", p, "restored" if took["snapshot"] else "none", len(state.emitted),
+                 time.time() - began, took["read_s"], took["restore_s"], took["incidents_s"],
+                 time.time() - t0)
         for other in self.parts.values():
             other.pause(time.time() - t0)
         self.parts[p] = state
@@ -135,18 +173,21 @@ class JobStage:
         state = self.parts.get(p) or await self.take_over(p)
         self.held[p].append(event)
         metrics, kinds_of = self.metrics, self.cfg.topics.kinds_of
-        for src, ts0, report, key, value in unpack(msg.value):
+        for src, ts0, report, key, value, placed in unpack(msg.value):
             if (not report and key and src != self.steps_topic
                     and self.foreign(state, key, p, now)):
                 continue
             want = self.src_kind.get(src)
+            if not placed and key and want in _TELEMETRY:
+                # sent to every partition before its host was placed; placed here by now?
+                placed = p in self.hostmap.partitions(key.decode("utf-8", "replace"), now)
             events, errors = decode_value(value, kinds_of(src))
             if errors and report:
                 await self.out.dead_letter("; ".join(errors), src, key, value)
             if report:  # count a message sent to several partitions once
                 metrics.events.labels(src).inc(len(events))
             before = dict(state.counts)
-            incidents = state.ingest(events, msg.offset, now)
+            incidents = state.ingest(events, msg.offset, now, placed)
             self.count(state, before)
             if incidents:
                 await self.out.incidents(p, incidents)
@@ -241,6 +282,7 @@ class JobStage:
     def revoked(self, partitions: list[int]) -> None:
         self.rebalance_began = self.rebalance_began or time.time()
         for p in partitions:
+            self.reading.pop(p, None)   # a read-back under way is dropped: read again later
             if p in self.parts:
                 del self.parts[p]
                 self.held.pop(p, None)

@@ -11,7 +11,13 @@ baselines in the Detector. ``InputLimits.admit`` stands before all of that:
   the job heard from least recently. Then it is tracked, up to ``max_jobs``.
 - device samples of a host that no tracked job runs on wait here (the newest few per
   host, a bounded pool of hosts) and go on once a tracked job's event names the host;
-  at most ``max_hosts`` hosts are tracked.
+  at most ``max_hosts`` hosts are tracked. Samples of a host the route placed on this
+  partition (``admit(placed=True)``: the host runs ranks of a job homed or sharded here)
+  go on at once: at a large job's start, and all the more while a backlog is read, a
+  shard's hosts (512 for a 4,096-rank shard) send telemetry long before the partition
+  has any step of the job, more than the pool holds (issue 16: a 131,072-rank run dropped
+  1.95 M samples there, and a dropped own host's sample is device state that `failslow
+  detect` has). The pool and its bound stay for the hosts nobody placed.
 - a tracked job may have at most ``max_ranks_per_job`` ranks, ``max_groups_per_job``
   collective groups and ``max_hosts_per_job`` hosts; events naming more are dropped.
 
@@ -112,13 +118,15 @@ class InputLimits:
                         "{cap=\"%s\"}); what is already tracked is still judged",
                         self.partition, where, limit, cap.replace("_per_job", ""), cap)
 
-    def admit(self, events: list[dict]) -> list[dict]:
+    def admit(self, events: list[dict], placed: bool = False) -> list[dict]:
         """The events that may go on, in order; events of a job on probation or samples of
-        a host no tracked job runs on are held here and come out once they qualify."""
+        a host no tracked job runs on are held here and come out once they qualify.
+        ``placed``: the samples' host was placed on this partition by the route (host map),
+        so they go on at once, up to ``max_hosts`` hosts."""
         out: list[dict] = []
         for ev in events:
             if ev["kind"] in _TELEMETRY:
-                self._sample(ev, out)
+                self._sample(ev, out, placed)
             elif ev["job_id"] in self._jobs:
                 self._job_event(self._jobs[ev["job_id"]], ev, out)
             else:
@@ -130,11 +138,20 @@ class InputLimits:
         if job_id not in self._jobs and len(self._jobs) < self.max_jobs:
             self._jobs[job_id] = _Job(ts)
 
-    def _sample(self, ev: dict, out: list[dict]) -> None:
+    def _sample(self, ev: dict, out: list[dict], placed: bool = False) -> None:
         host, ts = ev["host"], ev["ts"]
         if host in self._hosts:
             if ts > self._hosts[host]:
                 self._hosts[host] = ts
+            out.append(ev)
+            return
+        if placed and len(self._hosts) < self.max_hosts:
+            # the route placed the host here: tracked from now on, with what was held of it
+            self._hosts[host] = ts
+            held = self._unknown.pop(host, None)
+            if held:
+                self._held_samples -= len(held)
+                out.extend(held)
             out.append(ev)
             return
         held = self._unknown.pop(host, None) or []

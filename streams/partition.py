@@ -130,15 +130,18 @@ class JobPartition:
 
     # -- input ---------------------------------------------------------------------------
 
-    def ingest(self, events: list[dict], offset: int, now: float) -> list[dict]:
-        """Take the valid events of the message at ``offset``; return incidents to emit."""
+    def ingest(self, events: list[dict], offset: int, now: float,
+               placed: bool = False) -> list[dict]:
+        """Take the valid events of the message at ``offset``; return incidents to emit.
+        ``placed``: device samples of a host the route placed on this partition
+        (``InputLimits.admit``)."""
         if offset >= self.next_offset:
             self.next_offset = offset + 1
         # Replaying below the snapshot's o_next: events up to its watermark are already in
         # the Detector's state; they still tell which sources exist and how far they got.
         skip_ts = self._skip_ts if offset < self._skip_below else -math.inf
         self.counts["events"] += len(events)
-        events = self.limits.admit(events)
+        events = self.limits.admit(events, placed)
         self.counts["capped"] = sum(self.limits.counts.values())
         late = self.order.add(events, offset, now, skip_ts)
         out = self._feed(late) if late else []

@@ -192,5 +192,7 @@ class RouteStage:
         homes = self.hostmap.partitions(key, now)
         if not homes:
             self.metrics.unmapped.inc()
+        placed = bool(homes)   # the partition admits a placed host's samples at once
         for n, p in enumerate(homes or range(self.partitions)):
-            packs.setdefault(p, []).extend((msg.topic, ts0, n == 0, msg.key, v) for v in values)
+            packs.setdefault(p, []).extend((msg.topic, ts0, n == 0, msg.key, v, placed)
+                                           for v in values)

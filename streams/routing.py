@@ -133,29 +133,34 @@ class HostMap:
         return len(self._hosts)
 
 
-def pack(parts: list[tuple[str, float, bool, bytes | None, bytes]]) -> bytes:
+PLACED = 2   # a part's flags: 1 report its bad records, 2 its host was placed there
+
+
+def pack(parts: list[tuple]) -> bytes:
     """Many input messages bound for one home partition as one internal message.
 
-    A part is (source topic, its Kafka timestamp in s, report bad records?, key, value).
-    Layout: 4-byte big-endian header length, a JSON header with one
-    ``[topic, ts, report, key, length]`` per part, then the values back to back (raw:
-    nothing is decoded or re-encoded on the way).
+    A part is (source topic, its Kafka timestamp in s, report bad records?, key, value)
+    and optionally placed? (telemetry sent to the partitions its host is placed on, not
+    to every partition: issue 16). Layout: 4-byte big-endian header length, a JSON header
+    with one ``[topic, ts, flags, key, length]`` per part (flags: 1 report, 2 placed),
+    then the values back to back (raw: nothing is decoded or re-encoded on the way).
 
-    >>> unpack(pack([("t", 1.5, True, b"k", b"[1]")]))
-    [('t', 1.5, True, b'k', b'[1]')]
+    >>> unpack(pack([("t", 1.5, True, b"k", b"[1]", True)]))
+    [('t', 1.5, True, b'k', b'[1]', True)]
     """
-    head = orjson.dumps([[t, ts, int(rep), k.decode("utf-8", "replace") if k is not None else None,
-                          len(v)] for t, ts, rep, k, v in parts])
-    return b"".join([len(head).to_bytes(4, "big"), head, *(v for *_, v in parts)])
+    head = orjson.dumps([[p[0], p[1], int(p[2]) | (PLACED if p[5:6] == (True,) else 0),
+                          p[3].decode("utf-8", "replace") if p[3] is not None else None,
+                          len(p[4])] for p in parts])
+    return b"".join([len(head).to_bytes(4, "big"), head, *(p[4] for p in parts)])
 
 
-def unpack(data: bytes) -> list[tuple[str, float, bool, bytes | None, bytes]]:
-    """The parts of a ``pack``ed message."""
+def unpack(data: bytes) -> list[tuple[str, float, bool, bytes | None, bytes, bool]]:
+    """The parts of a ``pack``ed message: (topic, ts, report, key, value, placed)."""
     n = int.from_bytes(data[:4], "big")
     pos = 4 + n
     out = []
-    for t, ts, rep, k, length in orjson.loads(data[4:pos]):
-        out.append((t, ts, bool(rep), k.encode() if k is not None else None,
-                    data[pos:pos + length]))
+    for t, ts, flags, k, length in orjson.loads(data[4:pos]):
+        out.append((t, ts, bool(flags & 1), k.encode() if k is not None else None,
+                    data[pos:pos + length], bool(flags & PLACED)))
         pos += length
     return out

@@ -121,7 +121,10 @@ def test_routing_helpers():
     assert job_of_collective_key("a/b/dp3") == "a/b"
     assert 0 <= home_partition("job0", 4) < 4
     parts = [("x.steps", 1.0, True, b"k", b"[1]"), ("x.gpu", 2.0, False, None, b"")]
-    assert unpack(pack(parts)) == parts
+    assert unpack(pack(parts)) == [(*part, False) for part in parts]
+    # issue 16: a telemetry part sent only to its host's partitions says so
+    placed = [("x.gpu", 2.0, False, b"h", b"[1]", True), ("x.nic", 2.0, True, b"h", b"", True)]
+    assert unpack(pack(placed)) == placed
     hm = HostMap(ttl_s=10)
     hm.add("h0", 2, now=0.0)
     assert hm.partitions("h0", now=5.0) == [2]

@@ -96,12 +96,14 @@ def test_the_route_stage_sends_a_job_home_and_its_hosts_telemetry_after_it():
                                     _Msg(gpu, b"h9", stray)], now=100.0))
     home = home_partition("job5", 4)
     routed = _routed(topics["job"])
-    assert (home, (steps, 1.0, True, b"job5", step)) in routed
-    assert [p for p, part in routed if part[4] == sample] == [home]
+    assert (home, (steps, 1.0, True, b"job5", step, False)) in routed
+    # placed on its host's partition: the partition admits it at once (issue 16)
+    assert [(p, part[5]) for p, part in routed if part[4] == sample] == [(home, True)]
     # a host no job runs on yet: every partition, one copy reports its bad records
     copies = [(p, part[2]) for p, part in routed if part[4] == stray]
     assert sorted(p for p, _ in copies) == [0, 1, 2, 3]
     assert sum(report for _, report in copies) == 1
+    assert not any(part[5] for _, part in routed if part[4] == stray)
     assert metrics.unmapped._value.get() == 1
     assert topics["dead"].sent == []
 
