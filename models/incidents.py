@@ -154,6 +154,10 @@ class IncidentTracker:
         if inc is not None and inc.age >= 1 and getattr(inc, "last_rel", 0.0) > 0:
             # a second confirmation: as slow as the first (an incident's own memory)
             return cur >= STEADY_RATIO * inc.last_rel
+        if float(ev.get("step_z", STEADY_Z)) < STEADY_Z:
+            # a link group's step inside the noise (its z to the other groups and its own
+            # past): its first confirmation waits for a second
+            return False
         mean, n = ev.get("mean_excess"), ev.get("mean_excess_steps")
         # Steps of evidence: the job's steps that ended after the onset (the start of the
         # culprit's first step under it; the step before ends there, give or take the

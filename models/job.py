@@ -30,6 +30,7 @@ from models.config import JobConfig
 from models.cusum import cusum_update
 from models.evidence import SUSPECT_LEARN_Z, RankEvidence
 from models.findings import Finding
+from models.incidents import STEADY_RATIO, STEADY_Z
 from models.links import LinkMonitor
 from models.localize import imbalances, localize
 from models.peers import has_peers, lower_half_ref, peer_scores
@@ -307,11 +308,57 @@ class JobState(Attribution):
                     span = g.ts[-1] - g.ts[-n - 1] if len(g.ts) > n else \
                         n * (self.substep.window_s or 1.0)
                     found.append(self._substep_finding(m, group, dict(hit, span=span), ts))
+        found.extend(self._short_substep(ticks, s, ts))
         if not found:
             return []
         keys = {f.key for f in found}
         found.extend(f for f in self.last_findings if f.key not in keys)
         return [(s, found, ts)]
+
+    def _short_substep(self, ticks: list[tuple[str, list[int], dict[int, dict[str, Any]]]],
+                       s: int, ts: float) -> list[Finding]:
+        """Short steps (issue 15): a member far outside its peers over its whole last step
+        (``far_rel`` or more, ``STEADY_Z`` sigmas, a full step of evidence) that its group
+        waited for in the first tick of that step (``models.substep``: the windows that
+        closed on time inside it) and still waits for, not less (``STEADY_RATIO``), in the
+        first tick of this one, is confirmed there: a rate spread over two steps, not a
+        lump (a stall's remainder fades, a one-step spike is absent from the next step).
+        The two ticks sit at the same place in their steps, so they are diluted alike (the
+        step's first op left out, the work still running when the window closed): they
+        are compared with each other, each at least ``2 * min_rel`` (a rank's speed varies
+        a few per cent inside a step). ``sustained_s`` is the time since the onset, so it
+        pages at once from the tracker's ``page_after_s``."""
+        cfg = self.cfg
+        if s != self.evaluated + 1 or self.job_step_s <= 0.0 \
+                or self.job_step_s >= 1.5 * (self.substep.window_s or 1.0):
+            return []
+        floor = 2.0 * cfg.min_rel
+        out: list[Finding] = []
+        for group, _, _ in ticks:
+            obs = getattr(self.substep.groups[group], "obs", None)
+            if not obs or len(obs) < 2 or obs[-1][:2] != (s, ts) or obs[-2][0] != s - 1:
+                continue
+            before = obs[-2][2]
+            for m, (rel, share) in obs[-1][2].items():
+                st = self.ranks.get(m)
+                seen = self.sub_seen.get(m)
+                was = before.get(m, (0.0, 0.0))[0]
+                if (st is None or st.kind is not None or (seen is not None and seen[0] >= s)
+                        or st.cusum < cfg.z_min or st.rel < cfg.far_rel or st.z < STEADY_Z
+                        or was < floor or rel < max(floor, STEADY_RATIO * was)):
+                    continue
+                host = self.rank_host.get(m)
+                if any(h == host and r != m and (o := self.ranks.get(r)) is not None
+                       and o.cusum >= cfg.z_min for r, h in self.rank_host.items()):
+                    # another rank of its host stands out too: a host fault, or one still
+                    # spreading over its ranks (``models.localize`` groups them)
+                    continue
+                onset = st.c_onset_ts if st.c_onset_ts else ts - self.job_step_s
+                hit = {"rel": st.rel, "ticks": 2, "kind": "far", "onset_ts": onset,
+                       "onset_step": st.c_onset_step, "wait_share": share, "long": False}
+                self.sub_seen[m] = (s, hit)
+                out.append(self._substep_finding(m, group, dict(hit, span=ts - onset), ts))
+        return out
 
     def _substep_finding(self, r: int, group: str, hit: dict[str, Any], ts: float) -> Finding:
         share = min(max(hit["wait_share"], 0.0), 0.9)

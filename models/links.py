@@ -25,6 +25,7 @@ local GPU k, the rail-optimized layout).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -41,12 +42,14 @@ from models.stats import RollingMedian
 from models.telemetry import TelemetryStore
 
 P2P = ("send", "recv")
+RUN_MAX = 32        # steps of a group's evidence run kept (its fade check)
 CLOCK_GAIN = 0.5    # share of a step's measured clock offset taken (the hosts' estimates
                     # depend on each other: a full step would overshoot)
 
 
 class GroupState:
-    __slots__ = ("cost", "streak", "cusum", "onset_ts", "onset_step", "extra_s", "rel")
+    __slots__ = ("cost", "streak", "cusum", "onset_ts", "onset_step", "extra_s", "rel", "run",
+                 "z")
 
     def __init__(self) -> None:
         self.cost = RollingMedian(32)
@@ -56,6 +59,11 @@ class GroupState:
         self.onset_step = 0
         self.extra_s = 0.0
         self.rel = 0.0
+        # log(1 + relative excess) of each step of the evidence run (since the CUSUM left
+        # zero, the newest last, RUN_MAX at most) and the newest step's z: the per-step
+        # series the incident tracker's fade check reads (``IncidentTracker.steady``)
+        self.run: list[float] = []
+        self.z = 0.0
 
 
 @dataclass(slots=True)
@@ -188,8 +196,17 @@ class LinkMonitor:
             if inc > 0 and st.cusum == 0.0:
                 st.onset_ts = ts - job_s
                 st.onset_step = s
+                st.run = []
             st.cusum = cusum_update(st.cusum, inc, cfg)
             st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
+            if st.cusum > 0:
+                # getattr: a group restored from a snapshot taken before the run existed
+                run = getattr(st, "run", None)
+                if run is None:
+                    run = st.run = []
+                run.append(math.log1p(max(rel, -0.5)))
+                del run[:-RUN_MAX]
+                st.z = zi
             if not weak:
                 if cost[i] > 0:
                     b.update(cost[i])
@@ -259,6 +276,16 @@ class LinkMonitor:
                     "transfer_rel_slowdown": round(float(max(st.rel for st in sts)), 3),
                     "healthy_groups": len(healthy)}
         evidence["ambiguous"] = ambiguous
+        # The worst group's steps of evidence, as a rank's window (``mean_excess`` over
+        # ``mean_excess_steps``) and its z this step: a confirmation whose latest step is as
+        # slow as the earlier ones is a rate, not a lump, and pages at once
+        # (``IncidentTracker.steady``); one that fades waits for a second confirmation.
+        worst = max(sts, key=lambda st: st.rel)
+        run = getattr(worst, "run", None)
+        if run:
+            evidence["mean_excess"] = round(sum(run) / len(run), 3)
+            evidence["mean_excess_steps"] = len(run)
+            evidence["step_z"] = round(float(getattr(worst, "z", 0.0)), 1)
         f = Finding(key="", fault="slow_link", confirmed=confirmed,
                     onset_ts=min(st.onset_ts for st in sts),
                     onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,

@@ -67,7 +67,11 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                 evidence={"ranks": sorted(members),
                           "work_excess_s": round(excess, 4),
                           "rel_to_peers": round(median([st.rel for st in sts]), 3),
-                          "rel_to_own_past": round(median([st.self_rel for st in sts]), 3)}))
+                          "rel_to_own_past": round(median([st.self_rel for st in sts]), 3),
+                          # issue 15 hook (owner of models/incidents.py): the ranks' windowed
+                          # evidence, for the tracker's fade check (``steady``)
+                          "mean_excess": round(median([st.mean_excess for st in sts]), 3),
+                          "mean_excess_steps": int(median([float(st.mean_n) for st in sts]))}))
             left -= set(members)
     # Half or more of a host rising together, not all of it yet: likely a host
     # fault still spreading over its ranks, so hold the single-rank verdicts for

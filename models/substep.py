@@ -82,7 +82,7 @@ class GroupTicks:
     """One group's pending windows per member and its tick series."""
 
     __slots__ = ("size", "pend", "seen", "raw", "own", "calm", "ts", "steps", "spread", "long",
-                 "ready")
+                 "ready", "obs")
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -98,6 +98,11 @@ class GroupTicks:
         self.spread = 0.0                # smoothed robust spread of the values (fraction)
         self.long = False                # the newest tick came from inside a long step
         self.ready = 0                   # members in pend with MIN_OPS ops or more
+        # short steps (ops closed on time in fewer than MIN_SPREAD windows a step): the
+        # first tick of each of the last two steps that a window closed on time made,
+        # (step, ts, member -> (relative lateness, wait share)), judged by ``models.job``
+        # with the member's last step (``JobState._short_substep``)
+        self.obs: list[tuple[int, float, dict[int, tuple[float, float]]]] = []
 
     def __setstate__(self, state: Any) -> None:
         slots = state[1] if isinstance(state, tuple) else state
@@ -105,6 +110,8 @@ class GroupTicks:
             setattr(self, k, v)
         if "ready" not in slots:          # pickled before the count existed
             self.ready = sum(1 for q in self.pend.values() if q[1] >= MIN_OPS)
+        if "obs" not in slots:
+            self.obs = []
 
 
 class SubStep:
@@ -200,10 +207,10 @@ class SubStep:
             # every member has sent a window since the last tick, each with MIN_OPS ops
             if g.ready >= g.size and g.ready == len(pend):
                 g.long = elapsed >= 1.5 * (self.window_s or 1.0)
-                out.append(self._tick(group, g, ts, step))
+                out.append(self._tick(group, g, ts, step, not end))
         return out
 
-    def _tick(self, name: str, g: GroupTicks, ts: float, step: int
+    def _tick(self, name: str, g: GroupTicks, ts: float, step: int, closed: bool = False
               ) -> tuple[str, list[int], dict[int, dict[str, Any]]]:
         # Plain floats for the few members of a group (numpy's fixed cost per call
         # dominates on eight values); the same IEEE operations, so the same values.
@@ -215,18 +222,37 @@ class SubStep:
         per_op = [p[0] / p[1] for p in pend]
         work = [max(p[2] - p[3], 0.0) / p[1] for p in pend]
         ref_work = _median(work)
-        if (min(p[4] for p in pend) < MIN_SPREAD
-                or ref_work <= MIN_WORK * _median([p[2] / p[1] for p in pend])):
-            # A group whose ops come in a burst
-            # (gradient buckets at the step's end: in one or two windows a step) or follow
-            # each other with no work between says nothing about the members' work.
+        if ref_work <= MIN_WORK * _median([p[2] / p[1] for p in pend]):
+            # A group whose ops follow each other with no work between says nothing about
+            # the members' work.
             return name, [], {}
         # A member that waited longer than its peers for a pipeline neighbour (send/recv)
         # arrives that much later at this group's ops: it waited, it is not slow.
         mid5 = _median([p[5] for p in pend])
         waited = [max(p[5] - mid5, 0.0) / p[1] for p in pend]
         mid = _median(per_op)
+        if len(pend) == 2:
+            # Two members compare with each other (a median of two is their mean: half
+            # the gap): the one that waited longer is the reference, its work the unit.
+            i = 0 if per_op[0] >= per_op[1] else 1
+            if work[i] > MIN_WORK * pend[i][2] / pend[i][1]:
+                mid, ref_work = per_op[i], work[i]
         late = [mid - x for x in per_op]
+        # The first tick of a step made by a window closed on time (inside the step: never
+        # the buckets the step's end cuts) is kept as one observation (``obs``), the last
+        # two steps', that ``models.job`` weighs with the member's last step at short steps.
+        obs = getattr(g, "obs", None) or []
+        if closed and (not obs or obs[-1][0] < step):
+            obs.append((step, ts, {m: (max((x - min(w, max(x, 0.0))) / ref_work, -0.9),
+                                       float(x * p[1] / max(p[2], 1e-9)))
+                                   for m, x, w, p in zip(members, late, waited, pend,
+                                                         strict=True)}))
+            g.obs = obs[-2:]
+        if min(p[4] for p in pend) < MIN_SPREAD:
+            # A group whose ops come in a burst (gradient buckets at the step's end: in one
+            # or two windows a step), or a short step (one window closed on time): no
+            # value for the windowed test.
+            return name, [], {}
         # the spread before that correction, which only ever lowers a lateness, to zero
         _, sig = lower_half_ref(np.log1p(np.array([max(x / ref_work, -0.9) for x in late])))
         rel = [max((x - min(w, max(x, 0.0))) / ref_work, -0.9)

@@ -158,3 +158,59 @@ def test_end_to_end_a_throttled_gpu_pages_on_open_a_straddling_stall_never():
     benign = _incidents("healthy_hybrid_64", 2)
     assert {i["severity"] for i in benign} <= {"info"}
 
+
+
+def link_finding(rel: float, run: list[float], onset_ts: float, step_z: float = 20.0
+                 ) -> Finding:
+    """A link as ``models.links`` builds it: this step's transfer excess of its worst group,
+    the mean log excess of that group's evidence run and this step's z."""
+    logs = [math.log1p(x) for x in run]
+    return Finding(key="slow_link:h1", fault="slow_link", confirmed=True, onset_ts=onset_ts,
+                   onset_step=10, slowdown_pct=12.0, own_pct=100.0 * rel, host="h1",
+                   hosts=["h1"], evidence={"slow_groups": ["dp0", "dp1"],
+                                           "transfer_rel_slowdown": rel,
+                                           "mean_excess": round(sum(logs) / len(logs), 3),
+                                           "mean_excess_steps": len(logs), "step_z": step_z})
+
+
+def test_a_link_as_slow_on_its_confirming_step_pages_on_open():
+    # Two steps of evidence (50 % then 48 %) at z far above the noise: a rate, paged with
+    # the event that opens it; fading (50 % then 20 %) or a step inside the noise waits
+    # for a second confirmation (today's rule for links).
+    for second, z, loud in ((0.48, 20.0, True), (0.2, 20.0, False), (0.48, 3.0, False)):
+        tr = IncidentTracker()
+        ts = warm(tr)
+        onset = ts
+        ts += 1.2
+        assert tr.step("j", ts, []) == []
+        ts += 1.2
+        f = link_finding(second, [0.5, second], onset, step_z=z)
+        out = tr.step("j", ts, [(f, "nic_congestion", "adjust_pipeline", "", {})])
+        assert out[0]["status"] == "open"
+        assert (out[0]["severity"] != "info") is loud, (second, z)
+
+
+def test_a_link_confirmed_from_one_step_never_pages_on_open():
+    tr = IncidentTracker()
+    ts = warm(tr)
+    onset = ts
+    ts += 1.0
+    f = link_finding(0.5, [0.5], onset)
+    out = tr.step("j", ts, [(f, "nic_congestion", "adjust_pipeline", "", {})])
+    assert [e["severity"] for e in out] == ["info"]
+
+
+def test_a_host_with_its_ranks_window_pages_on_open():
+    tr = IncidentTracker()
+    ts = warm(tr)
+    onset = ts
+    ts += 1.3
+    assert tr.step("j", ts, []) == []
+    ts += 1.3
+    logs = [0.0, 0.0, 0.0, 0.0, math.log1p(0.3), math.log1p(0.3)]
+    f = Finding(key="slow_host:h3", fault="slow_host", confirmed=True, onset_ts=onset,
+                onset_step=10, slowdown_pct=25.0, own_pct=30.0, host="h3", hosts=["h3"],
+                evidence={"ranks": [24, 25], "rel_to_peers": 0.3, "rel_to_own_past": 0.29,
+                          "mean_excess": round(sum(logs) / 6, 3), "mean_excess_steps": 6})
+    out = tr.step("j", ts, [(f, "cpu_contention", ACT, "", {})])
+    assert [(e["status"], e["severity"]) for e in out] == [("open", "critical")]
