@@ -229,3 +229,87 @@ def test_gradient_buckets_at_the_step_end_give_no_value():
     assert not any(conf for _, conf, _ in out)
     g = sub.groups["dp"]
     assert np.isnan(g.raw.vals).all() or not g.ts
+
+
+def _paged(name: str, seed: int):
+    """Every incident event of a scenario through the Detector, and each (rank, step)'s
+    start (its first op)."""
+    from models.pipeline import Detector
+    trace = simulate(SCENARIOS[name], seed=seed)
+    det = Detector()
+    starts, ends, incs = {}, {}, []
+    for chunk in trace.batches():
+        for ev in chunk:
+            if ev["kind"] == "step":
+                starts[(ev["job_id"], ev["rank"], ev["step"])] = ev["ts"] - ev["duration_s"]
+                ends[(ev["job_id"], ev["rank"], ev["step"])] = ev["ts"]
+        incs.extend(det.process_batch(chunk))
+    return trace, starts, ends, incs + det.flush()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_short_steps_a_tensor_parallel_culprit_pages_inside_its_second_slowed_step(seed):
+    """1 s steps (tp2): the culprit is far outside its peers over its first slowed step, and
+    its tensor-parallel partner still waits for it in the first window of the next: it
+    pages there, before that step ends (the step rule alone pages at its end)."""
+    trace, starts, ends, incs = _paged("thermal_two_jobs", seed)
+    fault = trace.truth["faults"][0]
+    key = (fault["job_id"], fault["rank"], fault["onset_step"])
+    first = next(i for i in incs if i["job_id"] == fault["job_id"]
+                 and i.get("rank") == fault["rank"])
+    assert first["status"] == "open" and first["severity"] != "info"
+    assert first["evidence"]["substep"] is True
+    assert first["evidence"]["sustained_s"] >= 2.0
+    second_end = ends[(key[0], key[1], key[2] + 1)]
+    assert starts[key] < first["ts"] < second_end
+    assert not [i for i in incs if i["severity"] != "info" and i.get("rank") != fault["rank"]
+                and i["job_id"] == fault["job_id"] and i["ts"] < second_end + 10]
+
+
+def test_short_steps_a_host_fault_is_not_split_into_ranks():
+    """A host whose ranks slow together (cpu contention, tp4): its ranks' groups wait for
+    them window after window, but the host is the culprit: no rank incident is loud."""
+    trace, _, _, incs = _paged("cpu_contention_30", 2)
+    loud = {(i["fault"], i.get("host"), i.get("rank")) for i in incs if i["severity"] != "info"}
+    assert loud == {("slow_host", trace.truth["faults"][0]["host"], None)}
+
+
+def test_two_members_compare_with_each_other_at_short_steps():
+    """A pair (tp2) at 1 s steps (one window closed on time a step): the first tick of a
+    step keeps one observation; the slower member's lateness is its gap to the other, not
+    half of it (the median of two is their mean)."""
+    from models.substep import SubStep
+
+    sub = SubStep(JobConfig())
+    t = 0.0
+    for step in range(3):
+        for end in (False, True):
+            for r in range(2):
+                per_op = 0.01 if r == 1 else 0.05       # rank 1 arrives last, 0.04 s per op
+                ops = [{"group": "tp", "group_size": 2, "op": "allreduce", "n": 6,
+                        "blocked_s": 6 * per_op, "max_s": per_op, "min_s": per_op,
+                        "bytes": 1 << 20}]
+                ev = {"rank": r, "ts": t + (1.0 if not end else 1.3),
+                      "window_start_ts": t + (0.0 if not end else 1.0), "step_end": end,
+                      "ops": ops}
+                sub.add(ev, step)
+        t += 1.3
+    obs = sub.groups["tp"].obs
+    assert [o[0] for o in obs] == [1, 2]                 # the last two steps' first ticks
+    late, fast = obs[-1][2][1][0], obs[-1][2][0][0]
+    assert fast == 0.0
+    # 0.04 s late per op over the faster member's work per op ((1.0 - 5 x 0.05) / 5)
+    assert late == pytest.approx(0.04 / 0.15, rel=1e-6)
+
+
+def test_a_short_step_job_whose_culprit_makes_its_steps_long_pages_in_the_second():
+    """1 s steps, a GPU throttled to 3x: its steps last over 2 windows; the culprit far
+    outside its peers over its first slowed step, waited for as much in the first window of
+    the second, pages there (the step rule, whose second step fades against the first, paged
+    at the end of the third)."""
+    trace, starts, ends, incs = _paged("gpu_thermal_3x_short", 0)
+    fault = trace.truth["faults"][0]
+    key = (fault["job_id"], fault["rank"], fault["onset_step"])
+    first = next(i for i in incs if i.get("rank") == fault["rank"])
+    assert first["severity"] != "info" and first["evidence"]["substep"] is True
+    assert starts[(key[0], key[1], key[2] + 1)] < first["ts"] < ends[(key[0], key[1], key[2] + 1)]
