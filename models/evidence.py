@@ -56,6 +56,13 @@ POOL_FLOOR = 0.75            # and at least this times it
 ROBUST_MAD = 1.4826          # MAD of normal noise -> its sigma
 ROBUST_MIN_N = 12            # shorter windows keep the mean and sample deviation
 ROBUST_CLIP = 3.0            # a window's values are clipped this many spreads from its median
+# The far verdict's bar over windows holding LONG_N values or more. Its evidence is its size
+# (a mean of at least 0.9 far_rel, twice the largest steady difference between healthy
+# parts); the winsorized mean of 24 values or more is close to normal, so its z only has to
+# show that mean is not noise at the usual one-sided 3 sigma (p ~ 1e-3). Shorter windows
+# keep z_min for the heavy tails of a few steps' mean (bursts). Over 106 kept real traces,
+# healthy ranks' far z at 24 and 32 steps peaked at 2.3 (at 6 steps: 5.7).
+LONG_N, LONG_Z = 24, 3.0
 PRESENT_RECENT = 4           # ``present``: the newest 1/4 of a window must carry the excess too
 
 
@@ -264,13 +271,15 @@ class Windows:
         return float(ROBUST_MAD * np.median(mad))
 
     def test(self, rows: np.ndarray, sigma: np.ndarray, delta: float, z_crit: float,
-             scales: tuple[int, ...] = SCALES, robust: bool = False
+             scales: tuple[int, ...] = SCALES, robust: bool = False,
+             z_long: float | None = None
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per row: (confirmed, mean excess, z, window) of the best trailing window,
         ``z = (mean - delta / 2) / (max(sigma, sample std) / sqrt(count))``;
         confirmed where some window holds mean >= 0.9 delta and z >= z_crit.
         ``robust``: the window's winsorized mean and MAD spread (``robust_stats``)
-        instead of its mean and sample deviation."""
+        instead of its mean and sample deviation. ``z_long``: the bar for windows holding
+        ``LONG_N`` values or more, where lower than ``z_crit``."""
         k = rows.size
         best_z = np.full(k, -np.inf)
         best_m = np.zeros(k)
@@ -286,7 +295,10 @@ class Windows:
             # robust: ``sd`` is the robust spread, floored by the learned noise already
             se = self.mean_se(rows, sd if rob else sigma, sd, cnt, n)
             z = np.where(cnt >= MIN_FILL * n, (mean - delta / 2) / np.maximum(se, 1e-9), -np.inf)
-            hit = (z >= z_crit) & (mean >= MEAN_FLOOR * delta)
+            # the long bar where the window holds LONG_N values or more (near-normal mean)
+            bar = np.where(cnt >= LONG_N, min(z_crit, z_long), z_crit) \
+                if z_long is not None and n >= LONG_N else z_crit
+            hit = (z >= bar) & (mean >= MEAN_FLOOR * delta)
             # The confirming window wins over a longer, stronger-looking one that did not.
             take = (hit & ~ok) | ((hit == ok) & (z > best_z))
             best_z = np.where(take, z, best_z)
@@ -420,7 +432,7 @@ class RankEvidence:
         lo, far = math.log1p(cfg.min_rel), math.log1p(cfg.far_rel)
         zc = cfg.z_min + WINDOW_Z_EXTRA   # several windows are tested each step
         ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc, robust=True)
-        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=True)
+        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=True, z_long=LONG_Z)
         # Imbalance never pages: the plain bar, over the whole window.
         ok_i, m_i, _, n_i = self.peer.test(rows, sig_p, lo, cfg.z_min, scales=(self.peer.width,))
         m_s, m_f, m_i = np.expm1(m_s), np.expm1(m_f), np.expm1(m_i)
