@@ -126,6 +126,11 @@ def main() -> None:
                     help="longest wait after the first step is judged for every "
                          "partition's snapshot before the kill")
     ap.add_argument("--deadline", default="01:45", help="UTC HH:MM: stop by then")
+    ap.add_argument("--out", default=None, help="results file (default "
+                    "bench/results/streams_shards_<ranks>.json)")
+    ap.add_argument("--stop-after-restart", action="store_true",
+                    help="stop once the new worker judged and took over all its partitions "
+                         "(120 s after it judged at most)")
     args = ap.parse_args()
     hh, mm = map(int, args.deadline.split(":"))
     now_utc = dt.datetime.now(dt.UTC)
@@ -230,6 +235,7 @@ def main() -> None:
                 victim.kill()
                 t_kill = time.monotonic()
                 kill["t_kill"] = round(t_kill - t_pub, 1)
+                kill["t_kill_wall"] = time.time()
                 workers.append(WorkerProcess(broker.bootstrap, topics, group=group,
                                              metrics_port=ports[2], log_path=logs[2],
                                              extra=extra))
@@ -237,7 +243,16 @@ def main() -> None:
                     f" rank-steps judged); started {workers[2].proc.pid}")
             if kill and "restart_s" not in kill and judged_seen.get(2, 0.0) > 0:
                 kill["restart_s"] = time.monotonic() - t_kill
+                kill["t_judged_wall"] = time.time()
                 say(f"the new worker judges again {kill['restart_s']:.1f} s after the kill")
+            if args.stop_after_restart and "t_judged_wall" in kill:
+                from streams_restart import stamped, taken_over
+
+                assigned = stamped(logs[2], "Executing _on_partitions_assigned")
+                if ((assigned and len(taken_over(logs[2], assigned[-1])) >= args.partitions // 2)
+                        or time.time() - kill["t_judged_wall"] > 120):
+                    say("the new worker took over its partitions: stopping")
+                    break
             # done once nothing moves (events, capped, judged) for 60 s after the restart
             # (a restarted partition may judge a step again), 180 s before it
             quiet = 60 if kill.get("restart_s") else 180
@@ -256,6 +271,13 @@ def main() -> None:
         for w in workers:
             w.stop()
         broker.stop(5)
+    if "t_judged_wall" in kill:
+        # the restart's parts from the new worker's log (bench/streams_restart.py)
+        from streams_restart import split
+
+        kill["split"] = split({"t_kill": kill["t_kill_wall"], "t_judged": kill["t_judged_wall"]},
+                              logs[2], args.partitions // 2)
+        say(f"restart split: {kill['split']}")
     res.update(publish=pub_state, timeline=timeline, kill=kill, workers_alive=alive,
                load_after=machine_load(), log=log_lines)
     per = []
@@ -282,7 +304,7 @@ def main() -> None:
             f"{p['peak_rss_mib']:.0f} MiB = {p['rss_mib_per_1000_ranks'] or 0:.0f} MiB per "
             f"1,000 ranks held")
     RESULTS.mkdir(exist_ok=True)
-    dest = RESULTS / f"streams_shards_{args.ranks}.json"
+    dest = Path(args.out) if args.out else RESULTS / f"streams_shards_{args.ranks}.json"
     dest.write_text(json.dumps(res, indent=2))
     say(f"wrote {dest}")
 
