@@ -63,6 +63,7 @@ ROBUST_CLIP = 3.0            # a window's values are clipped this many spreads f
 # keep z_min for the heavy tails of a few steps' mean (bursts). Over 106 kept real traces,
 # healthy ranks' far z at 24 and 32 steps peaked at 2.3 (at 6 steps: 5.7).
 LONG_N, LONG_Z = 24, 3.0
+LONG_SCALES = tuple(n for n in SCALES if n >= LONG_N)
 PRESENT_RECENT = 4           # ``present``: the newest 1/4 of a window must carry the excess too
 
 
@@ -433,10 +434,15 @@ class RankEvidence:
         zc = cfg.z_min + WINDOW_Z_EXTRA   # several windows are tested each step
         ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc, robust=True)
         ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=True, z_long=LONG_Z)
+        # A large change against its own past (far_rel, as large as the far verdict's
+        # offset) over a long window: the far verdict's bar (LONG_Z), its evidence its size.
+        ok_l, m_l, z_l, n_l = self.own.test(rows, sig2, far, zc, scales=LONG_SCALES,
+                                            robust=True, z_long=LONG_Z)
         # Imbalance never pages: the plain bar, over the whole window.
         ok_i, m_i, _, n_i = self.peer.test(rows, sig_p, lo, cfg.z_min, scales=(self.peer.width,))
-        m_s, m_f, m_i = np.expm1(m_s), np.expm1(m_f), np.expm1(m_i)
+        m_s, m_f, m_i, m_l = np.expm1(m_s), np.expm1(m_f), np.expm1(m_i), np.expm1(m_l)
         ok_s &= share(m_s)
+        ok_l &= share(m_l) & ~ok_s
         ok_f &= share(m_f)
         ok_i &= self.peer.learned(rows)
         # Steps where the rank may be drifting away (a window's mean stands three
@@ -445,6 +451,10 @@ class RankEvidence:
         # Only a drift against its own past: a rank always that far from its peers
         # still has a noise to learn, around its offset.
         suspect = z_s >= SUSPECT_Z
+        if ok_l.any():
+            ok_s = ok_s | ok_l
+            m_s, z_s, n_s = (np.where(ok_l, m_l, m_s), np.where(ok_l, z_l, z_s),
+                             np.where(ok_l, n_l, n_s))
         if self.calm.size < len(self.peer.rows):
             self.calm = np.concatenate([self.calm, np.zeros(len(self.peer.rows) - self.calm.size,
                                                             dtype=np.int64)])

@@ -6,7 +6,8 @@ evidence is its size (twice the largest steady difference between healthy parts)
 the winsorized mean of 24 values or more is close to normal, so its z only has to show
 that the mean is not noise at the usual one-sided 3 sigma. Shorter windows keep z_min
 for the heavy tails of a few steps' mean; a burst that ended, or a steady offset under
-the far bar, never confirms through the long bar.
+the far bar, never confirms through the long bar. The same bar holds for a large change
+(25 % or more) against the rank's own past: a pipeline stage has no peers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import math
 
 import numpy as np
 
-from models.evidence import LONG_N, LONG_Z, Windows
+from models import evidence
+from models.config import JobConfig
+from models.evidence import LONG_N, LONG_Z, RankEvidence, Windows
 
 FAR = math.log1p(0.25)
 
@@ -77,3 +80,40 @@ def test_steady_offset_under_the_far_bar_never_confirms():
     w, rows = _job([math.log1p(0.12)] * 32, 0)
     ok, mean, z, _ = w.test(rows, np.full(4, 0.05), FAR, 4.0, robust=True, z_long=LONG_Z)
     assert not ok[0] and mean[0] < 0.9 * FAR
+
+
+def _first_confirmed(seed: int, shift: float = 0.5, sd: float = 0.45, before: int = 40,
+                     after: int = 32) -> int | None:
+    """Steps after the onset until rank 0 (alone in its pipeline stage: no peers, only its
+    own past judges it) is confirmed; its own-past series rises by ``shift`` in log."""
+    rng = np.random.default_rng(seed)
+    ev = RankEvidence(JobConfig())
+    n = 4
+    for k in range(before + after):
+        y = rng.normal(0.0, sd, n)
+        if k >= before:
+            y[0] += shift
+        v = ev.judge(list(range(n)), np.zeros(n), np.zeros(n), np.expm1(y), y / sd,
+                     np.full(n, sd), np.zeros(n, dtype=bool), np.ones(n, dtype=bool), False,
+                     np.full(n, 0.1), 0.2, 0.01, np.ones(n, dtype=bool))
+        assert not v.confirmed[1:].any(), (seed, k)
+        if v.confirmed[0] and k >= before:
+            return k - before
+    return None
+
+
+def test_large_change_against_own_past_confirms_over_a_long_window(monkeypatch):
+    # +65 % (0.5 in log) on a stage whose own work moves 45 % a step: the own-past test at
+    # 5 % needs z 4; a change of 25 % or more over 24+ values confirms at z 3, earlier
+    with_long = {seed: _first_confirmed(seed) for seed in (3, 8)}
+    monkeypatch.setattr(evidence, "LONG_SCALES", ())
+    without = {seed: _first_confirmed(seed) for seed in (3, 8)}
+    for seed in (3, 8):
+        assert with_long[seed] is not None and without[seed] is not None
+        assert with_long[seed] + 2 <= without[seed], (with_long, without)
+        assert with_long[seed] >= LONG_N - 1
+
+
+def test_healthy_stages_never_confirm():
+    for seed in range(6):
+        _first_confirmed(seed, shift=0.0)
