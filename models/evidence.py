@@ -273,28 +273,36 @@ class Windows:
 
     def test(self, rows: np.ndarray, sigma: np.ndarray, delta: float, z_crit: float,
              scales: tuple[int, ...] = SCALES, robust: bool = False,
-             z_long: float | None = None
+             z_long: float | None = None, memo: dict | None = None
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per row: (confirmed, mean excess, z, window) of the best trailing window,
         ``z = (mean - delta / 2) / (max(sigma, sample std) / sqrt(count))``;
         confirmed where some window holds mean >= 0.9 delta and z >= z_crit.
         ``robust``: the window's winsorized mean and MAD spread (``robust_stats``)
         instead of its mean and sample deviation. ``z_long``: the bar for windows holding
-        ``LONG_N`` values or more, where lower than ``z_crit``."""
+        ``LONG_N`` values or more, where lower than ``z_crit``. ``memo``: a dict shared by
+        tests of the same rows, ``sigma`` and ``robust`` this step (only ``delta`` and the
+        bars differ): each window's count, mean and standard error are computed once."""
         k = rows.size
         best_z = np.full(k, -np.inf)
         best_m = np.zeros(k)
         best_n = np.zeros(k, dtype=np.int64)
         ok = np.zeros(k, dtype=bool)
-        sigma = self.noise(rows, sigma)
-        pool = self._mad_pool(rows) if robust else 0.0
+        memo = {} if memo is None else memo
+        if "sigma" not in memo:
+            memo["sigma"] = self.noise(rows, sigma)
+            memo["pool"] = self._mad_pool(rows) if robust else 0.0
+        sigma, pool = memo["sigma"], memo["pool"]
         for n in scales:
             if n > self.width:
                 break
-            rob = robust and n >= ROBUST_MIN_N
-            cnt, mean, sd = self.robust_stats(rows, n, sigma, pool) if rob else self.stats(rows, n)
-            # robust: ``sd`` is the robust spread, floored by the learned noise already
-            se = self.mean_se(rows, sd if rob else sigma, sd, cnt, n)
+            if n not in memo:
+                rob = robust and n >= ROBUST_MIN_N
+                cnt, mean, sd = self.robust_stats(rows, n, sigma, pool) if rob \
+                    else self.stats(rows, n)
+                # robust: ``sd`` is the robust spread, floored by the learned noise already
+                memo[n] = (cnt, mean, self.mean_se(rows, sd if rob else sigma, sd, cnt, n))
+            cnt, mean, se = memo[n]
             z = np.where(cnt >= MIN_FILL * n, (mean - delta / 2) / np.maximum(se, 1e-9), -np.inf)
             # the long bar where the window holds LONG_N values or more (near-normal mean)
             bar = np.where(cnt >= LONG_N, min(z_crit, z_long), z_crit) \
@@ -432,12 +440,13 @@ class RankEvidence:
 
         lo, far = math.log1p(cfg.min_rel), math.log1p(cfg.far_rel)
         zc = cfg.z_min + WINDOW_Z_EXTRA   # several windows are tested each step
-        ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc, robust=True)
+        own_memo: dict = {}     # the two own-past tests share their windows' statistics
+        ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc, robust=True, memo=own_memo)
         ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=True, z_long=LONG_Z)
         # A large change against its own past (far_rel, as large as the far verdict's
         # offset) over a long window: the far verdict's bar (LONG_Z), its evidence its size.
         ok_l, m_l, z_l, n_l = self.own.test(rows, sig2, far, zc, scales=LONG_SCALES,
-                                            robust=True, z_long=LONG_Z)
+                                            robust=True, z_long=LONG_Z, memo=own_memo)
         # Imbalance never pages: the plain bar, over the whole window.
         ok_i, m_i, _, n_i = self.peer.test(rows, sig_p, lo, cfg.z_min, scales=(self.peer.width,))
         m_s, m_f, m_i, m_l = np.expm1(m_s), np.expm1(m_f), np.expm1(m_i), np.expm1(m_l)
