@@ -16,9 +16,13 @@ verdict. Candidate statistics, each a value per step and rank:
 - ``cp_peer_learned``: the same with the detector's learned noise of the series;
 - ``cp_rank``: the same change point on the rank's place among its peers each step (0 the
   fastest, 1 the slowest): immune to spikes and to the size of the noise;
-- ``mean24``: the plain 24-step mean of the peer series (the size of the excess).
+- ``mean24``: the plain 24-step mean of the peer series (the size of the excess);
+- ``far_z_long``, ``own_far_z_long``: the z of the far verdict over 24 and 32 steps, and of
+  a large change (far_rel) against its own past there (where its mean reaches 0.9 far_rel):
+  the windows where the detector's bar is LONG_Z (3), not z_min.
 
-Per statistic: the culprits' largest value after the onset (DDP 1.5x, DDP 2x), every
+Per statistic: the culprits' largest value after the onset (DDP 1.5x and 2x, pipeline
+stage 2x), every
 healthy rank's largest value after the warm-up (all kept jobs: DDP, FSDP2, TP, pipeline,
 benign and fault runs), and the culprits reached at the bar that the second-largest
 healthy value sets (one false page in all the healthy series).
@@ -48,6 +52,8 @@ from models import job as J  # noqa: E402
 
 DELTA = float(np.log1p(0.05))      # min_rel, as the own-past test's delta
 WARM = 16                          # healthy ranks: steps from which their values count
+LONG = (24, 32)                    # the windows of the far bar LONG_Z (models/evidence.py)
+SCENARIOS = ("ddp:compute1.5x", "ddp:compute2x", "pipeline:compute2x")
 
 _rec: list[dict[str, Any]] = []
 
@@ -67,8 +73,16 @@ def _wrap() -> None:
         v = judge0(self, ranks, rel, z, rel2, z2, sig2, peers, warm, early, recent, job_s,
                    floor, clean)
         rows = self.peer.rows_for(ranks)
+        sig_p = np.where(warm, sig2, floor)
+        far = float(np.log1p(self.cfg.far_rel))
+        # the long windows' z at far_rel (the bar LONG_Z applies there): against peers, and
+        # against its own past where the mean reaches 0.9 far_rel
+        _, _, zp, _ = self.peer.test(rows, sig_p, far, 4.0, scales=LONG, robust=True)
+        _, mo, zo, _ = self.own.test(rows, sig2, far, 4.0, scales=LONG, robust=True)
         _rec[-1].update(x=self.peer.vals[rows, -1].copy(), z=np.array(v.z),
-                        noise=self.peer.noise(rows, np.where(warm, sig2, floor)).copy())
+                        noise=self.peer.noise(rows, sig_p).copy(),
+                        zp=np.where(peers, zp, -np.inf),
+                        zo=np.where(warm & (mo >= 0.9 * far), zo, -np.inf))
         return v
 
     E.RankEvidence.judge = judge
@@ -83,7 +97,7 @@ def series(d: Path) -> dict[str, np.ndarray]:
         cli(["detect", *files, "--out", f"{tmp}/incidents.jsonl"])
     steps = [s for s in _rec if "x" in s]
     n = max(max(s["ranks"]) for s in steps) + 1
-    out = {k: np.full((len(steps), n), np.nan) for k in ("x", "z", "noise", "work")}
+    out = {k: np.full((len(steps), n), np.nan) for k in ("x", "z", "noise", "work", "zp", "zo")}
     for t, s in enumerate(steps):
         for k in out:
             out[k][t, s["ranks"]] = s[k]
@@ -151,6 +165,8 @@ STATS = {
     "cp_peer_learned": lambda m: change_point(m["x"], m["noise"], DELTA),
     "cp_rank": lambda m: change_point(place(m), None, 0.1, floor=0.25),
     "mean24": lambda m: mean24(m["x"]),
+    "far_z_long": lambda m: np.where(np.isfinite(m["zp"]), m["zp"], -np.inf),
+    "own_far_z_long": lambda m: np.where(np.isfinite(m["zo"]), m["zo"], -np.inf),
 }
 
 
@@ -174,25 +190,27 @@ def main() -> int:
             v = f(m)
             for r in range(v.shape[1]):
                 if r == truth["culprit"]:
-                    if key in ("ddp:compute1.5x", "ddp:compute2x"):
+                    if key in SCENARIOS:
                         culprits[name].setdefault(key, []).append(
                             round(float(np.max(v[truth["onset_step"]:, r])), 2))
                 else:
                     healthy[name].append(round(float(np.max(v[WARM:, r])), 2))
     rows = []
     print(f"{traces} traces; healthy rank series: {len(healthy['verdict_z'])}")
-    print(f"{'statistic':16} {'bar':>6} {'1.5x named':>10} {'2x named':>8}  healthy top 3")
+    print(f"{'statistic':16} {'bar':>6} {'DDP 1.5x':>8} {'DDP 2x':>6} {'pipe 2x':>7}  "
+          "healthy top 3")
     for name in STATS:
         h = sorted(healthy[name], reverse=True)
         bar = h[1]          # one healthy series over it in all kept jobs
-        c15 = sorted(culprits[name].get("ddp:compute1.5x", []))
-        c2 = sorted(culprits[name].get("ddp:compute2x", []))
-        row = {"statistic": name, "bar": bar, "healthy_top": h[:5],
-               "compute1.5x": c15, "compute2x": c2,
-               "named_1.5x": sum(c > bar for c in c15), "named_2x": sum(c > bar for c in c2)}
+        row: dict[str, Any] = {"statistic": name, "bar": bar, "healthy_top": h[:5]}
+        cols = []
+        for key in SCENARIOS:
+            c = sorted(culprits[name].get(key, []))
+            row[key] = c
+            row[f"named {key}"] = sum(v > bar for v in c)
+            cols.append(f"{row[f'named {key}']}/{len(c)}")
         rows.append(row)
-        print(f"{name:16} {bar:>6.2f} {row['named_1.5x']:>4}/{len(c15):<5} "
-              f"{row['named_2x']:>3}/{len(c2):<4}  {h[:3]}")
+        print(f"{name:16} {bar:>6.2f} {cols[0]:>8} {cols[1]:>6} {cols[2]:>7}  {h[:3]}")
     Path(args.out).write_text(json.dumps({"dirs": args.dirs, "traces": traces,
                                           "healthy_series": len(healthy["verdict_z"]),
                                           "rows": rows}, indent=1) + "\n")
