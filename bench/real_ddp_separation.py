@@ -22,10 +22,9 @@ verdict. Candidate statistics, each a value per step and rank:
   the windows where the detector's bar is LONG_Z (3), not z_min.
 
 Per statistic: the culprits' largest value after the onset (DDP 1.5x and 2x, pipeline
-stage 2x), every
-healthy rank's largest value after the warm-up (all kept jobs: DDP, FSDP2, TP, pipeline,
-benign and fault runs), and the culprits reached at the bar that the second-largest
-healthy value sets (one false page in all the healthy series).
+stage 2x), every healthy rank's largest value after the warm-up (all kept jobs: DDP,
+FSDP2, TP, pipeline, benign and fault runs), and the culprits reached at the bar that the
+second-largest healthy value sets (one false page in all the healthy series).
 
     .venv/bin/python bench/real_ddp_separation.py DIR [DIR ...] [--out F]
 """
