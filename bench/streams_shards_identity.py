@@ -120,7 +120,7 @@ def main() -> None:
             last = state
             say(f"judged {state[0]:,.0f}, events {state[1]:,.0f}, capped "
                 f"{sum(m['capped'] for m in ms):,.0f}")
-            if still >= 6:       # 30 s without anything new
+            if still >= 18:      # 90 s without anything new
                 break
         res["judged_rank_steps"], res["events_taken"] = last
         res["capped"] = sum(scrape(p)["capped"] for p in ports)
