@@ -132,6 +132,15 @@ def main() -> None:
         trace.unlink(missing_ok=True)
     same = canon(got) == canon(ref)
     brief = sorted((i["incident_id"], i["status"], i.get("root_cause")) for i in ref)
+    if not same:        # which fields differ, incident by incident (by id and status, in order)
+        def key(i: dict) -> tuple:
+            return (i["incident_id"], i["status"], i.get("ts", 0))
+        res["differences"] = [
+            {"incident_id": a["incident_id"], "status": a["status"],
+             "fields": {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b))
+                        if a.get(k) != b.get(k)}}
+            for a, b in zip(sorted(ref, key=key), sorted(got, key=key), strict=False)
+            if a != b]
     res.update(worker_incidents=len(got), byte_identical=same, detect_brief=brief,
                worker_brief=sorted((i["incident_id"], i["status"], i.get("root_cause"))
                                    for i in got),
