@@ -18,10 +18,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_streams_worker import brief, canon, metric, publish
+from test_streams_worker import brief, canon, metric, publish, two_workers
 
-from failslow.stack import free_port
-from failslow.worker_process import WorkerProcess, read_incidents, wait_for_incidents
+from failslow.worker_process import read_incidents, wait_for_incidents
 from models.shard import ShardedDetector
 from simulator import simulate
 from simulator.spec import FaultSpec as F
@@ -88,13 +87,7 @@ def test_a_shards_own_hosts_early_telemetry_is_judged_as_detect_does(broker, top
     early = [e for e in events if e["kind"] in TELEMETRY and e["ts"] < first_job_ts]
     rest = [e for e in events if not (e["kind"] in TELEMETRY and e["ts"] < first_job_ts)]
     assert len({e["host"] for e in early}) == 8 and len(early) > 100
-    group = f"{topics.prefix}g"
-    ports = [free_port(), free_port()]
-    while ports[1] == ports[0]:
-        ports[1] = free_port()
-    logs = [tmp_path / f"w{n}.log" for n in range(2)]
-    workers = [WorkerProcess(broker.bootstrap, topics, group=group, metrics_port=p, log_path=log)
-               for p, log in zip(ports, logs, strict=True)]
+    workers, ports, logs = two_workers(broker, topics, tmp_path)
     try:
         # the early samples reach the shards' partitions before any step of the job
         publish(broker, topics, early)

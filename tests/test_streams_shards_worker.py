@@ -7,9 +7,8 @@ emits for the same events."""
 from __future__ import annotations
 
 import pytest
-from test_streams_worker import brief, canon, metric, publish, scenario_events
+from test_streams_worker import brief, canon, metric, publish, scenario_events, two_workers
 
-from failslow.stack import free_port
 from failslow.worker_process import WorkerProcess, read_incidents, wait_for_incidents
 from models.shard import ShardedDetector
 
@@ -30,13 +29,7 @@ def test_two_workers_judge_one_jobs_shards_as_detect_does(broker, topics, sharde
     ref = reference(events)
     assert any(i.get("rank") == 20 and i["status"] == "open" for i in ref)
     publish(broker, topics, events)
-    group = f"{topics.prefix}g"
-    ports = [free_port(), free_port()]
-    while ports[1] == ports[0]:
-        ports[1] = free_port()
-    logs = [tmp_path / f"w{n}.log" for n in range(2)]
-    workers = [WorkerProcess(broker.bootstrap, topics, group=group, metrics_port=p, log_path=log)
-               for p, log in zip(ports, logs, strict=True)]
+    workers, ports, logs = two_workers(broker, topics, tmp_path)
     try:
         got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=120)
         judged = [metric(p, "failslow_stream_judged_rank_steps_total") for p in ports]

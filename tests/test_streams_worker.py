@@ -19,6 +19,19 @@ from simulator import SCENARIOS, simulate
 from streams.snapshots import scan
 
 
+def two_workers(broker, topics, tmp_path) -> tuple[list[WorkerProcess], list[int], list]:
+    """Two ``failslow worker`` processes in one group, each with its own metrics port and
+    log file: (workers, their metrics ports, their logs). The caller stops them."""
+    ports = [free_port(), free_port()]
+    while ports[1] == ports[0]:
+        ports[1] = free_port()
+    logs = [tmp_path / f"w{n}.log" for n in range(2)]
+    workers = [WorkerProcess(broker.bootstrap, topics, group=f"{topics.prefix}g",
+                             metrics_port=p, log_path=log)
+               for p, log in zip(ports, logs, strict=True)]
+    return workers, ports, logs
+
+
 def scenario_events(name: str, tag: str) -> list[dict]:
     """A scenario's trace with its job and hosts renamed, so several share one broker."""
     out = []
@@ -145,13 +158,7 @@ def test_two_workers_share_partitions_and_match_one(broker, topics, tmp_path):
         ref += reference(evs)
     events.sort(key=lambda e: e["ts"])
     publish(broker, topics, events)
-    group = f"{topics.prefix}g"
-    ports = [free_port(), free_port()]
-    while ports[1] == ports[0]:
-        ports[1] = free_port()
-    logs = [tmp_path / f"w{n}.log" for n in range(2)]
-    workers = [WorkerProcess(broker.bootstrap, topics, group=group, metrics_port=p, log_path=log)
-               for p, log in zip(ports, logs, strict=True)]
+    workers, ports, logs = two_workers(broker, topics, tmp_path)
     try:
         got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
         shares = [metric(p, "failslow_stream_events_total") for p in ports]
