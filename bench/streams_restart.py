@@ -21,6 +21,9 @@ before a change, ``git archive``) for a before/after in one session.
 
     .venv/bin/python bench/streams_restart.py [--ranks 16384] [--shard-ranks 512] [--code DIR]
 
+Each worker's event loop is watched (``streams/loopprobe.py``): the longest block seen
+and the assignments each worker got (``bench/streams_shards.py``'s ``loop_log``).
+
 Prints the numbers and appends them to bench/results/streams_restart.json.
 """
 
@@ -42,8 +45,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from streams_scale import write_trace  # noqa: E402
+from streams_shards import BLOCKED, loop_log  # noqa: E402
 from streams_shards_large import publish_file, scrape  # noqa: E402
-from streams_throughput import machine_load  # noqa: E402
+from streams_throughput import machine_load, processed  # noqa: E402
 
 from failslow.stack import create_topics, free_port, start_broker  # noqa: E402
 from failslow.worker_process import WorkerProcess  # noqa: E402
@@ -144,6 +148,7 @@ def main() -> None:
     pub: dict = {"published": 0}
     deadline = time.monotonic() + args.timeout
     kill: dict = {}
+    blocked = [0.0] * 3   # the longest loop block seen per worker (issue 16)
     try:
         time.sleep(args.settle)
         threading.Thread(target=publish_file, daemon=True,
@@ -152,6 +157,8 @@ def main() -> None:
         snaps0: dict[int, float] = {}
         while time.monotonic() < deadline:
             time.sleep(0.5 if kill else 2.0)
+            blocked = [max(b, processed([p], BLOCKED)) for b, p in zip(blocked, ports,
+                                                                        strict=True)]
             if not kill:
                 ms = [scrape(p) for p in ports[:2]]
                 judged = sum(m["judged"] for m in ms)
@@ -192,6 +199,10 @@ def main() -> None:
             w.stop()
         broker.stop(5)
     res["kill"] = kill
+    res["loop_blocked_max_s"] = blocked
+    res["loops"] = [loop_log(log) for log in logs]
+    say(f"event loop: longest block per worker {[round(b, 2) for b in blocked]} s; "
+        f"assignments per worker {[x['assignments'] for x in res['loops']]}")
     res["load_after"] = machine_load()
     if "t_judged" in kill:
         res["split"] = split(kill, logs[2], args.partitions // 2)

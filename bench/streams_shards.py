@@ -17,6 +17,12 @@ the broker kept up: the busiest worker bounds it.
 
     .venv/bin/python bench/streams_shards.py [--ranks 16384] [--steps 5] [--runs sharded:1 sharded:2 whole:1]
 
+Each worker's event loop is watched (``streams/loopprobe.py``): the longest block seen
+(``failslow_stream_loop_blocked_max_seconds``, polled), the per-minute p99 the worker
+logs, and how many assignments each worker got (a rebalance after the start, e.g. a
+live worker evicted because its heartbeats came too late, adds one). ``--code DIR`` runs
+the workers from another checkout (a ``git archive`` of the code before a change).
+
 Prints numbers and writes bench/results/streams_shards.json.
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -47,8 +54,19 @@ from failslow.worker_process import WorkerProcess  # noqa: E402
 from schema import Topics  # noqa: E402
 from simulator import simulate  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"
 JUDGED = "failslow_stream_judged_rank_steps_total"
+BLOCKED = "failslow_stream_loop_blocked_max_seconds"
+
+
+def loop_log(log: Path) -> dict:
+    """From a worker's log: its assignments and the loop probe's per-minute lines."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    p99 = [float(x) for x in re.findall(r"event loop blocked: longest [\d.]+ s, p99 ([\d.]+) s",
+                                         text)]
+    longest = [float(x) for x in re.findall(r"event loop blocked: longest ([\d.]+) s", text)]
+    return {"assignments": text.count("Executing _on_partitions_assigned"),
+            "loop_blocked_p99_per_minute_s": p99, "loop_blocked_longest_per_minute_s": longest}
 
 
 def run(bootstrap: str, topics: Topics, events: list[dict], expect_judged: int,
@@ -84,12 +102,15 @@ def run(bootstrap: str, topics: Topics, events: list[dict], expect_judged: int,
         judged, t_judged = 0.0, time.monotonic()
         cpu1 = cpu0
         rss = [0] * n_workers
+        blocked = [0.0] * n_workers   # the longest loop block seen (issue 16)
         # done when every step is judged, or every event was processed and judging
         # stopped growing for 20 s
         t_all, judged_all = None, 0.0   # when every event was processed, judged by then
         while time.monotonic() < deadline:
             now_judged = processed(ports, JUDGED)
             rss = [max(a, rss_bytes(p)) for a, p in zip(rss, pids, strict=True)]
+            blocked = [max(b, processed([p], BLOCKED)) for b, p in zip(blocked, ports,
+                                                                        strict=True)]
             if now_judged != judged:
                 judged, t_judged = now_judged, time.monotonic()
                 cpu1 = [cpu_seconds(p) for p in pids]
@@ -105,6 +126,7 @@ def run(bootstrap: str, topics: Topics, events: list[dict], expect_judged: int,
         alive = [w.proc.poll() is None for w in workers]
     finally:
         codes = [w.stop() for w in workers]
+    loops = [loop_log(log) for log in logs]
     if not all(alive):
         print(f"a worker exited during the run (codes {codes}); logs: {logs}", flush=True)
     span = t_judged - (t_first or t_judged)
@@ -129,7 +151,11 @@ def run(bootstrap: str, topics: Topics, events: list[dict], expect_judged: int,
             "worker_idle_cpu_per_s": idle, "worker_cpu_beyond_idle_s": work,
             "judged_rank_steps_per_busiest_worker_cpu_beyond_idle_s":
                 judged / max(work) if work and max(work) > 0 else 0.0,
-            "worker_rss_bytes": rss, "workers_alive_to_the_end": alive, "telemetry_messages_to_every_partition": unmapped}
+            "worker_rss_bytes": rss, "workers_alive_to_the_end": alive,
+            "loop_blocked_max_s": blocked, "assignments": [x["assignments"] for x in loops],
+            "loop_blocked_p99_per_minute_s": [x["loop_blocked_p99_per_minute_s"] for x in loops],
+            "loop_blocked_longest_per_minute_s":
+                [x["loop_blocked_longest_per_minute_s"] for x in loops], "logs": [str(x) for x in logs], "telemetry_messages_to_every_partition": unmapped}
 
 
 def main() -> None:
@@ -137,9 +163,11 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=16384)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=900.0)
-    ap.add_argument("--worker-args", default="--session-timeout 10",
-                    help="extra `failslow worker` flags; a 4,096-rank shard's step takes "
-                         "seconds of one busy core, longer than the default 2 s session")
+    ap.add_argument("--worker-args", default="--session-timeout 10 --log-level info",
+                    help="extra `failslow worker` flags (e.g. --session-timeout 2)")
+    ap.add_argument("--code", default=None, help="run the workers from this checkout")
+    ap.add_argument("--out", default="streams_shards.json",
+                    help="file under bench/results to write")
     ap.add_argument("--settle", type=float, default=20.0,
                     help="seconds the workers get to join before the backlog is published")
     ap.add_argument("--runs", nargs="+", default=["sharded:1", "sharded:2", "whole:1"],
@@ -154,6 +182,9 @@ def main() -> None:
     print(f"simulated {len(events):,} events ({steps} steps of {sc.description}) in "
           f"{time.monotonic() - t0:.1f} s")
     broker = start_broker()
+    if args.code:
+        os.environ["PYTHONPATH"] = str(Path(args.code).resolve())
+        os.chdir(args.code)     # python -m puts the cwd first on the path
     results = []
     shard_env = os.environ.get("FAILSLOW_SHARD_RANKS")
     try:
@@ -184,6 +215,9 @@ def main() -> None:
                   f"{r['judged_rank_steps_per_busiest_worker_cpu_beyond_idle_s']:,.0f}); RSS {[round(b / 2**20) for b in r['worker_rss_bytes']]}"
                   f" MiB; load {r['load_before']['loadavg']} -> {r['load_after']['loadavg']}",
                   flush=True)
+            print(f"  event loop: longest block {[round(b, 2) for b in r['loop_blocked_max_s']]} s,"
+                  f" per-minute p99 {r['loop_blocked_p99_per_minute_s']} s; assignments "
+                  f"{r['assignments']}", flush=True)
     finally:
         broker.stop(2)
     base = {r["mode"]: r for r in results if r["workers"] == 1}
@@ -203,9 +237,9 @@ def main() -> None:
             print(f"{r['mode']} x{r['workers']} / sharded x1: {cpu:.2f}x CPU-normalized, "
                   f"{wall:.2f}x wall (2 cores shared with the broker)")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "streams_shards.json").write_text(json.dumps(
+    (RESULTS / args.out).write_text(json.dumps(
         {"scenario": sc.name, "ranks": args.ranks, "steps": args.steps, "runs": results,
-         "worker_args": args.worker_args},
+         "worker_args": args.worker_args, "code": args.code or "this checkout"},
         indent=2))
 
 

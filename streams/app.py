@@ -32,6 +32,7 @@ from schema import kafka_security
 from streams import faust_patch, memdiag
 from streams.config import WorkerConfig, ensure_internal_topics, internal_topic_configs
 from streams.job_stage import SNAPSHOT_SHARE, JobStage, decode_value
+from streams.loopprobe import LoopProbe
 from streams.metrics import Metrics
 from streams.outputs import Outputs
 from streams.route_stage import HostMapReader, RouteStage
@@ -128,6 +129,15 @@ def build_app(cfg: WorkerConfig) -> faust.App:
             memdiag.trim(time.monotonic())  # issue 17: freed heap pages back to the OS
         except Exception:
             _fatal("snapshot timer")
+
+    probe = LoopProbe(metrics)
+
+    @app.task
+    async def loop_probe() -> None:  # issue 16: how long the loop goes without yielding
+        try:
+            await probe.run()
+        except Exception:
+            _fatal("loop probe")
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # async receivers are fine
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:

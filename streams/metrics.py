@@ -60,6 +60,15 @@ class Metrics:
                                  buckets=(.01, .025, .05, .1, .25, .5, 1, 2, 5, 10, 30))
         self.snapshot_bytes = Gauge("failslow_stream_snapshot_bytes",
                                     "Size of the newest state snapshot", ["partition"], registry=r)
+        # issue 16 (streams/loopprobe.py): how late the event loop woke a 0.05 s sleep
+        self.loop_blocked = Histogram("failslow_stream_loop_blocked_seconds",
+                                      "How late the worker's event loop woke a 0.05 s sleep: "
+                                      "how long the agents, timers, heartbeat callbacks and "
+                                      "sends waited behind synchronous work", registry=r,
+                                      buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2, 5, 10))
+        self.loop_blocked_max = Gauge("failslow_stream_loop_blocked_max_seconds",
+                                      "The event loop's longest block in the last minute",
+                                      registry=r)
         self.client_errors = Counter("failslow_stream_kafka_client_errors_total",
                                      "Kafka client error lines held back as repeats (a broker "
                                      "outage: rises while it lasts)", registry=r)
