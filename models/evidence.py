@@ -28,7 +28,7 @@ Everything is numpy over the ranks of a job, once per judged step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -363,6 +363,11 @@ class Verdict:
     mean: np.ndarray          # the best window's mean excess, its z, its length
     z: np.ndarray
     n: np.ndarray
+    # "waited for by its group" (``WaitedFor``; ``RankEvidence.judge_waited``)
+    waited: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    waited_present: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    waited_share: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    waited_lag: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 class RankEvidence:
@@ -392,6 +397,25 @@ class RankEvidence:
         self.peer = Windows(width)
         self.own = Windows(width)
         self.calm = np.zeros(0, dtype=np.int64)   # per row: steps clean and unsuspected
+        self.waited = WaitedFor()
+
+    def judge_waited(self, v: Verdict, ranks: list[int], top: np.ndarray, lag: np.ndarray,
+                     other: np.ndarray, job_s: float) -> None:
+        """Add this step's "waited for by its group" evidence (``WaitedFor``) to ``v``:
+        ``top`` 1 where the rank's group waited for it, 0 where it was a member of a group
+        of three or more and was not, NaN where it was in none (or the step is not judged
+        yet); ``lag`` the seconds charged to it; ``other`` another rank had a finding.
+        A rank confirmed this way is a change against its own past (``self_driven``),
+        its onset where its run of waited-for steps began."""
+        w = getattr(self, "waited", None)
+        if w is None:                     # a job restored from an older snapshot
+            w = self.waited = WaitedFor()
+        rows = w.rows_for(ranks)
+        w.push(rows, top, lag, other, job_s)
+        ok, present, share, mean, back = w.judge(rows, self.cfg.min_rel)
+        v.waited, v.waited_present, v.waited_share, v.waited_lag = ok, present, share, mean
+        v.self_driven = v.self_driven | ok
+        v.back = np.where(ok & ~v.confirmed & (v.inc <= 0), back, v.back)
 
     def onset_back(self, row: int, lo: float, shift: float | None) -> int:
         """Steps back to the most likely start of the rank's excess (log ``shift``, or
@@ -498,3 +522,90 @@ class RankEvidence:
                        imb_present=self.peer.present(rows, sig_p, cfg.min_rel),
                        peer_mean=m_i, peer_n=n_i, mean=mean,
                        z=np.where(ok_s | ~ok_f, z_s, z_f), n=np.where(ok_s | ~ok_f, n_s, n_f))
+
+
+# "Waited for by its group" (``WaitedFor``): in a synchronous collective the group waits
+# for the member that arrives last (``models.alignment.waited_for``). A healthy member of
+# an n-member group is the one waited for in a step with probability about 1/n, so being
+# it in WAIT_K or more of the last WAIT_N judged steps is a binomial tail: for n = 4,
+# P(X >= 12 | 16, 1/4) ~ 1e-4 (n = 3: ~3e-3 before the other bars; n = 8: ~1e-8), while
+# a straggler is it nearly every step. WAIT_N = 16 outlasts the correlated disturbances
+# measured on a shared 2-core VM (another tenant slowing one rank for 8-9 steps: healthy
+# shares reach 0.88 over 8 steps, at most 0.81 over 16 in 144 healthy real-job series).
+# It is a change against the rank's own past: over the steps before the window (at least
+# WAIT_PRIOR_MIN of them, the job's steps while no other rank had a finding) its share is
+# at most WAIT_PRIOR_MAX (a rank waited for since the first steps is the layout: steady
+# imbalance, never a page). And the wait costs the job: the lag charged to it over the
+# window is on average at least ``min_rel`` of the job's step, and the job's step time
+# over the window is at least ``min_rel / 2`` above that over the steps before (a member
+# that became the last because the others sped up cost nothing: victims are not culprits).
+WAIT_N, WAIT_K = 16, 12
+WAIT_PRIOR_N = 32            # steps before the window that make the rank's own past
+WAIT_PRIOR_MIN = 8
+WAIT_PRIOR_MAX = 0.5
+WAIT_PRESENT = 0.5           # share of the last WAIT_N steps that keeps a finding alive
+
+
+class WaitedFor:
+    """Per rank and judged step: whether its group waited for it, and the lag charged to
+    it (a fraction of the job's step); per step the job's step time. Numpy over the
+    job's ranks, once per judged step."""
+
+    def __init__(self) -> None:
+        self.width = WAIT_N + WAIT_PRIOR_N
+        self.rows: dict[int, int] = {}
+        self.top = np.full((0, self.width), np.nan)    # 1 waited for, 0 not, NaN no group
+        self.lag = np.zeros((0, self.width))
+        self.other = np.zeros((0, self.width), dtype=bool)   # another rank had a finding
+        self.job = np.full(self.width, np.nan)
+
+    def rows_for(self, ranks: list[int]) -> np.ndarray:
+        new = [r for r in ranks if r not in self.rows]
+        if new:
+            for r in new:
+                self.rows[r] = len(self.rows)
+            k = len(self.rows) - self.top.shape[0]
+            self.top = np.vstack([self.top, np.full((k, self.width), np.nan)])
+            self.lag = np.vstack([self.lag, np.zeros((k, self.width))])
+            self.other = np.vstack([self.other, np.zeros((k, self.width), dtype=bool)])
+        return np.fromiter((self.rows[r] for r in ranks), dtype=np.int64, count=len(ranks))
+
+    def push(self, rows: np.ndarray, top: np.ndarray, lag: np.ndarray, other: np.ndarray,
+             job_s: float) -> None:
+        """One judged step: ``top`` (1 / 0 / NaN), ``lag`` (seconds) and whether another
+        rank had a finding, for ``rows``; ``job_s`` the step's time."""
+        for a in (self.top, self.lag, self.other, self.job):
+            a[..., :-1] = a[..., 1:]
+        self.top[:, -1] = np.nan
+        self.lag[:, -1] = 0.0
+        self.other[:, -1] = False
+        self.top[rows, -1] = top
+        self.lag[rows, -1] = lag / job_s if job_s > 0 else 0.0
+        self.other[rows, -1] = other
+        self.job[-1] = job_s
+
+    def judge(self, rows: np.ndarray, min_rel: float
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per row: (confirmed, present, share of the last WAIT_N steps, mean lag charged
+        over them as a fraction of the job's step, steps back to the onset)."""
+        top = self.top[rows]
+        win = top[:, -WAIT_N:]
+        hit = np.nan_to_num(win).sum(axis=1)
+        share = hit / WAIT_N
+        lag = self.lag[rows, -WAIT_N:].mean(axis=1)
+        prior = np.where(self.other[rows, :-WAIT_N], np.nan, top[:, :-WAIT_N])
+        pn = (~np.isnan(prior)).sum(axis=1)
+        pshare = np.nan_to_num(prior).sum(axis=1) / np.maximum(pn, 1)
+        jw, jp = self.job[-WAIT_N:], self.job[:-WAIT_N]
+        jw, jp = jw[~np.isnan(jw)], jp[~np.isnan(jp)]
+        rise = float(np.median(jw)) / float(np.median(jp)) - 1.0 \
+            if jw.size and jp.size and np.median(jp) > 0 else 0.0
+        confirmed = (hit >= WAIT_K) & (pn >= WAIT_PRIOR_MIN) & (pshare <= WAIT_PRIOR_MAX) \
+            & (lag >= min_rel) & (rise >= min_rel / 2)
+        present = (share >= WAIT_PRESENT) & (lag >= min_rel / 2)
+        back = np.zeros(rows.size, dtype=np.int64)
+        for i in np.flatnonzero(confirmed):
+            # the CUSUM change-point of the 0/1 series: the suffix that gains the most
+            v = np.nan_to_num(top[i, -WAIT_N:]) - (share[i] + pshare[i]) / 2
+            back[i] = int(np.argmax(np.cumsum(v[::-1]))) + 1
+        return confirmed, present, share, lag, back

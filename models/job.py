@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from models.alignment import CollectiveAligner
+from models.alignment import Collective, CollectiveAligner, waited_for
 from models.attribution import JOB_HISTORY, Attribution
 from models.changepoint import BOCPD
 from models.comm import CommWindows
@@ -419,12 +419,16 @@ class JobState(Attribution):
         self.evaluated = max(self.evaluated, s)
         ranks = sorted(row)
         work, data, dur, groups, ts_max = self._gather(s, row, ranks)
+        # the step's complete collectives (after ``_gather``: the comm windows' sums)
+        colls = self.aligner.take_step(s)
+        colls.extend(self.comm.take_step(s))
         rel, z, perf, peers, pos, rel2, z2, warm = self._scores(row, ranks, work, groups)
         job_s = median(dur)
         self.judged += 1
         self.rank_steps += len(ranks)
         states, recent = self._states(ranks, work)
         ev_ = self._verdict(ranks, states, recent, rel, z, rel2, z2, warm, peers, job_s)
+        self._waited(ev_, ranks, states, colls, job_s)
         present: list[int] = []
         dref = median(data)
         base = self._job_base()
@@ -433,7 +437,7 @@ class JobState(Attribution):
                                 z, rel2, job_s, dref, base):
                 present.append(r)        # weakly present: no incident, but located
         self._learn_job(s, job_s, ts_max, any(st.kind is not None for st in states))
-        findings = self._locate(s, present, ranks, perf, job_s, ts_max)
+        findings = self._locate(s, present, ranks, perf, job_s, ts_max, colls)
         self.last_findings = findings
         for r in [r for r, (k, _) in self.sub_seen.items() if k < s]:
             del self.sub_seen[r]
@@ -545,6 +549,26 @@ class JobState(Attribution):
                                    warm & ~early, early_peers,
                                    recent, job_s, max(0.01, self.noise.mean), clean)
 
+    def _waited(self, ev_: Any, ranks: list[int], states: list[RankState],
+                colls: list[Collective], job_s: float) -> None:
+        """Who the step's groups waited for (``models.alignment.waited_for``), into the
+        windowed "waited for" evidence of every rank (``RankEvidence.judge_waited``). The
+        job's first steps (``peer_warm_steps``: one-off work) count as none."""
+        n = len(ranks)
+        top = np.full(n, np.nan)
+        lag = np.zeros(n)
+        if colls and self.judged > self.cfg.peer_warm_steps:
+            late, members = waited_for(colls)
+            if members:
+                for i, r in enumerate(ranks):
+                    if r in members:
+                        t = late.get(r)
+                        top[i] = 0.0 if t is None else 1.0
+                        lag[i] = t or 0.0
+        kinds = np.fromiter((st.kind is not None for st in states), dtype=bool, count=n)
+        other = (int(kinds.sum()) - kinds) > 0
+        self.evidence.judge_waited(ev_, ranks, top, lag, other, job_s)
+
     def _judge_rank(self, s: int, i: int, r: int, ev: dict[str, Any], st: RankState, ev_: Any,
                     work: np.ndarray, data: np.ndarray, dur: np.ndarray, pos: np.ndarray,
                     rel: np.ndarray, z: np.ndarray, rel2: np.ndarray, job_s: float,
@@ -558,7 +582,8 @@ class JobState(Attribution):
         # Capped so the evidence drains within a few steps once the fault ends.
         st.cusum = cusum_update(st.cusum, float(ev_.inc[i]), cfg)
         fast = st.cusum >= cfg.confirm_z
-        confirmed = fast or bool(ev_.confirmed[i])
+        waited = bool(ev_.waited[i])
+        confirmed = fast or bool(ev_.confirmed[i]) or waited
         sub = self.sub_seen.get(r)
         if sub is not None and sub[0] >= s and not confirmed:
             # Confirmed inside the step from its group's windows (models.substep).
@@ -567,10 +592,18 @@ class JobState(Attribution):
                 st.c_onset_ts, st.c_onset_step = sub[1]["onset_ts"], sub[1]["onset_step"]
         ref = float(work[i]) / (1.0 + max(float(rel[i]), float(rel2[i]), 0.0))
         excess = float(work[i]) - ref
+        own = max(float(rel[i]), float(rel2[i]))
+        if ev_.waited_present[i]:
+            # Its group waits for it: the lag charged to it is job time, whatever its own
+            # work says (noisy under overlap); its lateness against the step is its own
+            # excess.
+            wl = min(float(ev_.waited_lag[i]), 0.9)
+            excess = max(excess, wl * job_s)
+            own = max(own, wl / (1.0 - wl))
         if confirmed and st.kind is None:
             self._activate(st, s, ev_, i, base)
         st.streak = st.streak + 1 if confirmed else 0
-        still = confirmed or bool(ev_.present[i])
+        still = confirmed or bool(ev_.present[i]) or bool(ev_.waited_present[i])
         if st.kind is not None:
             st.since_s += job_s
             st.since_n += 1
@@ -585,7 +618,6 @@ class JobState(Attribution):
         # with the noise does not restart them).
         fresh = st.kind is None or st.streak == 1 and st.quiet == 0 and st.lost_s == 0.0
         st.excess_s = excess if fresh else 0.9 * st.excess_s + 0.1 * excess
-        own = max(float(rel[i]), float(rel2[i]))
         st.own_rel = own if fresh else 0.8 * st.own_rel + 0.2 * own
         self._imbalance(st, s, ev_, i, float(work[i]), job_s, ev["ts"] - ev["duration_s"])
         # Input wait above both the peers' and the rank's own usual: a loader
@@ -595,6 +627,7 @@ class JobState(Attribution):
         st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
         st.mean_excess, st.mean_z = float(ev_.mean[i]), float(max(ev_.z[i], 0.0))
         st.mean_n = int(ev_.n[i])
+        st.waited_share, st.waited_lag = float(ev_.waited_share[i]), float(ev_.waited_lag[i])
         # The own-past baseline never learns a step of an open finding, nor one
         # where the rank stands out against its own past, even weakly, nor one while
         # its windowed excess is moderately high (an open but unconfirmed fault: z of 2
@@ -607,11 +640,9 @@ class JobState(Attribution):
             ev_.weak[i] or ev_.suspect[i] or st.cusum > 0))
 
     def _locate(self, s: int, present: list[int], ranks: list[int], perf: np.ndarray,
-                job_s: float, ts_max: float) -> list[Finding]:
+                job_s: float, ts_max: float, colls: list[Collective]) -> list[Finding]:
         """The step's findings: located culprits, imbalances, links, the job's own change."""
         findings: list[Finding] = []
-        colls = self.aligner.take_step(s)
-        colls.extend(self.comm.take_step(s))
         findings.extend(localize(self, present, s, job_s, perf, ranks, colls))
         findings.extend(imbalances(self, ranks, self.job_recent or job_s))
         # issue 19 hook (owner of models/incidents.py): a link's price needs the world size,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from models.alignment import Collective, lags
+from models.evidence import WAIT_K, WAIT_N
 from models.findings import Finding
 from models.stats import median
 
@@ -31,6 +32,12 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
         per_host.setdefault(h, []).append(r)
     out = []
     left = set(culprits)
+    # A rank with a finding that its group waited for in most of its last steps
+    # (``models.evidence.WaitedFor``) is a rank fault whatever its host-mates do: when
+    # a host is slow, the group waits for one of its ranks or another, never one alone.
+    solo = {r for r in left if r in job.ranks and job.ranks[r].kind is not None
+            and getattr(job.ranks[r], "waited_share", 0.0) >= WAIT_K / WAIT_N}
+    hosted = left - solo
     for h, members in per_host.items():
         if len(members) < 2:
             continue
@@ -39,15 +46,15 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
         # their own, or none yet (a host fault that is still rising).
         n_own = sum(job.ranks[m].kind is not None or job.ranks[m].streak > 0
                     for m in members if m in job.ranks)
-        whole = all(m in left for m in members) and n_own != 1
+        whole = all(m in hosted for m in members) and n_own != 1
         # A host fault drains from its ranks unevenly: while it was seen lately,
         # its remaining ranks keep the host finding alive, never open rank ones.
         draining = not whole and s - job.host_seen.get(h, -10**9) <= 2 * HOLD_STEPS \
-            and any(m in left for m in members)
+            and any(m in hosted for m in members)
         if whole or draining:
             if whole:
                 job.host_seen[h] = s
-            members = [m for m in members if m in left] if draining else members
+            members = [m for m in members if m in hosted] if draining else members
             sts = [job.ranks[m] for m in members]
             excess = median([st.excess_s for st in sts])
             data_ex = median([st.data_excess_s for st in sts])
@@ -73,13 +80,14 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                           "mean_excess": round(median([st.mean_excess for st in sts]), 3),
                           "mean_excess_steps": int(median([float(st.mean_n) for st in sts]))}))
             left -= set(members)
+            hosted -= set(members)
     # Half or more of a host rising together, not all of it yet: likely a host
     # fault still spreading over its ranks, so hold the single-rank verdicts for
     # a few steps.
     held = {m for members in per_host.values() if len(members) >= 2
             and 2 * sum(m in left or (m in job.ranks and job.ranks[m].cusum > 0)
                         for m in members) >= len(members)
-            for m in members if m in left and s - job.ranks[m].onset_step < HOLD_STEPS}
+            for m in members if m in hosted and s - job.ranks[m].onset_step < HOLD_STEPS}
     pos = {r: i for i, r in enumerate(ranks)}
     late = lags(colls) if left else {}
     for r in sorted(left):
@@ -104,6 +112,10 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                       "mean_excess_z": round(st.mean_z, 1),
                       "mean_excess_steps": st.mean_n,
                       "evidence": st.kind,
+                      # the share of its last steps its group waited for it, and the lag
+                      # charged to it then (fraction of the job's step): models.evidence
+                      "waited_share": round(getattr(st, "waited_share", 0.0), 3),
+                      "waited_lag_rel": round(getattr(st, "waited_lag", 0.0), 3),
                       "baseline_step_s": round(st.base_job_s, 4),
                       "perf_vs_best": round(float(perf[i]), 3) if i is not None else None,
                       "arrival_lag_s": round(late.get(r, 0.0), 4) if i is not None else None,

@@ -41,7 +41,7 @@ class RankState:
                  "kind", "quiet", "base_job_s", "lost_s", "c_onset_ts", "c_onset_step",
                  "mean_excess", "mean_z", "mean_n", "recent", "imb", "imb_quiet",
                  "imb_onset_ts", "imb_onset_step", "imb_rel", "imb_excess_s", "imb_lost_s",
-                 "since_s", "since_n", "pending")
+                 "since_s", "since_n", "pending", "waited_share", "waited_lag")
 
     def __init__(self) -> None:
         self.work = RollingMedian(BASELINE_WINDOW)
@@ -82,6 +82,10 @@ class RankState:
         self.since_s = 0.0         # the job's step times since the onset: sum, count
         self.since_n = 0
         self.pending: list[tuple[float, float, float, float]] = []   # steps not learned yet
+        # "waited for by its group" (``models.evidence.WaitedFor``): the share of the last
+        # steps its group waited for it, the lag charged to it (fraction of the job's step)
+        self.waited_share = 0.0
+        self.waited_lag = 0.0
 
     def observe(self, pos: float, own_s: float, data_s: float, step_s: float,
                 flagged: bool, delay: int = 0) -> None:
