@@ -6,6 +6,17 @@ detector; incidents go to the same partition number of the incidents topic. Mess
 are acked by hand, only up to the oldest offset the newest durable snapshot still
 needs, so a restart (even after kill -9) resumes from committed offsets at or before the
 snapshot and rebuilds the exact state.
+
+The CPU work on a partition's state (ingest, tick, snapshot + encode, pause) runs in ONE
+judge thread (``JobStage.work``), in the order it is submitted, while the event loop
+awaits it (issue 16): a 4,096-rank shard's step takes seconds of a core, and run on the
+loop it held up the group's rebalance callbacks, the sends and the timers that long, so
+workers needed a session timeout of 10-15 s to stay in the group, and a crashed worker's
+partitions moved only after that long. The loop keeps the Kafka-facing parts: awaiting
+sends, acks, the rebalance callbacks' bookkeeping (``parts``, ``held``, ``due``); the
+judge thread touches a partition's state only through the calls it is given, one at a
+time, so an ingest, a tick and a snapshot of one partition never overlap, and decisions
+are taken in the same order as before (one message after another).
 """
 
 from __future__ import annotations
@@ -14,8 +25,9 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -40,6 +52,7 @@ _TELEMETRY = frozenset(("gpu", "nic", "host"))
 # Partitions read back at once when a worker takes partitions over (each thread opens its
 # own consumers: the waits are the broker's, the decode and restore take the GIL in turn).
 TAKEOVER_THREADS = 16
+T = TypeVar("T")
 
 
 def decode_value(value: bytes | None, kinds: frozenset[str] | None = None
@@ -80,11 +93,18 @@ class JobStage:
         # partition -> (when its read-back began, its future): take-overs under way
         self.reading: dict[int, tuple[float, asyncio.Future]] = {}
         self.pool = ThreadPoolExecutor(TAKEOVER_THREADS, thread_name_prefix="failslow-takeover")
+        # issue 16: the partitions' CPU work, one call at a time, in the order submitted
+        self.judge = ThreadPoolExecutor(1, thread_name_prefix="failslow-judge")
         self._counted = (("duplicates", metrics.duplicates), ("late", metrics.late),
                          ("late_samples", metrics.late_samples),
                          ("detector_errors", metrics.detector_errors),
                          ("jobs_ended", metrics.jobs_ended),
                          ("judged_rank_steps", metrics.judged))
+
+    async def work(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the judge thread, after the work submitted before it; the
+        event loop runs the agents' sends, the timers and the group's callbacks meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.judge, fn, *args)
 
     # -- a partition arrives ---------------------------------------------------------------
 
@@ -157,8 +177,7 @@ class JobStage:
                  "%.1f s", p, "restored" if took["snapshot"] else "none", len(state.emitted),
                  time.time() - began, took["read_s"], took["restore_s"], took["incidents_s"],
                  time.time() - t0)
-        for other in self.parts.values():
-            other.pause(time.time() - t0)
+        await self.work(_pause, list(self.parts.values()), time.time() - t0)
         self.parts[p] = state
         self.held[p] = []
         self.announced[p] = {}
@@ -167,13 +186,31 @@ class JobStage:
     # -- messages ----------------------------------------------------------------------------
 
     async def handle(self, event: Any, now: float) -> None:
-        """One message of the job topic (a pack of routed input messages)."""
+        """One message of the job topic (a pack of routed input messages): judged in the
+        judge thread (``judge``), then its dead letters, incidents and host announcements
+        sent from the loop, in the order they came."""
         msg = event.message
         p = msg.partition
         state = self.parts.get(p) or await self.take_over(p)
         self.held[p].append(event)
+        seen = self.announced[p]
+        for kind, *args in await self.work(self.judge_message, state, p, msg.value,
+                                           msg.offset, now, seen):
+            if kind == "dead":
+                await self.out.dead_letter(*args)
+            elif kind == "incidents":
+                await self.out.incidents(p, *args)
+            else:
+                await self.out.announce_host(args[0], p)
+
+    def judge_message(self, state: JobPartition, p: int, value: bytes, offset: int,
+                      now: float, seen: dict[str, float]) -> list[tuple]:
+        """The synchronous part of ``handle`` (judge thread): unpack, decode, ingest;
+        returns what to send, in order: ("dead", error, topic, key, value),
+        ("incidents", [...]), ("announce", host)."""
         metrics, kinds_of = self.metrics, self.cfg.topics.kinds_of
-        for src, ts0, report, key, value, placed in unpack(msg.value):
+        sends: list[tuple] = []
+        for src, ts0, report, key, raw, placed in unpack(value):
             if (not report and key and src != self.steps_topic
                     and self.foreign(state, key, p, now)):
                 continue
@@ -181,20 +218,21 @@ class JobStage:
             if not placed and key and want in _TELEMETRY:
                 # sent to every partition before its host was placed; placed here by now?
                 placed = p in self.hostmap.partitions(key.decode("utf-8", "replace"), now)
-            events, errors = decode_value(value, kinds_of(src))
+            events, errors = decode_value(raw, kinds_of(src))
             if errors and report:
-                await self.out.dead_letter("; ".join(errors), src, key, value)
+                sends.append(("dead", "; ".join(errors), src, key, raw))
             if report:  # count a message sent to several partitions once
                 metrics.events.labels(src).inc(len(events))
             before = dict(state.counts)
-            incidents = state.ingest(events, msg.offset, now, placed)
+            incidents = state.ingest(events, offset, now, placed)
             self.count(state, before)
             if incidents:
-                await self.out.incidents(p, incidents)
+                sends.append(("incidents", incidents))
             if want == "step":
-                await self.announce(p, events, now)
+                sends.extend(("announce", host) for host in self.announce(seen, events, now))
             if ts0:
                 metrics.latency.observe(max(0.0, time.time() - ts0))
+        return sends
 
     def foreign(self, state: JobPartition, key: bytes, p: int, now: float) -> bool:
         """A copy of a host's telemetry sent to every partition (its host was not mapped
@@ -206,15 +244,17 @@ class JobStage:
         homes = self.hostmap.partitions(host, now)
         return bool(homes) and p not in homes and not state.runs_on(host)
 
-    async def announce(self, p: int, events: list[dict], now: float) -> None:
-        """Announce the hosts of step events on the host map (each every ttl / 3 at most)."""
-        seen = self.announced[p]
+    def announce(self, seen: dict[str, float], events: list[dict], now: float) -> list[str]:
+        """The hosts of step events to announce on the host map (each every ttl / 3 at
+        most; ``seen``: a partition's last announcements)."""
+        out = []
         for ev in events:
             if ev["kind"] == "step":
                 host = ev["host"]
                 if now - seen.get(host, -math.inf) > self.hostmap.ttl_s / 3:
                     seen[host] = now
-                    await self.out.announce_host(host, p)
+                    out.append(host)
+        return out
 
     def count(self, state: JobPartition, before: dict[str, int]) -> None:
         """Add what ``state``'s counts grew by since ``before`` to the metrics."""
@@ -237,27 +277,30 @@ class JobStage:
         """Let idle sources / partitions release what they hold; refresh the gauges."""
         for p, state in list(self.parts.items()):
             if self.rebalance_began is None:
-                before = dict(state.counts)
-                await self.out.incidents(p, state.tick(now))
-                self.count(state, before)
-        self.metrics.open_incidents.set(sum(len(s.open_ids) for s in self.parts.values()))
-        self.metrics.buffered.set(sum(s.buffered for s in self.parts.values()))
+                await self.out.incidents(p, await self.work(self.tick_one, state, now))
+        await self.work(self.gauges, list(self.parts.values()))
+
+    def tick_one(self, state: JobPartition, now: float) -> list[dict]:
+        """``state.tick`` with its counts added to the metrics (judge thread)."""
+        before = dict(state.counts)
+        out = state.tick(now)
+        self.count(state, before)
+        return out
+
+    def gauges(self, states: list[JobPartition]) -> None:
+        self.metrics.open_incidents.set(sum(len(s.open_ids) for s in states))
+        self.metrics.buffered.set(sum(s.buffered for s in states))
 
     async def snapshot_all(self, ack: bool, force: bool = False) -> None:
         """Snapshot each partition that is due (all with ``force``); with ``ack``, ack the
         job topic's messages the snapshot no longer needs."""
         for p, state in list(self.parts.items()):
-            t0 = time.monotonic()
-            if not force and t0 < self.due.get(p, 0.0):
+            if not force and time.monotonic() < self.due.get(p, 0.0):
                 continue
-            # issue 16: other shards' hosts (their early telemetry reached every partition)
-            prune_foreign_hosts(state, p, self.hostmap, time.time())
-            snap = state.snapshot()
-            state.prune()
-            blob = self.store.encode(snap)
+            snap, blob, t0, took = await self.work(self.take_snapshot, state, p)
             # The share counts all the CPU a snapshot takes (pickle, JSON, compression);
             # only the delivery to the broker runs beside the agents.
-            self.due[p] = t0 + (time.monotonic() - t0) / SNAPSHOT_SHARE
+            self.due[p] = t0 + took / SNAPSHOT_SHARE
             size = await asyncio.to_thread(self.store.try_write_blob, p, blob)
             if size is None:  # issue 17: not delivered (outage): no ack; retried next round
                 continue
@@ -271,13 +314,23 @@ class JobStage:
                         keep.append(ev)
                 self.held[p] = keep
 
+    def take_snapshot(self, state: JobPartition, p: int) -> tuple[dict, bytes, float, float]:
+        """Partition ``p``'s snapshot and its encoding (judge thread): the snapshot, the
+        blob, when it began and how long it took (monotonic s)."""
+        t0 = time.monotonic()
+        # issue 16: other shards' hosts (their early telemetry reached every partition)
+        prune_foreign_hosts(state, p, self.hostmap, time.time())
+        snap = state.snapshot()
+        state.prune()
+        blob = self.store.encode(snap)
+        return snap, blob, t0, time.monotonic() - t0
+
     # -- rebalances --------------------------------------------------------------------------
 
-    def assigned(self) -> None:
+    async def assigned(self) -> None:
         began, self.rebalance_began = self.rebalance_began, None
         if began is not None:
-            for state in self.parts.values():
-                state.pause(time.time() - began)
+            await self.work(_pause, list(self.parts.values()), time.time() - began)
 
     def revoked(self, partitions: list[int]) -> None:
         self.rebalance_began = self.rebalance_began or time.time()
@@ -287,3 +340,8 @@ class JobStage:
                 del self.parts[p]
                 self.held.pop(p, None)
                 self.due.pop(p, None)
+
+
+def _pause(states: list[JobPartition], seconds: float) -> None:
+    for state in states:
+        state.pause(seconds)
