@@ -139,24 +139,35 @@ WAITED_MIN_MEMBERS = 3       # who a group waits for: groups of three members or
 
 def waited_for(colls: list[Collective]) -> tuple[dict[int, float], set[int]]:
     """Who each group waited for in one step: per group of ``WAITED_MIN_MEMBERS`` members
-    or more (point-to-point ops and two-member groups left out: a pipeline's heavier stage
-    is always the one waited for, by design), the member charged the largest summed arrival
-    lag (``lags``, > 0) over the group's collectives of the step. Returns (rank -> the lag
-    charged to it in the groups it was waited for in, seconds; the ranks that were members
-    of such a group). A rank that waited for another member in one of its groups (that
-    group's waited-for member is another rank) is not counted as waited for in any: in a
-    2-D layout the members of a straggler's tensor-parallel group reach their
-    data-parallel collectives late together, victims of the one they waited for.
-    One pass over the members: O(members) per step."""
+    or more, the member charged the largest summed arrival lag (``lags``, > 0) over the
+    group's collectives of the step. Returns (rank -> the lag charged to it in the groups
+    it was waited for in, seconds; the ranks that were members of such a group).
+
+    - Two-member groups never make a rank waited for (one of two is last half the time;
+      a pipeline's heavier stage always is, by design), but a rank that waited for the
+      other member of one, or for another member of any group, is not counted as waited
+      for in any: in a 2-D layout the members of a straggler's tensor-parallel group
+      reach their data-parallel collectives late together, victims of the one they
+      waited for.
+    - A rank that took part in a point-to-point op (send / recv) in the step is left out,
+      as if in no group: a pipeline passes any stage's delay to every stage of its
+      replica, which then reach their data-parallel collectives late together
+      (``models.p2p`` judges the pairs).
+
+    Two passes over the members: O(members) per step."""
     per: dict[str, dict[int, float]] = {}
+    wide: set[str] = set()
     members: set[int] = set()
+    pairs: set[int] = set()
     for c in colls:
-        if len(c) < HEAD + WAITED_MIN_MEMBERS or c[OP] in P2P_OPS:
+        if c[OP] in P2P_OPS:
+            pairs.update(m[0] for m in c[HEAD:])
+            continue
+        if len(c) < HEAD + 2:
             continue
         last_start = second = float("-inf")
         last_rank = c[HEAD][0]
         for r, st, _ in c[HEAD:]:
-            members.add(r)
             if st > last_start:
                 second, last_start, last_rank = last_start, st, r
             elif st > second:
@@ -165,21 +176,28 @@ def waited_for(colls: list[Collective]) -> tuple[dict[int, float], set[int]]:
         if g is None:
             g = per[c[GROUP]] = {}
         g[last_rank] = g.get(last_rank, 0.0) + last_start - second
+        if len(c) >= HEAD + WAITED_MIN_MEMBERS:
+            wide.add(c[GROUP])
+            members.update(m[0] for m in c[HEAD:])
     top: dict[int, float] = {}
     gtop: dict[str, int] = {}
     for name, g in per.items():
         r, lag = max(g.items(), key=lambda kv: kv[1])
         if lag > 0.0:
             gtop[name] = r
-            top[r] = top.get(r, 0.0) + lag
-    if len(per) > 1 and top:
+            if name in wide:
+                top[r] = top.get(r, 0.0) + lag
+    if top and len(gtop) > 1:
         # the members of a group whose waited-for member is another rank waited there
         for c in colls:
-            r = gtop.get(c[GROUP], -1) if len(c) >= HEAD + WAITED_MIN_MEMBERS \
-                and c[OP] not in P2P_OPS else -1
+            r = gtop.get(c[GROUP], -1) if c[OP] not in P2P_OPS else -1
             if r < 0:
                 continue
             for m, _, _ in c[HEAD:]:
                 if m != r:
                     top.pop(m, None)
+    if pairs:
+        members -= pairs
+        for m in pairs:
+            top.pop(m, None)
     return top, members

@@ -415,7 +415,7 @@ class RankEvidence:
         ok, present, share, mean, back = w.judge(rows, self.cfg.min_rel)
         v.waited, v.waited_present, v.waited_share, v.waited_lag = ok, present, share, mean
         v.self_driven = v.self_driven | ok
-        v.back = np.where(ok & ~v.confirmed & (v.inc <= 0), back, v.back)
+        v.back = np.where(ok & ~v.confirmed, back, v.back)
 
     def onset_back(self, row: int, lo: float, shift: float | None) -> int:
         """Steps back to the most likely start of the rank's excess (log ``shift``, or

@@ -428,7 +428,7 @@ class JobState(Attribution):
         self.rank_steps += len(ranks)
         states, recent = self._states(ranks, work)
         ev_ = self._verdict(ranks, states, recent, rel, z, rel2, z2, warm, peers, job_s)
-        self._waited(ev_, ranks, states, colls, job_s)
+        self._waited(ev_, ranks, states, colls if groups.min() == groups.max() else [], job_s)
         present: list[int] = []
         dref = median(data)
         base = self._job_base()
@@ -553,7 +553,10 @@ class JobState(Attribution):
                 colls: list[Collective], job_s: float) -> None:
         """Who the step's groups waited for (``models.alignment.waited_for``), into the
         windowed "waited for" evidence of every rank (``RankEvidence.judge_waited``). The
-        job's first steps (``peer_warm_steps``: one-off work) count as none."""
+        job's first steps (``peer_warm_steps``: one-off work) count as none, and so do all
+        steps of a pipeline layout (``evaluate`` passes no collectives where the ranks name
+        several ``pp_rank``): a slow stage delays every stage of its replica, which then
+        reach their data-parallel collectives late together."""
         n = len(ranks)
         top = np.full(n, np.nan)
         lag = np.zeros(n)
