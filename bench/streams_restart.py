@@ -45,9 +45,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from streams_scale import write_trace  # noqa: E402
-from streams_shards import BLOCKED, loop_log  # noqa: E402
+from streams_shards import blocked, loop_log  # noqa: E402
 from streams_shards_large import publish_file, scrape  # noqa: E402
-from streams_throughput import machine_load, processed  # noqa: E402
+from streams_throughput import machine_load  # noqa: E402
 
 from failslow.stack import create_topics, free_port, start_broker  # noqa: E402
 from failslow.worker_process import WorkerProcess  # noqa: E402
@@ -68,8 +68,9 @@ def stamped(log: Path, needle: str) -> list[float]:
     return out
 
 
-def taken_over(log: Path, since: float) -> dict[int, float]:
-    """Partition -> when it was taken over, for the take-overs logged at ``since`` or later."""
+def taken_over(log: Path, since: float, until: float = float("inf")) -> dict[int, float]:
+    """Partition -> when it was taken over, for the take-overs logged from ``since`` to
+    before ``until``."""
     out: dict[int, float] = {}
     for line in log.read_text(errors="replace").splitlines():
         m = _STAMP.match(line)
@@ -77,7 +78,7 @@ def taken_over(log: Path, since: float) -> dict[int, float]:
         if m and p:
             t = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
             t_s = t.replace(tzinfo=dt.UTC).timestamp()
-            if t_s >= since:
+            if since <= t_s < until:
                 out[int(p.group(1))] = t_s
     return out
 
@@ -86,9 +87,13 @@ def split(kill: dict, log: Path, want: int) -> dict:
     """The restart's parts from the new worker's log (module docstring)."""
     t0 = kill["t_kill"]
     joining = stamped(log, "(Re-)joining group")
-    assigned = stamped(log, "Executing _on_partitions_assigned")
+    # the last assignment before the first judged rank-step (not the one when the bench
+    # stops the workers)
+    every = stamped(log, "Executing _on_partitions_assigned")
+    assigned = [t for t in every if t <= kill["t_judged"]]
     final = assigned[-1] if assigned else None
-    taken = taken_over(log, final) if final else {}
+    later = [t for t in every if final is not None and t > final]
+    taken = taken_over(log, final, later[0] if later else float("inf")) if final else {}
     done = max(taken.values()) if len(taken) >= want else None
     return {"restart_s": kill["t_judged"] - t0,
             "start_s": joining[0] - t0 if joining else None,
@@ -148,7 +153,7 @@ def main() -> None:
     pub: dict = {"published": 0}
     deadline = time.monotonic() + args.timeout
     kill: dict = {}
-    blocked = [0.0] * 3   # the longest loop block seen per worker (issue 16)
+    longest: list[dict[str, float]] = [{} for _ in range(3)]  # per worker, loop (issue 16)
     try:
         time.sleep(args.settle)
         threading.Thread(target=publish_file, daemon=True,
@@ -157,8 +162,7 @@ def main() -> None:
         snaps0: dict[int, float] = {}
         while time.monotonic() < deadline:
             time.sleep(0.5 if kill else 2.0)
-            blocked = [max(b, processed([p], BLOCKED)) for b, p in zip(blocked, ports,
-                                                                        strict=True)]
+            longest = [blocked(p, b) for b, p in zip(longest, ports, strict=True)]
             if not kill:
                 ms = [scrape(p) for p in ports[:2]]
                 judged = sum(m["judged"] for m in ms)
@@ -199,9 +203,9 @@ def main() -> None:
             w.stop()
         broker.stop(5)
     res["kill"] = kill
-    res["loop_blocked_max_s"] = blocked
+    res["loop_blocked_max_s"] = longest
     res["loops"] = [loop_log(log) for log in logs]
-    say(f"event loop: longest block per worker {[round(b, 2) for b in blocked]} s; "
+    say(f"event loops: longest block per worker {longest} s; "
         f"assignments per worker {[x['assignments'] for x in res['loops']]}")
     res["load_after"] = machine_load()
     if "t_judged" in kill:

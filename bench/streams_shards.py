@@ -35,6 +35,7 @@ import re
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -57,14 +58,28 @@ from simulator import simulate  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 JUDGED = "failslow_stream_judged_rank_steps_total"
 BLOCKED = "failslow_stream_loop_blocked_max_seconds"
+_LOOP = re.compile(BLOCKED + r'\{loop="(\w+)"\} ([\d.e+-]+)')
+
+
+def blocked(port: int, seen: dict[str, float]) -> dict[str, float]:
+    """``seen`` with each of a worker's loops' longest block in the last minute (its
+    metric) taken in: the longest per loop so far."""
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    except OSError:
+        return seen
+    out = dict(seen)
+    for loop, value in _LOOP.findall(body.decode()):
+        out[loop] = max(out.get(loop, 0.0), float(value))
+    return out
 
 
 def loop_log(log: Path) -> dict:
     """From a worker's log: its assignments and the loop probe's per-minute lines."""
     text = log.read_text(errors="replace") if log.exists() else ""
-    p99 = [float(x) for x in re.findall(r"event loop blocked: longest [\d.]+ s, p99 ([\d.]+) s",
-                                         text)]
-    longest = [float(x) for x in re.findall(r"event loop blocked: longest ([\d.]+) s", text)]
+    lines = re.findall(r"event loop blocked \((\w+)\): longest ([\d.]+) s, p99 ([\d.]+) s", text)
+    p99 = [(loop, float(x)) for loop, _, x in lines]
+    longest = [(loop, float(x)) for loop, x, _ in lines]
     return {"assignments": text.count("Executing _on_partitions_assigned"),
             "loop_blocked_p99_per_minute_s": p99, "loop_blocked_longest_per_minute_s": longest}
 
@@ -102,15 +117,14 @@ def run(bootstrap: str, topics: Topics, events: list[dict], expect_judged: int,
         judged, t_judged = 0.0, time.monotonic()
         cpu1 = cpu0
         rss = [0] * n_workers
-        blocked = [0.0] * n_workers   # the longest loop block seen (issue 16)
+        longest: list[dict[str, float]] = [{} for _ in range(n_workers)]  # per loop (issue 16)
         # done when every step is judged, or every event was processed and judging
         # stopped growing for 20 s
         t_all, judged_all = None, 0.0   # when every event was processed, judged by then
         while time.monotonic() < deadline:
             now_judged = processed(ports, JUDGED)
             rss = [max(a, rss_bytes(p)) for a, p in zip(rss, pids, strict=True)]
-            blocked = [max(b, processed([p], BLOCKED)) for b, p in zip(blocked, ports,
-                                                                        strict=True)]
+            longest = [blocked(p, b) for b, p in zip(longest, ports, strict=True)]
             if now_judged != judged:
                 judged, t_judged = now_judged, time.monotonic()
                 cpu1 = [cpu_seconds(p) for p in pids]
@@ -152,7 +166,7 @@ def run(bootstrap: str, topics: Topics, events: list[dict], expect_judged: int,
             "judged_rank_steps_per_busiest_worker_cpu_beyond_idle_s":
                 judged / max(work) if work and max(work) > 0 else 0.0,
             "worker_rss_bytes": rss, "workers_alive_to_the_end": alive,
-            "loop_blocked_max_s": blocked, "assignments": [x["assignments"] for x in loops],
+            "loop_blocked_max_s": longest, "assignments": [x["assignments"] for x in loops],
             "loop_blocked_p99_per_minute_s": [x["loop_blocked_p99_per_minute_s"] for x in loops],
             "loop_blocked_longest_per_minute_s":
                 [x["loop_blocked_longest_per_minute_s"] for x in loops], "logs": [str(x) for x in logs], "telemetry_messages_to_every_partition": unmapped}
@@ -215,7 +229,7 @@ def main() -> None:
                   f"{r['judged_rank_steps_per_busiest_worker_cpu_beyond_idle_s']:,.0f}); RSS {[round(b / 2**20) for b in r['worker_rss_bytes']]}"
                   f" MiB; load {r['load_before']['loadavg']} -> {r['load_after']['loadavg']}",
                   flush=True)
-            print(f"  event loop: longest block {[round(b, 2) for b in r['loop_blocked_max_s']]} s,"
+            print(f"  event loops: longest block {r['loop_blocked_max_s']} s,"
                   f" per-minute p99 {r['loop_blocked_p99_per_minute_s']} s; assignments "
                   f"{r['assignments']}", flush=True)
     finally:

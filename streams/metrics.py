@@ -61,14 +61,17 @@ class Metrics:
         self.snapshot_bytes = Gauge("failslow_stream_snapshot_bytes",
                                     "Size of the newest state snapshot", ["partition"], registry=r)
         # issue 16 (streams/loopprobe.py): how late the event loop woke a 0.05 s sleep
+        # loop="worker": the agents' and timers' loop; loop="consumer": the Kafka consumer
+        # thread's loop (fetches, heartbeats)
         self.loop_blocked = Histogram("failslow_stream_loop_blocked_seconds",
-                                      "How late the worker's event loop woke a 0.05 s sleep: "
-                                      "how long the agents, timers, heartbeat callbacks and "
-                                      "sends waited behind synchronous work", registry=r,
+                                      "How late an event loop of the worker woke a 0.05 s "
+                                      "sleep: how long what runs on it (agents, timers, sends, "
+                                      "rebalance callbacks; the consumer's fetches and "
+                                      "heartbeats) waited", ["loop"], registry=r,
                                       buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2, 5, 10))
         self.loop_blocked_max = Gauge("failslow_stream_loop_blocked_max_seconds",
-                                      "The event loop's longest block in the last minute",
-                                      registry=r)
+                                      "An event loop's longest block in the last minute",
+                                      ["loop"], registry=r)
         self.client_errors = Counter("failslow_stream_kafka_client_errors_total",
                                      "Kafka client error lines held back as repeats (a broker "
                                      "outage: rises while it lasts)", registry=r)
