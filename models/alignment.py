@@ -154,10 +154,10 @@ def waited_for(colls: list[Collective]) -> tuple[dict[int, float], set[int]]:
       replica, which then reach their data-parallel collectives late together
       (``models.p2p`` judges the pairs).
 
-    Two passes over the members: O(members) per step."""
+    One pass over the members of the step's collectives, one over those of its groups:
+    O(members) per step."""
     per: dict[str, dict[int, float]] = {}
-    wide: set[str] = set()
-    members: set[int] = set()
+    first: dict[str, Collective] = {}      # group -> its first collective (its members)
     pairs: set[int] = set()
     for c in colls:
         if c[OP] in P2P_OPS:
@@ -175,10 +175,10 @@ def waited_for(colls: list[Collective]) -> tuple[dict[int, float], set[int]]:
         g = per.get(c[GROUP])
         if g is None:
             g = per[c[GROUP]] = {}
+            first[c[GROUP]] = c
         g[last_rank] = g.get(last_rank, 0.0) + last_start - second
-        if len(c) >= HEAD + WAITED_MIN_MEMBERS:
-            wide.add(c[GROUP])
-            members.update(m[0] for m in c[HEAD:])
+    wide = {name for name, c in first.items() if len(c) >= HEAD + WAITED_MIN_MEMBERS}
+    members = {m[0] for name in wide for m in first[name][HEAD:]}
     top: dict[int, float] = {}
     gtop: dict[str, int] = {}
     for name, g in per.items():
@@ -189,11 +189,8 @@ def waited_for(colls: list[Collective]) -> tuple[dict[int, float], set[int]]:
                 top[r] = top.get(r, 0.0) + lag
     if top and len(gtop) > 1:
         # the members of a group whose waited-for member is another rank waited there
-        for c in colls:
-            r = gtop.get(c[GROUP], -1) if c[OP] not in P2P_OPS else -1
-            if r < 0:
-                continue
-            for m, _, _ in c[HEAD:]:
+        for name, r in gtop.items():
+            for m, _, _ in first[name][HEAD:]:
                 if m != r:
                     top.pop(m, None)
     if pairs:

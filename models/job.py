@@ -563,11 +563,14 @@ class JobState(Attribution):
         if colls and self.judged > self.cfg.peer_warm_steps:
             late, members = waited_for(colls)
             if members:
-                for i, r in enumerate(ranks):
-                    if r in members:
-                        t = late.get(r)
-                        top[i] = 0.0 if t is None else 1.0
-                        lag[i] = t or 0.0
+                idx = np.fromiter((r in members for r in ranks), dtype=bool, count=n)
+                top[idx] = 0.0
+                pos = {r: i for i, r in enumerate(ranks)} if late else {}
+                for r, t in late.items():
+                    i = pos.get(r)
+                    if i is not None:
+                        top[i] = 1.0
+                        lag[i] = t
         kinds = np.fromiter((st.kind is not None for st in states), dtype=bool, count=n)
         other = (int(kinds.sum()) - kinds) > 0
         self.evidence.judge_waited(ev_, ranks, top, lag, other, job_s)
