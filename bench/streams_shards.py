@@ -58,7 +58,7 @@ from simulator import simulate  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 JUDGED = "failslow_stream_judged_rank_steps_total"
 BLOCKED = "failslow_stream_loop_blocked_max_seconds"
-_LOOP = re.compile(BLOCKED + r'\{loop="(\w+)"\} ([\d.e+-]+)')
+_LOOP = re.compile(BLOCKED + r'(?:\{loop="(\w+)"\})? ([\d.e+-]+)')
 
 
 def blocked(port: int, seen: dict[str, float]) -> dict[str, float]:
@@ -70,6 +70,7 @@ def blocked(port: int, seen: dict[str, float]) -> dict[str, float]:
         return seen
     out = dict(seen)
     for loop, value in _LOOP.findall(body.decode()):
+        loop = loop or "worker"   # the first probe had no label
         out[loop] = max(out.get(loop, 0.0), float(value))
     return out
 
@@ -77,9 +78,10 @@ def blocked(port: int, seen: dict[str, float]) -> dict[str, float]:
 def loop_log(log: Path) -> dict:
     """From a worker's log: its assignments and the loop probe's per-minute lines."""
     text = log.read_text(errors="replace") if log.exists() else ""
-    lines = re.findall(r"event loop blocked \((\w+)\): longest ([\d.]+) s, p99 ([\d.]+) s", text)
-    p99 = [(loop, float(x)) for loop, _, x in lines]
-    longest = [(loop, float(x)) for loop, x, _ in lines]
+    lines = re.findall(r"event loop blocked(?: \((\w+)\))?: longest ([\d.]+) s, p99 ([\d.]+) s",
+                       text)
+    p99 = [(loop or "worker", float(x)) for loop, _, x in lines]
+    longest = [(loop or "worker", float(x)) for loop, x, _ in lines]
     return {"assignments": text.count("Executing _on_partitions_assigned"),
             "loop_blocked_p99_per_minute_s": p99, "loop_blocked_longest_per_minute_s": longest}
 

@@ -51,7 +51,7 @@ CRASH_EXIT = 70
 # default is 5 ms). The judge thread, the worker's loop and the consumer thread (fetches,
 # heartbeats) share it; each wake of the consumer's loop waits up to this long for a busy
 # judge, so its heartbeats fell seconds behind at 5 ms (measured, docs/streams.md).
-SWITCH_INTERVAL_S = 0.001
+SWITCH_INTERVAL_S = float(os.environ.get("FAILSLOW_SWITCH_INTERVAL_MS") or 1.0) / 1000
 
 
 def _fatal(what: str) -> None:
