@@ -412,10 +412,19 @@ class RankEvidence:
             w = self.waited = WaitedFor()
         rows = w.rows_for(ranks)
         w.push(rows, top, lag, other, job_s)
-        ok, present, share, mean, back = w.judge(rows, self.cfg.min_rel)
+        ok, present, share, mean, back, steady, before = w.judge(rows, self.cfg.min_rel)
         v.waited, v.waited_present, v.waited_share, v.waited_lag = ok, present, share, mean
         v.self_driven = v.self_driven | ok
         v.back = np.where(ok & ~v.confirmed, back, v.back)
+        # Waited for now and before the window too: the layout, recorded as a steady
+        # imbalance (info, never a page) with the share of the step charged to it.
+        rel = mean / (1.0 - np.minimum(mean, 0.9))
+        new = steady & ~v.confirmed & ~ok & ~v.imbalance
+        held = present & (before > WAIT_PRIOR_MAX)
+        v.imbalance = v.imbalance | new
+        v.peer_mean = np.where(new | held, np.maximum(v.peer_mean, rel), v.peer_mean)
+        v.peer_n = np.where(new, self.waited.width, v.peer_n)
+        v.imb_present = v.imb_present | held
 
     def onset_back(self, row: int, lo: float, shift: float | None) -> int:
         """Steps back to the most likely start of the rank's excess (log ``shift``, or
@@ -584,10 +593,10 @@ class WaitedFor:
         self.other[rows, -1] = other
         self.job[-1] = job_s
 
-    def judge(self, rows: np.ndarray, min_rel: float
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def judge(self, rows: np.ndarray, min_rel: float) -> tuple[np.ndarray, ...]:
         """Per row: (confirmed, present, share of the last WAIT_N steps, mean lag charged
-        over them as a fraction of the job's step, steps back to the onset)."""
+        over them as a fraction of the job's step, steps back to the onset, steady: as
+        confirmed but waited for before the window too, its share before the window)."""
         top = self.top[rows]
         win = top[:, -WAIT_N:]
         hit = np.nan_to_num(win).sum(axis=1)
@@ -608,4 +617,6 @@ class WaitedFor:
             # the CUSUM change-point of the 0/1 series: the suffix that gains the most
             v = np.nan_to_num(top[i, -WAIT_N:]) - (share[i] + pshare[i]) / 2
             back[i] = int(np.argmax(np.cumsum(v[::-1]))) + 1
-        return confirmed, present, share, lag, back
+        steady = (hit >= WAIT_K) & (pn >= WAIT_PRIOR_MIN) & (pshare > WAIT_PRIOR_MAX) \
+            & (lag >= min_rel)
+        return confirmed, present, share, lag, back, steady, np.where(pn > 0, pshare, 0.0)

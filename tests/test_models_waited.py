@@ -126,7 +126,12 @@ def test_rank_that_becomes_the_last_arriver_is_confirmed(grain, seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_rank_last_from_the_first_step_is_not_paged(grain, seed):
     evs, _ = trace(grain, late=1, start=0, seed=seed)
-    assert loud(detect(evs)) == []
+    incs = detect(evs)
+    assert loud(incs) == []
+    # recorded as the layout: an info-level imbalance with its cost
+    imb = [i for i in incs if i.get("evidence", {}).get("imbalance")]
+    assert imb and {i.get("rank") for i in imb} == {1}
+    assert imb[-1]["slowdown_pct"] > 0
 
 
 @pytest.mark.parametrize("grain", ["collective", "comm"])
