@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--shard-ranks", type=int, default=512)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--partitions", type=int, default=32)
-    ap.add_argument("--session-timeout", type=float, default=15.0)
+    ap.add_argument("--session-timeout", type=float, default=2.0)
     ap.add_argument("--settle", type=float, default=15.0)
     ap.add_argument("--kill-after", type=float, default=120.0,
                     help="longest wait after the first step is judged for every "

@@ -179,7 +179,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=16384)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=900.0)
-    ap.add_argument("--worker-args", default="--session-timeout 10 --log-level info",
+    ap.add_argument("--worker-args", default="--session-timeout 2 --log-level info",
                     help="extra `failslow worker` flags (e.g. --session-timeout 2)")
     ap.add_argument("--code", default=None, help="run the workers from this checkout")
     ap.add_argument("--out", default="streams_shards.json",

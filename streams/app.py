@@ -158,7 +158,7 @@ def build_app(cfg: WorkerConfig) -> faust.App:
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # async receivers are fine
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
-        await stage.assigned()
+        stage.assigned()
         name = job_topic.get_topic_name()
         # issue 16: read back every partition taken over at once, not one per first message
         stage.prefetch(sorted(tp.partition for tp in assigned if tp.topic == name))
@@ -172,7 +172,6 @@ def build_app(cfg: WorkerConfig) -> faust.App:
     async def on_shutdown(sender: Any, **kwargs: Any) -> None:
         await stage.snapshot_all(ack=False, force=True)
         stage.pool.shutdown(wait=False, cancel_futures=True)
-        stage.judge.shutdown(wait=False, cancel_futures=True)
         reader.stop()
         watch.stop()
 

@@ -89,6 +89,8 @@ class JobStage:
         self.due: dict[int, float] = {}  # partition -> monotonic time its next snapshot may start
         self.stream: Any = None  # the job topic's manual-ack stream, once the agent runs
         self.rebalance_began: float | None = None  # when the current rebalance began
+        self.last_message = -math.inf  # wall time the last message came or was judged
+        self.judging = 0               # messages in the judge thread now
         self._capped_seen: dict[tuple[int, str], int] = {}
         # partition -> (when its read-back began, its future): take-overs under way
         self.reading: dict[int, tuple[float, asyncio.Future]] = {}
@@ -191,11 +193,18 @@ class JobStage:
         sent from the loop, in the order they came."""
         msg = event.message
         p = msg.partition
+        self.last_message = now
         state = self.parts.get(p) or await self.take_over(p)
         self.held[p].append(event)
         seen = self.announced[p]
-        for kind, *args in await self.work(self.judge_message, state, p, msg.value,
-                                           msg.offset, now, seen):
+        self.judging += 1
+        try:
+            sends = await self.work(self.judge_message, state, p, msg.value, msg.offset, now,
+                                    seen)
+        finally:
+            self.judging -= 1
+            self.last_message = time.time()
+        for kind, *args in sends:
             if kind == "dead":
                 await self.out.dead_letter(*args)
             elif kind == "incidents":
@@ -275,15 +284,17 @@ class JobStage:
 
     async def tick(self, now: float) -> None:
         """Let idle sources / partitions release what they hold; refresh the gauges."""
+        # see EventOrder.tick: a partition silent while others' messages are judged
+        busy = self.judging > 0 or now - self.last_message < self.cfg.idle_s
         for p, state in list(self.parts.items()):
             if self.rebalance_began is None:
-                await self.out.incidents(p, await self.work(self.tick_one, state, now))
+                await self.out.incidents(p, await self.work(self.tick_one, state, now, busy))
         await self.work(self.gauges, list(self.parts.values()))
 
-    def tick_one(self, state: JobPartition, now: float) -> list[dict]:
+    def tick_one(self, state: JobPartition, now: float, busy: bool = False) -> list[dict]:
         """``state.tick`` with its counts added to the metrics (judge thread)."""
         before = dict(state.counts)
-        out = state.tick(now)
+        out = state.tick(now, busy)
         self.count(state, before)
         return out
 
@@ -327,10 +338,12 @@ class JobStage:
 
     # -- rebalances --------------------------------------------------------------------------
 
-    async def assigned(self) -> None:
+    def assigned(self) -> None:
+        """The rebalance is over: the partitions kept pause for its length. Queued behind
+        the judge thread's work, not awaited: the group's callback returns at once."""
         began, self.rebalance_began = self.rebalance_began, None
         if began is not None:
-            await self.work(_pause, list(self.parts.values()), time.time() - began)
+            self.judge.submit(_pause, list(self.parts.values()), time.time() - began)
 
     def revoked(self, partitions: list[int]) -> None:
         self.rebalance_began = self.rebalance_began or time.time()
