@@ -102,7 +102,9 @@ def main() -> None:
     ports = [free_port() for _ in range(2)]
     logs = [Path(tempfile.gettempdir()) / f"{group}-w{i}.log" for i in range(2)]
     workers = [WorkerProcess(broker.bootstrap, topics, group=group, metrics_port=ports[i],
-                             log_path=logs[i], extra=["--session-timeout", "10"])
+                             log_path=logs[i], extra=["--session-timeout", "10",
+                                    *(["--log-level", "info"] if os.environ.get(
+                                        "FAILSLOW_DEBUG_LATE") else [])])
                for i in range(2)]
     pub: dict = {"published": 0}
     got: list[dict] = []
@@ -123,7 +125,9 @@ def main() -> None:
             if still >= 18:      # 90 s without anything new
                 break
         res["judged_rank_steps"], res["events_taken"] = last
-        res["capped"] = sum(scrape(p)["capped"] for p in ports)
+        final = [scrape(p) for p in ports]
+        for name in ("capped", "late", "late_samples", "unmapped", "duplicates"):
+            res[name] = sum(m[name] for m in final)
         got = read_incidents(broker.bootstrap, topics, partitions=args.partitions)
     finally:
         for w in workers:

@@ -58,7 +58,7 @@ _SAMPLE = re.compile(r'^(failslow_stream_[a-z_]+?)(?:_total)?(?:\{([^}]*)\})? ([
 def scrape(port: int) -> dict:
     """A worker's metrics: events, judged rank-steps, snapshot bytes per partition."""
     out: dict = {"events": 0.0, "judged": 0.0, "snapshots": {}, "capped": 0.0,
-                 "unmapped": 0.0}
+                 "unmapped": 0.0, "late": 0.0, "late_samples": 0.0, "duplicates": 0.0}
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
     except OSError:
@@ -76,6 +76,12 @@ def scrape(port: int) -> dict:
             out["capped"] += value
         elif name == "failslow_stream_unmapped_telemetry":
             out["unmapped"] += value
+        elif name == "failslow_stream_late_events":
+            out["late"] += value
+        elif name == "failslow_stream_late_samples":
+            out["late_samples"] += value
+        elif name == "failslow_stream_duplicates":
+            out["duplicates"] += value
         elif name == "failslow_stream_snapshot_bytes":
             p = re.search(r'partition="(\d+)"', labels)
             if p and value > 0:

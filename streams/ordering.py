@@ -24,9 +24,12 @@ time), and it stops waiting for a source that fell ``lateness`` behind the media
 source and sent nothing for ``lateness`` wall seconds (it left, or its host's clock
 is far behind), or, in a live stream, fell 6 x ``lateness`` behind (while a backlog
 is read, a source still delivering is never dropped). A partition that received
-nothing for ``idle_s`` releases everything it holds. An event that arrives behind
-the watermark (late, or from a host whose clock is behind) is handed over at once:
-nothing is dropped for being late, it is counted.
+nothing for ``idle_s`` releases everything it holds, except the samples of hosts the
+route placed on the partition that came before any step of their job while a backlog
+is read: they wait for the steps (``HOLD_LATENESS`` x ``lateness`` at most), or they
+would make them late. An event that arrives behind the watermark (late, or from a host
+whose clock is behind) is handed over at once: nothing is dropped for being late, it is
+counted.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ import numpy as np
 from models.pipeline import TELEMETRY_KINDS
 
 RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
+# While a backlog is read, the device samples of hosts placed on a partition (the route
+# saw their job's ranks here) can arrive long before the job's first step and comm events:
+# the consumer reaches the telemetry topics first. Released after ``lateness`` wall
+# seconds, they moved the watermark ahead of every step still on its way, which then
+# arrived late and out of order (a 16,384-rank job in 32 shards: 344,513 late events, its
+# incidents no longer byte-identical to detect's). They wait for the steps up to
+# HOLD_LATENESS x ``lateness`` wall seconds and HOLD_MAX_EVENTS buffered events.
+HOLD_LATENESS = 6
+HOLD_MAX_EVENTS = 1 << 18
 OFFSET_WINDOW_S = 60.0  # s; a host's clock offset is read over the last one to two of these
 _EV_TS = itemgetter("ts")
 # Release order: by ts, and at equal ts by kind. A rank's comm window that closes a step
@@ -129,20 +141,31 @@ class EventOrder:
         self._wm_wall = -math.inf
         self._hw: dict[tuple, float] = {}  # step / collective source -> newest ts that arrived
         self._seen: dict[tuple, float] = {}  # source -> wall time of its latest arrival
+        # wall time of the latest arrival per (kind, job) of step / comm / collective
+        # sources, and per telemetry kind: the topic a source comes on still delivers
+        self._topic_seen: dict[object, float] = {}
         self._ref = -math.inf  # median of the sources' newest ts (event-time "now")
         self._ref_wall = -math.inf
         self._last_wall = 0.0
         self._first_wall: float | None = None
         self._settling = True
+        # wall time the first sample of a placed host arrived while no step, comm or
+        # collective had (the samples then wait for the steps, HOLD_LATENESS)
+        self._held_since: float | None = None
 
-    def add(self, events: list[dict], offset: int, now: float, skip_ts: float) -> list[dict]:
+    def add(self, events: list[dict], offset: int, now: float, skip_ts: float,
+            placed: bool = False) -> list[dict]:
         """Take the valid events of the message at ``offset``; return those that are late
         (behind the watermark: the caller hands them over at once). Events up to ``skip_ts``
         (a replay below the snapshot's offsets) are already in the Detector's state: they
-        only tell which sources exist and how far they got."""
+        only tell which sources exist and how far they got. ``placed``: device samples
+        of a host the route placed on this partition (its job's steps will come here)."""
         self._last_wall = now
         if self._first_wall is None:
             self._first_wall = now
+        if (placed and self._held_since is None and not self._hw and events
+                and events[-1]["ts"] < now - self.lateness):
+            self._held_since = now      # a backlog's samples (live ones are newer)
         late: list[dict] = []
         keep: list[dict] = []
         samples: list[dict] = []
@@ -154,6 +177,7 @@ class EventOrder:
         job_hosts = self._job_hosts
         coll_jobs, arrived = self._coll_jobs, self._arrived
         seen = self._seen
+        topic_seen = self._topic_seen
         source = WATERMARK_SOURCE
         for ev in events:
             ts = ev["ts"]
@@ -161,6 +185,7 @@ class EventOrder:
             src = source[kind](ev)
             seen[src] = now
             if kind in TELEMETRY_KINDS:
+                topic_seen[kind] = now
                 last = tel_hw.get(src)
                 if last is None or ts > last:
                     tel_hw[src] = ts
@@ -177,6 +202,7 @@ class EventOrder:
                 else:
                     samples.append(ev)
                 continue
+            topic_seen[src[:2]] = now
             if ts > hw.get(src, -math.inf):
                 hw[src] = ts
             if kind == "step":
@@ -224,10 +250,31 @@ class EventOrder:
         if self._first_wall is not None:
             self._first_wall += seconds
         self._seen = {s: t + seconds for s, t in self._seen.items()}
+        self._topic_seen = {k: t + seconds for k, t in self._topic_seen.items()}
 
-    def tick(self, now: float) -> list[dict]:
-        """Called periodically: what idle sources / an idle partition no longer hold."""
-        return self.advance(now, force=now - self._last_wall >= self.idle_s)
+    def tick(self, now: float, busy: bool = False) -> list[dict]:
+        """Called periodically: what idle sources / an idle partition no longer hold.
+        ``busy``: the worker received messages for other partitions in the last
+        ``idle_s``. While a backlog is read (the newest step is more than ``lateness``
+        old), a partition of a busy worker may be silent only because its messages wait
+        behind the others' (one agent takes them in turn): releasing everything then made
+        the rest of its steps late (a 16,384-rank job in 32 shards). There its silence
+        must last HOLD_LATENESS x ``lateness``, or until the worker is idle too."""
+        quiet = now - self._last_wall
+        return self.advance(now, force=quiet >= self.idle_s and not self._holding(now)
+                            and (not busy or self._live(now)
+                                 or quiet >= HOLD_LATENESS * self.lateness))
+
+    def _holding(self, now: float) -> bool:
+        """True while placed hosts' samples wait for their job's first steps: no step,
+        comm or collective source yet, samples of a backlog (more than ``lateness`` old
+        when they arrived; live samples are released as before: the steps they explain
+        are newer), for HOLD_LATENESS x ``lateness`` wall seconds since the first such
+        sample and HOLD_MAX_EVENTS buffered events at most."""
+        since = self._held_since
+        return (since is not None and not self._hw
+                and now - since < HOLD_LATENESS * self.lateness
+                and self.buffered < HOLD_MAX_EVENTS)
 
     # -- ordering ------------------------------------------------------------------------
 
@@ -240,7 +287,9 @@ class EventOrder:
             # wall seconds for a job's steps, so samples of hosts without a job here do not
             # pile up. Sooner would be wrong while a backlog is read: the steps they explain
             # may still be on their way, and the Detector must not see samples far ahead
-            # of them.
+            # of them; placed hosts' samples wait longer there (``_holding``).
+            if self._holding(now):
+                return self.wm
             waited = [c.last for c in self._buf if now - c.arrived >= self.lateness]
             return max(waited) if waited else -math.inf
         if self._settling:
@@ -341,9 +390,12 @@ class EventOrder:
 
     def _drop_stalled(self, now: float) -> None:
         """Stop waiting for sources that fell ``lateness`` behind the median and sent nothing
-        for ``lateness`` wall seconds (a source that is behind but still delivering, or
-        whose topic the consumer reaches later while catching up on a backlog, keeps
-        holding the watermark). In a live stream, also for sources that fell 6 x
+        for ``lateness`` wall seconds while its topic delivered other sources' events for
+        ``lateness`` more (a source that is behind but still delivering, or whose topic
+        the consumer reaches later while catching up on a backlog, keeps holding the
+        watermark: a busy worker reading a backlog can leave a whole topic unread for
+        longer than ``lateness``, and dropping its sources then made the rest of their
+        events late). In a live stream, also for sources that fell 6 x
         ``lateness`` behind (a host whose clock is that far behind), and forget job hosts
         whose steps stopped that long ago (the job ended or moved). Not while a backlog
         is read: there a source can be minutes of event time behind the others only
@@ -352,11 +404,14 @@ class EventOrder:
         floor, hard = self._ref - self.lateness, self._ref - 6 * self.lateness
         if not self._live(now):
             hard = -math.inf
-        seen = self._seen
+        seen, topic_seen, lateness = self._seen, self._topic_seen, self.lateness
         dropped = 0
         for hw, shift in ((self._hw, 0.0), (self._tel_hw, self.delay)):
             gone = [s for s, t in hw.items()
-                    if t + shift < hard or (t + shift < floor and now - seen[s] > self.lateness)]
+                    if t + shift < hard or (
+                        t + shift < floor and now - seen[s] > lateness
+                        and topic_seen.get(s[0] if s[0] in TELEMETRY_KINDS else s[:2], now)
+                        - seen[s] > lateness)]
             for s in gone:
                 del hw[s], seen[s]
             dropped += len(gone)
@@ -377,6 +432,8 @@ class EventOrder:
             return kh[1] in jobs if kh[0] == "step" else (kh[1] in hosts or kh in tel)
 
         self._arrived = {kh for kh in self._arrived if known(kh)}
+        self._topic_seen = {k: t for k, t in self._topic_seen.items()
+                            if type(k) is str or k[1] in jobs}
         self._unsent = {kh for kh in self._unsent if known(kh)}
         self._coll_jobs = {j for j in self._coll_jobs if j in jobs}
 

@@ -143,7 +143,7 @@ class JobPartition:
         self.counts["events"] += len(events)
         events = self.limits.admit(events, placed)
         self.counts["capped"] = sum(self.limits.counts.values())
-        late = self.order.add(events, offset, now, skip_ts)
+        late = self.order.add(events, offset, now, skip_ts, placed)
         out = self._feed(late) if late else []
         ready = self.order.advance(now)
         if ready:
@@ -159,9 +159,10 @@ class JobPartition:
         rebalance): the pause must not look like idle input."""
         self.order.pause(seconds)
 
-    def tick(self, now: float) -> list[dict]:
-        """Called periodically: let idle sources / an idle partition release what they hold."""
-        ready = self.order.tick(now)
+    def tick(self, now: float, busy: bool = False) -> list[dict]:
+        """Called periodically: let idle sources / an idle partition release what they hold
+        (``busy``: see ``EventOrder.tick``)."""
+        ready = self.order.tick(now, busy)
         return self._feed(ready) if ready else []
 
     # -- detection -----------------------------------------------------------------------
