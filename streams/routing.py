@@ -124,7 +124,8 @@ class HostMap:
         parts = self._hosts.get(host)
         if not parts:
             return []
-        live = [p for p, seen in parts.items() if now - seen <= self.ttl_s]
+        # a copy in one call: the job stage's judge thread reads while the route adds
+        live = [p for p, seen in list(parts.items()) if now - seen <= self.ttl_s]
         if len(live) != len(parts):
             self._hosts[host] = {p: parts[p] for p in live}
         return live
