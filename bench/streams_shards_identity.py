@@ -70,7 +70,7 @@ def main() -> None:
         steps=args.steps, large=True,
         faults=(FaultSpec("gpu_thermal", 0, None, 0.4, rank=culprits[0]),
                 FaultSpec("gpu_errors", 0, None, 0.3, rank=culprits[1])))
-    trace = Path(tempfile.gettempdir()) / f"failslow-ident-{args.ranks}.jsonl"
+    trace = Path(tempfile.gettempdir()) / f"failslow-ident-{args.ranks}-{uuid.uuid4().hex[:6]}.jsonl"
     det = ShardedDetector(shard_ranks=n)
     ref: list[dict] = []
     events = 0

@@ -37,6 +37,7 @@ from schema.fast import all_valid
 from streams.config import WorkerConfig
 from streams.limits import InputLimits
 from streams.metrics import Metrics
+from streams.ordering import HOLD_LATENESS
 from streams.outputs import Outputs
 from streams.partition import JobPartition
 from streams.routing import HostMap, unpack
@@ -91,6 +92,9 @@ class JobStage:
         self.rebalance_began: float | None = None  # when the current rebalance began
         self.last_message = -math.inf  # wall time the last message came or was judged
         self.judging = 0               # messages in the judge thread now
+        # wall seconds between the last judged input message's production and its judging:
+        # how far behind the pipeline reads (a backlog)
+        self.behind = 0.0
         self._capped_seen: dict[tuple[int, str], int] = {}
         # partition -> (when its read-back began, its future): take-overs under way
         self.reading: dict[int, tuple[float, asyncio.Future]] = {}
@@ -240,7 +244,8 @@ class JobStage:
             if want == "step":
                 sends.extend(("announce", host) for host in self.announce(seen, events, now))
             if ts0:
-                metrics.latency.observe(max(0.0, time.time() - ts0))
+                self.behind = max(0.0, time.time() - ts0)
+                metrics.latency.observe(self.behind)
         return sends
 
     def foreign(self, state: JobPartition, key: bytes, p: int, now: float) -> bool:
@@ -284,8 +289,11 @@ class JobStage:
 
     async def tick(self, now: float) -> None:
         """Let idle sources / partitions release what they hold; refresh the gauges."""
-        # see EventOrder.tick: a partition silent while others' messages are judged
-        busy = self.judging > 0 or now - self.last_message < self.cfg.idle_s
+        # see EventOrder.tick: a partition silent while others' messages are judged, or
+        # while the pipeline reads a backlog that far behind (its next messages may be
+        # held up by the route or the broker for as long)
+        wait = max(self.cfg.idle_s, min(self.behind, HOLD_LATENESS * self.cfg.lateness))
+        busy = self.judging > 0 or now - self.last_message < wait
         for p, state in list(self.parts.items()):
             if self.rebalance_began is None:
                 await self.out.incidents(p, await self.work(self.tick_one, state, now, busy))

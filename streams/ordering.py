@@ -143,7 +143,7 @@ class EventOrder:
         self._seen: dict[tuple, float] = {}  # source -> wall time of its latest arrival
         # wall time of the latest arrival per (kind, job) of step / comm / collective
         # sources, and per telemetry kind: the topic a source comes on still delivers
-        self._topic_seen: dict[object, float] = {}
+        self._topic_seen: dict[str | tuple, float] = {}
         self._ref = -math.inf  # median of the sources' newest ts (event-time "now")
         self._ref_wall = -math.inf
         self._last_wall = 0.0
@@ -433,7 +433,7 @@ class EventOrder:
 
         self._arrived = {kh for kh in self._arrived if known(kh)}
         self._topic_seen = {k: t for k, t in self._topic_seen.items()
-                            if type(k) is str or k[1] in jobs}
+                            if isinstance(k, str) or k[1] in jobs}
         self._unsent = {kh for kh in self._unsent if known(kh)}
         self._coll_jobs = {j for j in self._coll_jobs if j in jobs}
 
