@@ -98,16 +98,22 @@ def lags(colls: list[Collective]) -> dict[int, float]:
     for c in colls:
         if len(c) <= HEAD + 1:
             continue
-        last_start = second = float("-inf")
-        last_rank = c[HEAD][0]
-        for r, st, _ in c[HEAD:]:
-            # Ties leave the lag at zero, whoever is charged.
-            if st > last_start:
-                second, last_start, last_rank = last_start, st, r
-            elif st > second:
-                second = st
-        late[last_rank] = late.get(last_rank, 0.0) + last_start - second
+        last_rank, lead = last_lead(c)
+        late[last_rank] = late.get(last_rank, 0.0) + lead
     return late
+
+
+def last_lead(c: Collective) -> tuple[int, float]:
+    """The member of a collective (two or more members) that started last, and its lead
+    over the second-to-last (ties leave it at zero, whoever is charged)."""
+    last_start = second = float("-inf")
+    last_rank = c[HEAD][0]
+    for r, st, _ in c[HEAD:]:
+        if st > last_start:
+            second, last_start, last_rank = last_start, st, r
+        elif st > second:
+            second = st
+    return last_rank, last_start - second
 
 
 def transfer(c: Collective, offset: dict[int, float] | None = None) -> float:
@@ -165,18 +171,12 @@ def waited_for(colls: list[Collective]) -> tuple[dict[int, float], set[int]]:
             continue
         if len(c) < HEAD + 2:
             continue
-        last_start = second = float("-inf")
-        last_rank = c[HEAD][0]
-        for r, st, _ in c[HEAD:]:
-            if st > last_start:
-                second, last_start, last_rank = last_start, st, r
-            elif st > second:
-                second = st
+        last_rank, lead = last_lead(c)
         g = per.get(c[GROUP])
         if g is None:
             g = per[c[GROUP]] = {}
             first[c[GROUP]] = c
-        g[last_rank] = g.get(last_rank, 0.0) + last_start - second
+        g[last_rank] = g.get(last_rank, 0.0) + lead
     wide = {name for name, c in first.items() if len(c) >= HEAD + WAITED_MIN_MEMBERS}
     members = {m[0] for name in wide for m in first[name][HEAD:]}
     top: dict[int, float] = {}
