@@ -245,6 +245,13 @@ def main() -> None:
             wall = (r["judged_rank_steps_per_s_wall"] / ref["judged_rank_steps_per_s_wall"]
                     if ref["judged_rank_steps_per_s_wall"] else 0.0)
             r["speedup_cpu_normalized"], r["speedup_wall"] = cpu, wall
+            # the sustained rate: time to take the whole backlog (the last steps of a
+            # backlog are judged when the worker goes idle, up to 6 x lateness later, so
+            # "to the last judged" can count different rank-steps in the two runs)
+            if r["seconds_to_all_processed"] and ref["seconds_to_all_processed"]:
+                r["speedup_wall_backlog"] = (ref["seconds_to_all_processed"]
+                                             / r["seconds_to_all_processed"])
+                print(f"  backlog taken: {r['speedup_wall_backlog']:.2f}x wall")
             if ref["judged_rank_steps_per_busiest_worker_cpu_beyond_idle_s"]:
                 r["speedup_cpu_beyond_idle"] = (
                     r["judged_rank_steps_per_busiest_worker_cpu_beyond_idle_s"]
