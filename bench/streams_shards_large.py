@@ -55,6 +55,13 @@ RESULTS = Path(__file__).parent / "results"
 _SAMPLE = re.compile(r'^(failslow_stream_[a-z_]+?)(?:_total)?(?:\{([^}]*)\})? ([0-9.e+-]+)$')
 
 
+# metric (without _total) -> the key its value is summed into
+_SUMMED = {f"failslow_stream_{m}": k for m, k in (
+    ("events", "events"), ("judged_rank_steps", "judged"), ("capped_events", "capped"),
+    ("unmapped_telemetry", "unmapped"), ("late_events", "late"),
+    ("late_samples", "late_samples"), ("duplicates", "duplicates"))}
+
+
 def scrape(port: int) -> dict:
     """A worker's metrics: events, judged rank-steps, snapshot bytes per partition."""
     out: dict = {"events": 0.0, "judged": 0.0, "snapshots": {}, "capped": 0.0,
@@ -68,20 +75,8 @@ def scrape(port: int) -> dict:
         if not m:
             continue
         name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-        if name == "failslow_stream_events":
-            out["events"] += value
-        elif name == "failslow_stream_judged_rank_steps":
-            out["judged"] += value
-        elif name == "failslow_stream_capped_events":
-            out["capped"] += value
-        elif name == "failslow_stream_unmapped_telemetry":
-            out["unmapped"] += value
-        elif name == "failslow_stream_late_events":
-            out["late"] += value
-        elif name == "failslow_stream_late_samples":
-            out["late_samples"] += value
-        elif name == "failslow_stream_duplicates":
-            out["duplicates"] += value
+        if name in _SUMMED:
+            out[_SUMMED[name]] += value
         elif name == "failslow_stream_snapshot_bytes":
             p = re.search(r'partition="(\d+)"', labels)
             if p and value > 0:
