@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+from bisect import bisect_left
 from collections import Counter
 from pathlib import Path
 from statistics import median
@@ -93,6 +94,7 @@ def met(scenario: str, rows: list[dict]) -> bool:
 def summarize(key: str, rows: list[dict]) -> dict:
     n = len(rows)
     pages = [r["steps_to_page"] for r in rows if r["steps_to_page"] is not None]
+    events = [r["steps_to_page_event"] for r in rows if r.get("steps_to_page_event") is not None]
     ratios = [r["slowdown_pct"] / r["measured_pct"] for r in rows
               if r["named"] and r["measured_pct"] and r["measured_pct"] > 0]
     scenario = key.split(":")[1]
@@ -103,6 +105,7 @@ def summarize(key: str, rows: list[dict]) -> dict:
         "paged": len(pages),
         "steps_to_page_med": median(pages) if pages else None,
         "steps_to_page_max": max(pages) if pages else None,
+        "steps_to_page_event_max": max(events) if events else None,
         "loud_healthy": sum(r["loud_healthy"] for r in rows),
         "root_cause": dict(Counter(r["root_cause"] for r in rows if r["named"])),
         "measured_pct_med": _med([r["measured_pct"] for r in rows]),
@@ -121,7 +124,7 @@ def _med(xs: list) -> float | None:
 
 def table(summary: list[dict]) -> str:
     head = (f"{'job':22} {'runs':>4} {'named':>5} {'open':>4} {'page':>4} {'pg med':>6} "
-            f"{'pg max':>6} {'loud!':>5} {'meas%':>6} {'slow%':>6} {'ratio':>5} {'+-50%':>5} "
+            f"{'pg max':>6} {'ev max':>6} {'loud!':>5} {'meas%':>6} {'slow%':>6} {'ratio':>5} {'+-50%':>5} "
             f"{'root cause':24} target")
     lines = [head]
     for s in summary:
@@ -129,6 +132,7 @@ def table(summary: list[dict]) -> str:
         lines.append(
             f"{s['job']:22} {s['runs']:>4} {s['named']:>5} {s['open_at_end']:>4} "
             f"{s['paged']:>4} {_f(s['steps_to_page_med']):>6} {_f(s['steps_to_page_max']):>6} "
+            f"{_f(s.get('steps_to_page_event_max')):>6} "
             f"{s['loud_healthy']:>5} {_f(s['measured_pct_med']):>6} "
             f"{_f(s['slowdown_pct_med']):>6} {_f(s['slowdown_over_measured_med']):>5} "
             f"{s['slowdown_within_50pct']:>5} {rc:24} "
@@ -140,13 +144,30 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:g}"
 
 
+def page_event_step(truth: dict, incidents: list[dict]) -> int | None:
+    """Job steps from the onset to the culprit's first page EVENT (its own ts; the
+    verdict's ``steps_to_page`` counts to the paged incident's ``detected_ts``, its
+    opening, which may come an update or two earlier)."""
+    culprit, onset = truth["culprit"], truth["onset_step"]
+    if culprit is None or onset is None:
+        return None
+    for i in incidents:
+        if i["fault"] == "slow_rank" and i.get("rank") == culprit \
+                and not (i.get("evidence") or {}).get("imbalance") \
+                and i["severity"] in ("warning", "critical"):
+            return bisect_left(truth["step_end_ts"], i["ts"]) - onset
+    return None
+
+
 def row_of(rep: int, truth: dict, incidents: list[dict]) -> dict:
     v = judge(truth, incidents)
     meas = truth["measured_increase_pct"]
     ok = v.slowdown_pct is not None and meas is not None and meas > 0 \
         and abs(v.slowdown_pct - meas) <= 0.5 * meas
     return {"repeat": rep, "named": v.named, "open_at_end": v.open_at_end,
-            "steps_to_page": v.steps_to_page, "loud_healthy": v.loud_healthy,
+            "steps_to_page": v.steps_to_page,
+            "steps_to_page_event": page_event_step(truth, incidents),
+            "loud_healthy": v.loud_healthy,
             "root_cause": v.root_cause, "slowdown_pct": v.slowdown_pct,
             "measured_pct": meas if truth["culprit"] is not None else None,
             "slowdown_ok": ok, "wall_s": truth["wall_s"]}
@@ -224,16 +245,7 @@ def main() -> int:
             truths = run_jobs(plan, steps=args.steps, onset=args.onset, seed=rep,
                               grain=args.grain, work=args.work)
             for (k, s, out), truth in zip(plan, truths, strict=True):
-                v = judge(truth, detect(out))
-                meas = truth["measured_increase_pct"]
-                ok = v.slowdown_pct is not None and meas is not None and meas > 0 \
-                    and abs(v.slowdown_pct - meas) <= 0.5 * meas
-                rows[f"{k}:{s}"].append({
-                    "repeat": rep, "named": v.named, "open_at_end": v.open_at_end,
-                    "steps_to_page": v.steps_to_page, "loud_healthy": v.loud_healthy,
-                    "root_cause": v.root_cause, "slowdown_pct": v.slowdown_pct,
-                    "measured_pct": meas if truth["culprit"] is not None else None,
-                    "slowdown_ok": ok, "wall_s": truth["wall_s"]})
+                rows[f"{k}:{s}"].append(row_of(rep, truth, detect(out)))
         summary = [summarize(key, rs) for key, rs in rows.items()]
         print(f"\nafter {rep + 1} repeat(s), {time.monotonic() - t0:.0f} s:", flush=True)
         print(table(summary), flush=True)

@@ -146,8 +146,15 @@ class IncidentTracker:
             # it persists (today's rule).
             return False
         cur = self._step_rel(f)
+        # Clearly outside the noise: its step's z to its peers; a rank with no peer doing
+        # the same work (alone in its pipeline stage) has none, and its own-past evidence
+        # stands in: its window's mean-excess z (one step against a baseline of a few
+        # dozen noisy steps is no measure; a lump in one step does not lift a window).
+        z = ev.get("z_to_peers")
+        if z is None and ev.get("evidence") == "change":
+            z = ev.get("mean_excess_z")
         if cur < self.open_min_pct / 100.0 or not any(k in ev for k in NOISE_KEYS) \
-                or float(ev.get("z_to_peers", STEADY_Z)) < STEADY_Z:
+                or float(z if z is not None else STEADY_Z) < STEADY_Z:
             # Too small, or no word on the noise (a finding carrying no z-scored evidence):
             # today's rule.
             return False

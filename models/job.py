@@ -70,6 +70,8 @@ class JobState(Attribution):
         self.evaluated = -1
         self.judged = 0              # steps evaluated so far
         self.host_seen: dict[str, int] = {}   # host -> last step all its ranks stood out
+        self.host_firm: dict[str, int] = {}   # host -> last step its host finding was confirmed
+        self.alone: set[int] = set()          # the last judged step's ranks with no peers
         self.world = 0
         self.ranks: dict[int, RankState] = {}
         self.rank_host: dict[int, str] = {}
@@ -423,6 +425,9 @@ class JobState(Attribution):
         colls = self.aligner.take_step(s)
         colls.extend(self.comm.take_step(s))
         rel, z, perf, peers, pos, rel2, z2, warm = self._scores(row, ranks, work, groups)
+        # ranks with no peer doing the same work (alone in their pipeline stage): their
+        # z to peers is no measurement (``models.localize`` leaves it out)
+        self.alone = {r for r, p in zip(ranks, peers.tolist(), strict=True) if not p}
         job_s = median(dur)
         self.judged += 1
         self.rank_steps += len(ranks)

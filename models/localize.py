@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from models.job import JobState
 
 HOLD_STEPS = 4     # how long a possible host fault may hold single-rank verdicts
+UNFIRM_HOLD = HOLD_STEPS
 IMBALANCE_ADVICE = ("steady since the job's first steps: the layout, not a fail-slow; "
                     "rebalance micro-batches / stages, or move the rank to a faster GPU")
 
@@ -48,19 +49,27 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                     for m in members if m in job.ranks)
         whole = all(m in hosted for m in members) and n_own != 1
         # A host fault drains from its ranks unevenly: while it was seen lately,
-        # its remaining ranks keep the host finding alive, never open rank ones.
-        draining = not whole and s - job.host_seen.get(h, -10**9) <= 2 * HOLD_STEPS \
-            and any(m in hosted for m in members)
+        # its remaining ranks keep the host finding alive, never open rank ones. A host
+        # finding confirmed lately (a host fault) holds them 2 * HOLD_STEPS; ranks that
+        # only rose together (a possible host fault: say a host-mate's noise beside a
+        # rank that then confirmed alone) hold them HOLD_STEPS, as ``held`` does.
+        firm = job.__dict__.setdefault("host_firm", {})   # restored older snapshots
+        draining = not whole and any(m in hosted for m in members) and (
+            s - job.host_seen.get(h, -10**9) <= UNFIRM_HOLD
+            or s - firm.get(h, -10**9) <= 2 * HOLD_STEPS)
         if whole or draining:
-            if whole:
-                job.host_seen[h] = s
             members = [m for m in members if m in hosted] if draining else members
             sts = [job.ranks[m] for m in members]
+            confirmed = whole and sum(st.streak > 0 for st in sts) * 2 >= len(sts)
+            if whole:
+                job.host_seen[h] = s
+            if confirmed:
+                firm[h] = s
             excess = median([st.excess_s for st in sts])
             data_ex = median([st.data_excess_s for st in sts])
             out.append(Finding(
                 key=f"slow_host:{h}", fault="slow_host",
-                confirmed=whole and sum(st.streak > 0 for st in sts) * 2 >= len(sts),
+                confirmed=confirmed,
                 # a member never confirmed has no onset of its own yet (0): its
                 # evidence run's start stands in
                 onset_ts=min(st.onset_ts or st.c_onset_ts for st in sts),
@@ -106,7 +115,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
             data_share=_share(st.data_excess_s, st.excess_s),
             lost_s=st.lost_s, world=job.world,
             evidence={"work_excess_s": round(st.excess_s, 4),
-                      "rel_to_peers": round(st.rel, 3), "z_to_peers": round(st.z, 1),
+                      "rel_to_peers": round(st.rel, 3),
                       "rel_to_own_past": round(st.self_rel, 3),
                       "mean_excess": round(st.mean_excess, 3),
                       "mean_excess_z": round(st.mean_z, 1),
@@ -122,6 +131,10 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                       "evidence_z": round(st.cusum, 1),
                       "own_usual_position": round(st.work.median, 4),
                       "own_usual_s": st.usual()}))
+        if r not in getattr(job, "alone", ()):
+            # a rank alone in its pipeline stage has no z to peers (no measurement, not
+            # 0): the tracker weighs its noise by its own-past evidence (``evidence_z``)
+            out[-1].evidence["z_to_peers"] = round(st.z, 1)
     return out
 
 
