@@ -59,13 +59,15 @@ _SAMPLE = re.compile(r'^(failslow_stream_[a-z_]+?)(?:_total)?(?:\{([^}]*)\})? ([
 _SUMMED = {f"failslow_stream_{m}": k for m, k in (
     ("events", "events"), ("judged_rank_steps", "judged"), ("capped_events", "capped"),
     ("unmapped_telemetry", "unmapped"), ("late_events", "late"),
-    ("late_samples", "late_samples"), ("duplicates", "duplicates"))}
+    ("late_samples", "late_samples"), ("duplicates", "duplicates"),
+    ("buffered_events", "buffered"), ("pooled_events", "pooled"))}
 
 
 def scrape(port: int) -> dict:
     """A worker's metrics: events, judged rank-steps, snapshot bytes per partition."""
     out: dict = {"events": 0.0, "judged": 0.0, "snapshots": {}, "capped": 0.0,
-                 "unmapped": 0.0, "late": 0.0, "late_samples": 0.0, "duplicates": 0.0}
+                 "unmapped": 0.0, "late": 0.0, "late_samples": 0.0, "duplicates": 0.0,
+                 "buffered": 0.0, "pooled": 0.0}
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
     except OSError:
@@ -206,6 +208,7 @@ def main() -> None:
                 row[f"w{i}"] = {"events": m["events"], "judged": m["judged"],
                                 "cpu_s": round(cpu, 1), "rss_mib": round(rss / 2**20),
                                 "capped": m["capped"], "unmapped": m["unmapped"],
+                                "buffered": m["buffered"], "pooled": m["pooled"],
                                 "snapshot_partitions": len(m["snapshots"]),
                                 "snapshot_max_mib": round(max(m["snapshots"].values(),
                                                               default=0) / 2**20, 2)}

@@ -45,6 +45,8 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import orjson
+
 log = logging.getLogger("failslow.worker")
 CAPS = ("jobs", "hosts", "ranks_per_job", "groups_per_job", "hosts_per_job")
 _TELEMETRY = frozenset(("gpu", "nic", "host"))
@@ -65,6 +67,19 @@ class _Pending:
     last_ts: float = -math.inf
     events: list = field(default_factory=list)
     steps: set = field(default_factory=set)
+
+
+def _packed(ev: dict) -> bytes | dict:
+    """A held sample as its JSON bytes (as it is if it does not serialize). Copied: the
+    bytes ``orjson.dumps`` returns keep a 16 KiB allocation for a 600-byte sample."""
+    try:
+        return bytes(memoryview(orjson.dumps(ev)))
+    except TypeError:
+        return ev
+
+
+def _unpack(held: list[tuple[float, bytes | dict]]) -> list[dict]:
+    return [orjson.loads(ev) if isinstance(ev, bytes) else ev for _, ev in held]
 
 
 class InputLimits:
@@ -95,7 +110,11 @@ class InputLimits:
         self._hosts: dict[str, float] = {}  # host of a tracked job -> newest ts
         self._pending: OrderedDict[str, _Pending] = OrderedDict()  # jobs on probation
         self._pending_events = 0
-        self._unknown: OrderedDict[str, list[dict]] = OrderedDict()  # samples of other hosts
+        # samples of other hosts, (ts, sample as JSON bytes): up to ``max_held_samples`` of
+        # them wait here, most never go on (their hosts run jobs homed elsewhere), and a
+        # decoded sample costs 3x its JSON (a 131,072-rank job's 16 partitions per worker
+        # held 800,000, issue 16)
+        self._unknown: OrderedDict[str, list[tuple[float, bytes | dict]]] = OrderedDict()
         self._logged: set[tuple[str, str]] = set()
 
     @property
@@ -105,6 +124,11 @@ class InputLimits:
     @property
     def hosts(self) -> int:
         return len(self._hosts)
+
+    @property
+    def pooled(self) -> int:
+        """Events waiting here: of jobs on probation and samples of unknown hosts."""
+        return self._pending_events + self._held_samples
 
     def _hit(self, cap: str, job_id: str, limit: int, dropped: int = 1) -> None:
         """Count dropped events; log the first hit of each cap (per job for per-job caps)."""
@@ -151,11 +175,11 @@ class InputLimits:
             held = self._unknown.pop(host, None)
             if held:
                 self._held_samples -= len(held)
-                out.extend(held)
+                out.extend(_unpack(held))
             out.append(ev)
             return
         held = self._unknown.pop(host, None) or []
-        held.append(ev)
+        held.append((ts, _packed(ev)))
         self._held_samples += 1
         if len(held) > self.held_samples_per_host:
             del held[0]
@@ -220,7 +244,7 @@ class InputLimits:
                 self._hosts[host] = ev["ts"]
                 held = self._unknown.pop(host, [])
                 self._held_samples -= len(held)
-                out.extend(held)
+                out.extend(_unpack(held))
         out.append(ev)
 
     def _member(self, job: _Job, seen: set, value: object, cap: str, job_id: str,
@@ -239,7 +263,7 @@ class InputLimits:
         self._hosts = {h: t for h, t in self._hosts.items() if t >= horizon_ts}
         for job_id in [j for j, p in self._pending.items() if p.last_ts < horizon_ts]:
             self._pending_events -= len(self._pending.pop(job_id).events)
-        for host in [h for h, held in self._unknown.items() if held[-1]["ts"] < horizon_ts]:
+        for host in [h for h, held in self._unknown.items() if held[-1][0] < horizon_ts]:
             self._held_samples -= len(self._unknown.pop(host))
         # A partition-wide cap hit again after room was freed is worth a new line.
         self._logged = {k for k in self._logged if k[1] in self._jobs}

@@ -1,6 +1,6 @@
 """Opt-in memory diagnostics of a long-running process (issue 17, "worker memory flat").
 
-``FAILSLOW_TRACEMALLOC=DIR`` starts ``tracemalloc`` (``FAILSLOW_TRACEMALLOC_FRAMES``
+``FAILSLOW_TRACEMALLOC=DIR`` (``{pid}`` in it: the process id) starts ``tracemalloc`` (``FAILSLOW_TRACEMALLOC_FRAMES``
 frames, 10 by default) and a daemon thread that, every ``FAILSLOW_TRACEMALLOC_EVERY_S``
 seconds (300 by default) and at exit, dumps a snapshot to ``DIR/snap-NNN.tracemalloc``
 and appends one JSON line to ``DIR/stats.jsonl``: wall time, VmRSS, traced current/peak
@@ -123,6 +123,7 @@ def start_from_env() -> MemDiag | None:
     folder = os.environ.get(ENV_DIR)
     if not folder:
         return None
+    folder = folder.replace("{pid}", str(os.getpid()))  # several processes, one setting
     every = float(os.environ.get(ENV_EVERY, "300"))
     frames = int(os.environ.get(ENV_FRAMES, "10"))
     return MemDiag(Path(folder), every, frames).start()

@@ -51,6 +51,9 @@ class Metrics:
                                     "Incidents currently open", registry=r)
         self.buffered = Gauge("failslow_stream_buffered_events",
                               "Events held for ordering", registry=r)
+        self.pooled = Gauge("failslow_stream_pooled_events",
+                            "Events waiting at the input caps: jobs on probation, samples "
+                            "of hosts no tracked job runs on", registry=r)
         self.lag = Gauge("failslow_stream_consumer_lag_seconds",
                          "Now minus the timestamp of the newest message consumed", ["topic"],
                          registry=r)

@@ -41,6 +41,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
+import orjson
 
 from models.pipeline import TELEMETRY_KINDS
 
@@ -54,6 +55,14 @@ RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
 # HOLD_LATENESS x ``lateness`` wall seconds and HOLD_MAX_EVENTS buffered events.
 HOLD_LATENESS = 6
 HOLD_MAX_EVENTS = 1 << 18
+# A partition holding more than PACK_ABOVE events (a backlog waiting for a slower topic,
+# a large job's shard at its first steps) keeps each further chunk as its JSON bytes, not
+# as dicts: a decoded event costs 3-5x its JSON (600-3,200 B for a sample or a comm
+# window), and a 131,072-rank job read as a backlog held 3 M of them per worker (6.4 GB,
+# issue 16). Packing and unpacking cost about 5 us per event, only where the buffer is
+# that large; a live partition holds far fewer. The events come back equal (orjson
+# round-trips floats exactly), so what the Detector sees does not change.
+PACK_ABOVE = 20_000
 OFFSET_WINDOW_S = 60.0  # s; a host's clock offset is read over the last one to two of these
 _EV_TS = itemgetter("ts")
 # Release order: by ts, and at equal ts by kind. A rank's comm window that closes a step
@@ -71,7 +80,7 @@ class _Chunk(NamedTuple):
     seq: int                # arrival order, unique: ties never compare the events
     last: float             # ts of the last event - shift
     offset: int             # Kafka offset of the message
-    events: list[dict]      # sorted by ts
+    events: list[dict] | bytes  # sorted by ts; bytes: packed (orjson), see PACK_ABOVE
     arrived: float          # wall time it arrived
     shift: float
 
@@ -92,6 +101,16 @@ SOURCE = {
 # device it would hold the watermark (live for ``jitter_s``, for longer in a backlog).
 WATERMARK_SOURCE = {**SOURCE, "gpu": itemgetter("kind", "host"),
                     "nic": itemgetter("kind", "host")}
+
+
+def _pack(events: list[dict]) -> list[dict] | bytes:
+    """``events`` as JSON bytes (``PACK_ABOVE``); as they are if they do not serialize (an
+    integer beyond 64 bits, say). Copied: the bytes ``orjson.dumps`` returns keep an
+    allocation up to twice their length (16 KiB at least)."""
+    try:
+        return bytes(memoryview(orjson.dumps(events)))
+    except TypeError:
+        return events
 
 
 class EventOrder:
@@ -234,8 +253,10 @@ class EventOrder:
             if chunk:
                 chunk.sort(key=_EV_TS)
                 self._seq += 1
-                heappush(self._buf, _Chunk(chunk[0]["ts"] - shift, self._seq,
-                                           chunk[-1]["ts"] - shift, offset, chunk, now, shift))
+                first, last = chunk[0]["ts"] - shift, chunk[-1]["ts"] - shift
+                heappush(self._buf, _Chunk(first, self._seq, last, offset,
+                                           _pack(chunk) if self.buffered >= PACK_ABOVE
+                                           else chunk, now, shift))
                 self.buffered += len(chunk)
         return late
 
@@ -452,13 +473,15 @@ class EventOrder:
         ready: list[dict] = []
         while buf and buf[0].first <= new:
             c = heappop(buf)
+            events: list[dict] = (orjson.loads(c.events) if isinstance(c.events, bytes)
+                                  else c.events)
             if c.last <= new:
-                ready.extend(c.events)
+                ready.extend(events)
             else:
-                cut = bisect_right(c.events, new + c.shift, key=_EV_TS)
-                ready.extend(c.events[:cut])
-                heappush(buf, c._replace(first=c.events[cut]["ts"] - c.shift,
-                                         events=c.events[cut:]))
+                cut = bisect_right(events, new + c.shift, key=_EV_TS)
+                ready.extend(events[:cut])
+                heappush(buf, c._replace(first=events[cut]["ts"] - c.shift,
+                                         events=events[cut:]))
         self.buffered -= len(ready)
         ready.sort(key=_EV_TS_KIND)  # a merge of sorted runs for timsort
         return ready
