@@ -291,6 +291,11 @@ def main() -> None:
         cpu = last_judged_cpu.get(i, first_cpu[i]) - first_cpu[i]
         share = judged_seen.get(i, 0.0) / judged_total if judged_total else 0.0
         ranks_held = share * args.ranks
+        # the same peak over the ranks of the most partitions it snapshotted (a replacement
+        # stopped soon after its restart judged little of what it holds)
+        parts = max((r[f"w{i}"]["snapshot_partitions"] for r in timeline if f"w{i}" in r),
+                    default=0)
+        ranks_of_parts = min(parts * res["shard_ranks"], args.ranks)
         per.append({"worker": i, "cpu_s": cpu, "judged_rank_steps": judged_seen.get(i, 0.0),
                     "cpu_s_per_judged_job_step": cpu / steps_judged if steps_judged else None,
                     "cpu_us_per_rank_step": (cpu / judged_seen[i] * 1e6
@@ -298,7 +303,11 @@ def main() -> None:
                     "peak_rss_mib": peak_rss.get(i, 0) / 2**20,
                     "ranks_held": ranks_held,
                     "rss_mib_per_1000_ranks": (peak_rss.get(i, 0) / 2**20 / (ranks_held / 1000)
-                                               if ranks_held else None)})
+                                               if ranks_held else None),
+                    "partitions_held": parts,
+                    "rss_mib_per_1000_ranks_of_partitions": (
+                        peak_rss.get(i, 0) / 2**20 / (ranks_of_parts / 1000)
+                        if ranks_of_parts else None)})
     res["per_worker"] = per
     res["judged_rank_steps"] = judged_total
     for p in per:
@@ -306,7 +315,8 @@ def main() -> None:
             f"rank-steps judged ({p['cpu_us_per_rank_step'] or 0:.0f} us each), "
             f"{p['cpu_s_per_judged_job_step'] or 0:.1f} CPU s per judged job step, peak RSS "
             f"{p['peak_rss_mib']:.0f} MiB = {p['rss_mib_per_1000_ranks'] or 0:.0f} MiB per "
-            f"1,000 ranks held")
+            f"1,000 ranks held ({p['rss_mib_per_1000_ranks_of_partitions'] or 0:.0f} MiB per "
+            f"1,000 ranks of the {p['partitions_held']} partitions it snapshotted)")
     RESULTS.mkdir(exist_ok=True)
     dest = Path(args.out) if args.out else RESULTS / f"streams_shards_{args.ranks}.json"
     dest.write_text(json.dumps(res, indent=2))
