@@ -52,10 +52,13 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
         # its remaining ranks keep the host finding alive, never open rank ones. A host
         # finding confirmed lately (a host fault) holds them 2 * HOLD_STEPS; ranks that
         # only rose together (a possible host fault: say a host-mate's noise beside a
-        # rank that then confirmed alone) hold them HOLD_STEPS, as ``held`` does.
+        # rank that then confirmed alone) hold them HOLD_STEPS, as ``held`` does, and
+        # only while two of them still stand out (with its host-mates clean again, the
+        # one left is a rank fault).
         firm = job.__dict__.setdefault("host_firm", {})   # restored older snapshots
+        up = sum(m in hosted or (m in job.ranks and job.ranks[m].cusum > 0) for m in members)
         draining = not whole and any(m in hosted for m in members) and (
-            s - job.host_seen.get(h, -10**9) <= UNFIRM_HOLD
+            s - job.host_seen.get(h, -10**9) <= UNFIRM_HOLD and up >= 2
             or s - firm.get(h, -10**9) <= 2 * HOLD_STEPS)
         if whole or draining:
             members = [m for m in members if m in hosted] if draining else members
