@@ -162,6 +162,8 @@ class JobState(Attribution):
         state.setdefault("nostep_buf", [])
         state.setdefault("nostep_acc", {})
         state.setdefault("comm_full", [])
+        state.setdefault("host_firm", {})
+        state.setdefault("alone", set())
         self.__dict__.update(state)
         if "substep" not in state:
             self._init_substep()

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from models.job import JobState
 
 HOLD_STEPS = 4     # how long a possible host fault may hold single-rank verdicts
-UNFIRM_HOLD = HOLD_STEPS
 IMBALANCE_ADVICE = ("steady since the job's first steps: the layout, not a fail-slow; "
                     "rebalance micro-batches / stages, or move the rank to a faster GPU")
 
@@ -55,11 +54,12 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
         # rank that then confirmed alone) hold them HOLD_STEPS, as ``held`` does, and
         # only while two of them still stand out (with its host-mates clean again, the
         # one left is a rank fault).
-        firm = job.__dict__.setdefault("host_firm", {})   # restored older snapshots
-        up = sum(m in hosted or (m in job.ranks and job.ranks[m].cusum > 0) for m in members)
+        firm = job.host_firm
         draining = not whole and any(m in hosted for m in members) and (
-            s - job.host_seen.get(h, -10**9) <= UNFIRM_HOLD and up >= 2
-            or s - firm.get(h, -10**9) <= 2 * HOLD_STEPS)
+            s - firm.get(h, -10**9) <= 2 * HOLD_STEPS
+            or s - job.host_seen.get(h, -10**9) <= HOLD_STEPS and sum(
+                m in hosted or (m in job.ranks and job.ranks[m].cusum > 0)
+                for m in members) >= 2)
         if whole or draining:
             members = [m for m in members if m in hosted] if draining else members
             sts = [job.ranks[m] for m in members]
@@ -134,7 +134,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                       "evidence_z": round(st.cusum, 1),
                       "own_usual_position": round(st.work.median, 4),
                       "own_usual_s": st.usual()}))
-        if r not in getattr(job, "alone", ()):
+        if r not in job.alone:
             # a rank alone in its pipeline stage has no z to peers (no measurement, not
             # 0): the tracker weighs its noise by its own-past evidence (``evidence_z``)
             out[-1].evidence["z_to_peers"] = round(st.z, 1)

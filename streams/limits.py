@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from schema.codec import pack
+
 log = logging.getLogger("failslow.worker")
 CAPS = ("jobs", "hosts", "ranks_per_job", "groups_per_job", "hosts_per_job")
 _TELEMETRY = frozenset(("gpu", "nic", "host"))
@@ -67,15 +69,6 @@ class _Pending:
     last_ts: float = -math.inf
     events: list = field(default_factory=list)
     steps: set = field(default_factory=set)
-
-
-def _packed(ev: dict) -> bytes | dict:
-    """A held sample as its JSON bytes (as it is if it does not serialize). Copied: the
-    bytes ``orjson.dumps`` returns keep a 16 KiB allocation for a 600-byte sample."""
-    try:
-        return bytes(memoryview(orjson.dumps(ev)))
-    except TypeError:
-        return ev
 
 
 def _unpack(held: list[tuple[float, bytes | dict]]) -> list[dict]:
@@ -179,7 +172,7 @@ class InputLimits:
             out.append(ev)
             return
         held = self._unknown.pop(host, None) or []
-        held.append((ts, _packed(ev)))
+        held.append((ts, pack(ev)))
         self._held_samples += 1
         if len(held) > self.held_samples_per_host:
             del held[0]

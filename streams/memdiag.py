@@ -1,7 +1,7 @@
 """Opt-in memory diagnostics of a long-running process (issue 17, "worker memory flat").
 
-``FAILSLOW_TRACEMALLOC=DIR`` (``{pid}`` in it: the process id) starts ``tracemalloc`` (``FAILSLOW_TRACEMALLOC_FRAMES``
-frames, 10 by default) and a daemon thread that, every ``FAILSLOW_TRACEMALLOC_EVERY_S``
+``FAILSLOW_TRACEMALLOC=DIR`` (``{pid}`` in it: the process id) starts ``tracemalloc``
+(``FAILSLOW_TRACEMALLOC_FRAMES`` frames, 10 by default) and a daemon thread that, every ``FAILSLOW_TRACEMALLOC_EVERY_S``
 seconds (300 by default) and at exit, dumps a snapshot to ``DIR/snap-NNN.tracemalloc``
 and appends one JSON line to ``DIR/stats.jsonl``: wall time, VmRSS, traced current/peak
 bytes and the 40 commonest ``gc`` object types with their counts. With

@@ -44,6 +44,7 @@ import numpy as np
 import orjson
 
 from models.pipeline import TELEMETRY_KINDS
+from schema.codec import pack
 
 RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
 # While a backlog is read, the device samples of hosts placed on a partition (the route
@@ -101,16 +102,6 @@ SOURCE = {
 # device it would hold the watermark (live for ``jitter_s``, for longer in a backlog).
 WATERMARK_SOURCE = {**SOURCE, "gpu": itemgetter("kind", "host"),
                     "nic": itemgetter("kind", "host")}
-
-
-def _pack(events: list[dict]) -> list[dict] | bytes:
-    """``events`` as JSON bytes (``PACK_ABOVE``); as they are if they do not serialize (an
-    integer beyond 64 bits, say). Copied: the bytes ``orjson.dumps`` returns keep an
-    allocation up to twice their length (16 KiB at least)."""
-    try:
-        return bytes(memoryview(orjson.dumps(events)))
-    except TypeError:
-        return events
 
 
 class EventOrder:
@@ -255,7 +246,7 @@ class EventOrder:
                 self._seq += 1
                 first, last = chunk[0]["ts"] - shift, chunk[-1]["ts"] - shift
                 heappush(self._buf, _Chunk(first, self._seq, last, offset,
-                                           _pack(chunk) if self.buffered >= PACK_ABOVE
+                                           pack(chunk) if self.buffered >= PACK_ABOVE
                                            else chunk, now, shift))
                 self.buffered += len(chunk)
         return late

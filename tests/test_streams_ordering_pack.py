@@ -16,7 +16,7 @@ def test_packed_chunks_give_the_detectors_incidents(monkeypatch):
     ref = Detector().process_batch(trace())
     assert ref
     packed = []
-    pack = ordering._pack
+    pack = ordering.pack
 
     def spy(events):
         out = pack(events)
@@ -24,7 +24,7 @@ def test_packed_chunks_give_the_detectors_incidents(monkeypatch):
         return out
 
     monkeypatch.setattr(ordering, "PACK_ABOVE", 0)
-    monkeypatch.setattr(ordering, "_pack", spy)
+    monkeypatch.setattr(ordering, "pack", spy)
     out, part = backlog(gap_s=2 * LATENESS, placed=True)
     assert packed and all(packed)
     assert part.counts["late"] == 0 and part.buffered == 0
@@ -50,9 +50,9 @@ def test_only_a_large_buffer_packs(monkeypatch):
 
 def test_events_that_do_not_serialize_stay_decoded():
     big = [{"kind": "step", "ts": 1.0, "n": 1 << 70}]
-    assert ordering._pack(big) is big
+    assert ordering.pack(big) is big
     small = [{"kind": "step", "ts": 1.0, "n": 3}]
-    assert type(ordering._pack(small)) is bytes
+    assert type(ordering.pack(small)) is bytes
 
 
 def test_pooled_samples_are_held_as_json_and_come_back_equal():
@@ -70,11 +70,11 @@ def test_pooled_samples_are_held_as_json_and_come_back_equal():
 def test_packed_bytes_take_their_length_not_orjsons_buffer():
     import tracemalloc
 
-    from streams.limits import _packed
+    from streams.limits import pack as _packed
     sample = {"kind": "gpu", "ts": 10.25, "host": "h1", "gpu": 0, "power_w": 301.5}
     tracemalloc.start()
     try:
-        held = [_packed(sample) for _ in range(200)] + [ordering._pack([sample])
+        held = [_packed(sample) for _ in range(200)] + [ordering.pack([sample])
                                                           for _ in range(200)]
         per = tracemalloc.get_traced_memory()[0] / len(held)
     finally:
