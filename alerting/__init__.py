@@ -9,7 +9,7 @@ de-duplication, rate limits, retries with backoff and a durable outbox.
 ['webhook']
 """
 
-from alerting.base import (
+from failslow.alerting.base import (
     ACTIONS,
     AlertingError,
     DeliveryError,
@@ -19,8 +19,8 @@ from alerting.base import (
     SendResult,
     redact_url,
 )
-from alerting.dispatch import Backoff, Dispatcher
-from alerting.notifiers import (
+from failslow.alerting.dispatch import Backoff, Dispatcher
+from failslow.alerting.notifiers import (
     DESTINATIONS,
     ConsoleNotifier,
     PagerDutyNotifier,
@@ -28,9 +28,9 @@ from alerting.notifiers import (
     WebhookNotifier,
     build_notifiers,
 )
-from alerting.outbox import Outbox
-from alerting.router import DEFAULT_RATES, DEFAULT_ROUTES, Policy, RateLimit, Router
-from alerting.service import NotifyService
+from failslow.alerting.outbox import Outbox
+from failslow.alerting.router import DEFAULT_RATES, DEFAULT_ROUTES, Policy, RateLimit, Router
+from failslow.alerting.service import NotifyService
 
 __all__ = [
     "ACTIONS",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from schema.errors import FailslowError
+from failslow.schema.errors import FailslowError
 
 # What a notification announces about its incident.
 OPEN, ESCALATE, RESOLVE, SUMMARY = "open", "escalate", "resolve", "summary"

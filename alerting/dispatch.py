@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from alerting.base import Notification, Notifier, SendResult
-from alerting.outbox import Head, Outbox
+from failslow.alerting.base import Notification, Notifier, SendResult
+from failslow.alerting.outbox import Head, Outbox
 
 log = logging.getLogger("failslow.alerting")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from alerting.base import ESCALATE, RESOLVE, SUMMARY
+from failslow.alerting.base import ESCALATE, RESOLVE, SUMMARY
 
 # Why a mitigation is proposed, when the incident does not say (evidence.mitigation_reason).
 MITIGATION_REASONS = {

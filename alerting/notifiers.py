@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from alerting.base import (
+from failslow.alerting.base import (
     RESOLVE,
     SUMMARY,
     AlertingError,
@@ -20,7 +20,7 @@ from alerting.base import (
     SendResult,
     redact_url,
 )
-from alerting.format import (
+from failslow.alerting.format import (
     console_line,
     cost,
     headline,
@@ -30,7 +30,7 @@ from alerting.format import (
     utc,
     where,
 )
-from alerting.transport import HttpNotifier
+from failslow.alerting.transport import HttpNotifier
 
 SLACK, PAGERDUTY, WEBHOOK, CONSOLE = "slack", "pagerduty", "webhook", "console"
 DESTINATIONS = (CONSOLE, SLACK, PAGERDUTY, WEBHOOK)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import orjson
 
-from alerting.base import AlertingError, Notification
-from alerting.router import IncidentState
+from failslow.alerting.base import AlertingError, Notification
+from failslow.alerting.router import IncidentState
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerting.base import ESCALATE, OPEN, RESOLVE, SUMMARY, AlertingError, Notification
-from schema.events import SEVERITY_RANK
+from failslow.alerting.base import ESCALATE, OPEN, RESOLVE, SUMMARY, AlertingError, Notification
+from failslow.schema.events import SEVERITY_RANK
 
 PAGERS = frozenset({"pagerduty"})
 KNOWN_DESTINATIONS = frozenset({"console", "slack", "pagerduty", "webhook"})

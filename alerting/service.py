@@ -25,12 +25,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
-from alerting.base import Notifier
-from alerting.dispatch import Backoff, Dispatcher
-from alerting.outbox import Outbox
-from alerting.router import Policy, Router
-from schema import Topics, decode_lenient, encode_deadletter
-from schema.kafka_security import TopicIdWatch, client_conf, group_consumer_conf
+from failslow.alerting.base import Notifier
+from failslow.alerting.dispatch import Backoff, Dispatcher
+from failslow.alerting.outbox import Outbox
+from failslow.alerting.router import Policy, Router
+from failslow.schema import Topics, decode_lenient, encode_deadletter
+from failslow.schema.kafka_security import TopicIdWatch, client_conf, group_consumer_conf
 
 log = logging.getLogger("failslow.alerting")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from alerting.base import DeliveryError, Notification, SendResult, redact_url, scrub
+from failslow.alerting.base import DeliveryError, Notification, SendResult, redact_url, scrub
 
 log = logging.getLogger("failslow.alerting")
 

@@ -26,13 +26,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fakes.nvml import FakeGpu, FakeNVML  # noqa: E402
 
-from collectors.agent import Agent  # noqa: E402
-from collectors.gpu import GpuSampler  # noqa: E402
-from collectors.host import HostSampler  # noqa: E402
-from collectors.nic import NicSampler  # noqa: E402
-from collectors.publisher import Publisher  # noqa: E402
+from failslow.collectors.agent import Agent  # noqa: E402
+from failslow.collectors.gpu import GpuSampler  # noqa: E402
+from failslow.collectors.host import HostSampler  # noqa: E402
+from failslow.collectors.nic import NicSampler  # noqa: E402
+from failslow.collectors.publisher import Publisher  # noqa: E402
+from failslow.schema import Topics  # noqa: E402
 from failslow.stack import create_topics, start_broker  # noqa: E402
-from schema import Topics  # noqa: E402
 
 
 def fake_sys(root: Path, nics: int) -> None:

@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
-from collectors.comm_windows import comm_record, summarize  # noqa: E402
-from schema.topics import Topics, key_for  # noqa: E402
-from simulator import SCENARIOS, simulate  # noqa: E402
+from failslow.collectors.comm_windows import comm_record, summarize  # noqa: E402
+from failslow.schema.topics import Topics, key_for  # noqa: E402
+from failslow.simulator import SCENARIOS, simulate  # noqa: E402
 
 TIMING = ("comm", "collective")
 

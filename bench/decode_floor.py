@@ -32,11 +32,11 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collectors.samplers import filter_trace  # noqa: E402
+from failslow.collectors.samplers import filter_trace  # noqa: E402
 from failslow.commands.detect import BATCH, detect_lines  # noqa: E402
-from models.pipeline import Detector  # noqa: E402
-from schema.fast import all_valid  # noqa: E402
-from simulator import SCENARIOS, simulate  # noqa: E402
+from failslow.models.pipeline import Detector  # noqa: E402
+from failslow.schema.fast import all_valid  # noqa: E402
+from failslow.simulator import SCENARIOS, simulate  # noqa: E402
 
 TARGET = 40_000     # rank-steps per CPU second (issue 14)
 

@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from substep_hook import hooked  # noqa: E402
 
-from models.pipeline import Detector  # noqa: E402
-from simulator import GRAINS, SCENARIOS, simulate  # noqa: E402
+from failslow.models.pipeline import Detector  # noqa: E402
+from failslow.simulator import GRAINS, SCENARIOS, simulate  # noqa: E402
 
 GRACE_STEPS = 10
 

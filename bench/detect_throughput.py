@@ -39,10 +39,10 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collectors.samplers import filter_trace  # noqa: E402
+from failslow.collectors.samplers import filter_trace  # noqa: E402
 from failslow.commands.detect import BATCH, detect_lines  # noqa: E402
-from models.pipeline import Detector  # noqa: E402
-from simulator import GRAINS, SCENARIOS, simulate  # noqa: E402
+from failslow.models.pipeline import Detector  # noqa: E402
+from failslow.simulator import GRAINS, SCENARIOS, simulate  # noqa: E402
 
 
 def full_run(path: Path, detect=detect_lines) -> tuple[float, float, int]:

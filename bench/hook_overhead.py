@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from collectors.torch_hook import TrainingHook  # noqa: E402
+from failslow.collectors.torch_hook import TrainingHook  # noqa: E402
 from failslow.stack import free_port  # noqa: E402
 
 

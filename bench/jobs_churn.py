@@ -29,8 +29,8 @@ from pathlib import Path
 
 import orjson
 
-from models.pipeline import Detector
-from simulator import SCENARIOS, simulate
+from failslow.models.pipeline import Detector
+from failslow.simulator import SCENARIOS, simulate
 
 RESULTS = Path(__file__).parent / "results"
 

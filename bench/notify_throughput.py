@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the local HTTP receiver the tests use
 
 from http_receiver import HttpReceiver  # noqa: E402
 
-from alerting import (  # noqa: E402
+from failslow.alerting import (  # noqa: E402
     Dispatcher,
     Notification,
     NotifyService,
@@ -37,8 +37,8 @@ from alerting import (  # noqa: E402
     Router,
     WebhookNotifier,
 )
+from failslow.schema import Topics, encode  # noqa: E402
 from failslow.stack import create_topics, start_broker  # noqa: E402
-from schema import Topics, encode  # noqa: E402
 
 
 def incident(i: int, **kw) -> dict:

@@ -33,9 +33,9 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from models.pipeline import Detector  # noqa: E402
-from simulator import SCENARIOS, FaultSpec, JobSpec, Scenario, simulate  # noqa: E402
-from simulator.p2p import megatron_groups  # noqa: E402
+from failslow.models.pipeline import Detector  # noqa: E402
+from failslow.simulator import SCENARIOS, FaultSpec, JobSpec, Scenario, simulate  # noqa: E402
+from failslow.simulator.p2p import megatron_groups  # noqa: E402
 
 BASE = SCENARIOS["p2p_link_pp"]
 LINK = BASE.faults[0]

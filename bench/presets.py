@@ -40,10 +40,10 @@ from pathlib import Path
 
 import orjson
 
-from storage.client import connect
-from storage.guard import readonly_sql
-from storage.migrations import migrate
-from storage.presets import PRESETS, bind
+from failslow.storage.client import connect
+from failslow.storage.guard import readonly_sql
+from failslow.storage.migrations import migrate
+from failslow.storage.presets import PRESETS, bind
 
 RESULTS = Path(__file__).parent / "results" / "presets.json"
 T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC

@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from failslow.cli import main as cli  # noqa: E402
-from models import evidence as E  # noqa: E402
-from models import job as J  # noqa: E402
+from failslow.models import evidence as E  # noqa: E402
+from failslow.models import job as J  # noqa: E402
 
 DELTA = float(np.log1p(0.05))      # min_rel, as the own-past test's delta
 WARM = 16                          # healthy ranks: steps from which their values count

@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from models.pipeline import Detector
-from simulator import SCENARIOS, simulate
-from storage.client import connect
-from storage.migrations import migrate
-from storage.report import incident_page, job_page
-from storage.writer import Writer
+from failslow.models.pipeline import Detector
+from failslow.simulator import SCENARIOS, simulate
+from failslow.storage.client import connect
+from failslow.storage.migrations import migrate
+from failslow.storage.report import incident_page, job_page
+from failslow.storage.writer import Writer
 
 
 def load(client, scenario: str, seed: int) -> list[dict]:

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator import SCENARIOS, simulate  # noqa: E402
+from failslow.simulator import SCENARIOS, simulate  # noqa: E402
 
 # (scenario, steps): a small DP job, a 64-rank hybrid job, and the large ones.
 CASES = [("healthy_16", 120), ("pipeline_stage_slow", 40), ("large_1024", 10),

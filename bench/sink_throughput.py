@@ -17,12 +17,12 @@ from pathlib import Path
 
 import orjson
 
+from failslow.schema import Topics, encode
 from failslow.stack import create_topics, start_broker
-from schema import Topics, encode
-from storage.client import connect
-from storage.migrations import migrate
-from storage.sink import Sink
-from storage.writer import Writer
+from failslow.storage.client import connect
+from failslow.storage.migrations import migrate
+from failslow.storage.sink import Sink
+from failslow.storage.writer import Writer
 
 RESULTS = Path(__file__).parent / "results" / "sink_throughput.json"
 

@@ -90,7 +90,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from http_receiver import HttpReceiver  # noqa: E402
 from proxy_support import Proxy  # noqa: E402
 
-from collectors.publisher import Publisher  # noqa: E402
+from failslow.collectors.publisher import Publisher  # noqa: E402
+from failslow.schema import Topics  # noqa: E402
+from failslow.simulator import SCENARIOS, simulate  # noqa: E402
+from failslow.simulator.relocate import relocate  # noqa: E402
 from failslow.stack import (  # noqa: E402
     create_topics,
     free_port,
@@ -98,9 +101,6 @@ from failslow.stack import (  # noqa: E402
     wait_for_metadata,
 )
 from failslow.worker_process import read_incidents  # noqa: E402
-from schema import Topics  # noqa: E402
-from simulator import SCENARIOS, simulate  # noqa: E402
-from simulator.relocate import relocate  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 FAULTY = ["gpu_thermal_30", "slow_link_host_50", "input_stall_50", "gpu_clock_15",
@@ -185,7 +185,7 @@ def rss_mib(pid: int) -> float | None:
 
 
 def db_owner_ready(folder: Path) -> bool:
-    from storage.serve import find_owner
+    from failslow.storage.serve import find_owner
 
     with contextlib.suppress(Exception):
         return find_owner(folder) is not None
@@ -193,8 +193,8 @@ def db_owner_ready(folder: Path) -> bool:
 
 
 def query_steps(url: str) -> Counter:
-    from storage.client import connect
-    from storage.url import parse
+    from failslow.storage.client import connect
+    from failslow.storage.url import parse
 
     db = parse(url).database
     client = connect(url)

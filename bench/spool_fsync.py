@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collectors.spool import FSYNC_POLICIES, Spool  # noqa: E402
+from failslow.collectors.spool import FSYNC_POLICIES, Spool  # noqa: E402
 
 
 def rate(policy: str, messages: int, size: int) -> float:

@@ -33,11 +33,11 @@ from flood_support import hostile_events  # noqa: E402, I001 - tests/ put on sys
 from streams_memory import rss_bytes  # noqa: E402 - bench/ is on sys.path
 from streams_throughput import processed, publish_sliced
 
-from collectors.publisher import Publisher
+from failslow.collectors.publisher import Publisher
 from failslow.stack import create_topics, free_port, start_broker
 from failslow.worker_process import WorkerProcess
-from schema import Topics
-from simulator import SCENARIOS, simulate
+from failslow.schema import Topics
+from failslow.simulator import SCENARIOS, simulate
 
 RESULTS = Path(__file__).parent / "results"
 SIZED = ["--max-jobs", "16", "--max-hosts", "64", "--max-ranks-per-job", "64",

@@ -42,11 +42,11 @@ import numpy as np
 import orjson
 from confluent_kafka import Consumer
 
-from collectors.publisher import Publisher
+from failslow.collectors.publisher import Publisher
+from failslow.schema import Topics
+from failslow.simulator import FaultSpec, JobSpec, Scenario, simulate
 from failslow.stack import create_topics, free_port, start_broker
 from failslow.worker_process import WorkerProcess
-from schema import Topics
-from simulator import FaultSpec, JobSpec, Scenario, simulate
 
 RESULTS = Path(__file__).parent / "results"
 

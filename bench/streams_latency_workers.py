@@ -55,7 +55,7 @@ from streams_throughput import cpu_seconds  # noqa: E402
 from failslow.stack import free_port  # noqa: E402
 from failslow.worker_process import WorkerProcess  # noqa: E402
 
-from simulator import Scenario  # noqa: E402
+from failslow.simulator import Scenario  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 WORKER_CPU: dict[str, Any] = {}   # each worker's CPU s per wall s over the live run
@@ -66,8 +66,8 @@ def spread_scenario(ranks: int) -> Callable[[int, int, float], Scenario]:
     of 10 s, one every 15 s from 20 s on: at 2 s steps and more its other scenario's
     2-step faults are missed by `failslow detect` too), with the culprits spread over the
     shards: fault ``i`` on a rank of shard ``i % shards`` (streams_latency's sit low)."""
-    from models.shard import SHARD_RANKS, shards_of
-    from simulator import FaultSpec, JobSpec
+    from failslow.models.shard import SHARD_RANKS, shards_of
+    from failslow.simulator import FaultSpec, JobSpec
 
     def scenario(hosts: int, faults: int, step_s: float) -> Scenario:
         n = shards_of(ranks, SHARD_RANKS)
@@ -100,9 +100,9 @@ def sustained_rate(broker: Any, ranks: int, steps: int, n_workers: int,
     import streams_shards as ss
     import streams_throughput as st
 
+    from failslow.schema import Topics
+    from failslow.simulator import simulate
     from failslow.stack import create_topics
-    from schema import Topics
-    from simulator import simulate
 
     events = list(simulate(st.scenario(1, ranks), seed=0, steps=steps).events())
     n_steps = len({e["step"] for e in events if e["kind"] == "step"})
@@ -114,7 +114,7 @@ def sustained_rate(broker: Any, ranks: int, steps: int, n_workers: int,
 
 
 def main_sharded(argv: list[str]) -> None:
-    from models.shard import SHARD_RANKS, shards_of
+    from failslow.models.shard import SHARD_RANKS, shards_of
 
     ap = argparse.ArgumentParser(description="--sharded: " + __doc__.splitlines()[0])
     ap.add_argument("--sharded", action="store_true")

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from streams_throughput import processed, publish_sliced  # noqa: I001 - bench/ is on sys.path
 
+from failslow.schema import Topics
+from failslow.simulator import SCENARIOS, simulate
 from failslow.stack import create_topics, free_port, start_broker
 from failslow.worker_process import WorkerProcess
-from schema import Topics
-from simulator import SCENARIOS, simulate
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -49,9 +49,9 @@ from streams_shards import blocked, loop_log  # noqa: E402
 from streams_shards_large import publish_file, scrape  # noqa: E402
 from streams_throughput import machine_load  # noqa: E402
 
+from failslow.schema import Topics  # noqa: E402
 from failslow.stack import create_topics, free_port, start_broker  # noqa: E402
 from failslow.worker_process import WorkerProcess  # noqa: E402
-from schema import Topics  # noqa: E402
 
 RESULTS = HERE / "results"
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")

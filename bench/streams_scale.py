@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def scenario(ranks: int, steps: int):
-    from simulator import JobSpec, Scenario
+    from failslow.simulator import JobSpec, Scenario
 
     return Scenario(f"one_{ranks}_2s", f"one {ranks:,}-rank job tp8 pp8, 2 s steps",
                     (JobSpec(job_id="big", hosts=ranks // 8, tp=8, pp=8, micro_batches=8,
@@ -48,7 +48,7 @@ def scenario(ranks: int, steps: int):
 
 
 def write_trace(ranks: int, steps: int, path: Path) -> dict:
-    from simulator import simulate
+    from failslow.simulator import simulate
 
     t0 = time.process_time()
     n = 0
@@ -74,9 +74,9 @@ def snapshot_child(trace: str, bootstrap: str) -> None:
     """In a child: a partition fed the trace; snapshot, broker round trip, restore."""
     import zlib
 
-    from models.shard import SHARD_RANKS, ShardedDetector
-    from streams.partition import JobPartition
-    from streams.snapshots import SnapshotStore
+    from failslow.models.shard import SHARD_RANKS, ShardedDetector
+    from failslow.streams.partition import JobPartition
+    from failslow.streams.snapshots import SnapshotStore
 
     # issue 16: a partition holds one shard of a large job (its ranks and their hosts'
     # telemetry), as the route stage sends it; a job of one shard is all of it

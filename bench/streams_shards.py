@@ -50,10 +50,10 @@ from streams_throughput import (  # noqa: E402
     scenario,
 )
 
+from failslow.schema import Topics  # noqa: E402
+from failslow.simulator import simulate  # noqa: E402
 from failslow.stack import create_topics, free_port, start_broker  # noqa: E402
 from failslow.worker_process import WorkerProcess  # noqa: E402
-from schema import Topics  # noqa: E402
-from simulator import simulate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 JUDGED = "failslow_stream_judged_rank_steps_total"

@@ -33,9 +33,9 @@ sys.path.insert(0, str(HERE))
 from streams_shards_large import publish_file, scrape  # noqa: E402
 from streams_throughput import machine_load  # noqa: E402
 
+from failslow.schema import Topics  # noqa: E402
 from failslow.stack import create_topics, free_port, start_broker  # noqa: E402
 from failslow.worker_process import WorkerProcess, read_incidents  # noqa: E402
-from schema import Topics  # noqa: E402
 
 
 def canon(incidents: list[dict]) -> Counter:
@@ -56,8 +56,8 @@ def main() -> None:
     args = ap.parse_args()
     os.environ["FAILSLOW_SHARD_RANKS"] = str(args.shard_ranks)
     os.environ["FAILSLOW_MAX_UNKNOWN_HOSTS"] = str(args.max_unknown_hosts)
-    from models.shard import ShardedDetector
-    from simulator import FaultSpec, JobSpec, Scenario, simulate
+    from failslow.models.shard import ShardedDetector
+    from failslow.simulator import FaultSpec, JobSpec, Scenario, simulate
 
     def say(msg: str) -> None:
         print(f"{time.strftime('%H:%M:%S', time.gmtime())} load {os.getloadavg()[0]:.1f}: "

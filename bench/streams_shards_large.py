@@ -45,11 +45,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from streams_scale import write_trace  # noqa: E402
 from streams_throughput import cpu_seconds, machine_load, rss_bytes  # noqa: E402
 
-from collectors.publisher import Publisher  # noqa: E402
+from failslow.collectors.publisher import Publisher  # noqa: E402
+from failslow.models.shard import SHARD_RANKS, shards_of  # noqa: E402
+from failslow.schema import Topics  # noqa: E402
 from failslow.stack import create_topics, free_port, start_broker  # noqa: E402
 from failslow.worker_process import WorkerProcess  # noqa: E402
-from models.shard import SHARD_RANKS, shards_of  # noqa: E402
-from schema import Topics  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 _SAMPLE = re.compile(r'^(failslow_stream_[a-z_]+?)(?:_total)?(?:\{([^}]*)\})? ([0-9.e+-]+)$')

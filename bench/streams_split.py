@@ -34,9 +34,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--step-s", type=float, default=1.0)
     args = ap.parse_args()
-    from simulator import JobSpec, Scenario, simulate
-    from streams.job_stage import decode_value
-    from streams.partition import JobPartition
+    from failslow.simulator import JobSpec, Scenario, simulate
+    from failslow.streams.job_stage import decode_value
+    from failslow.streams.partition import JobPartition
 
     sc = Scenario("split", "split", (JobSpec(job_id="big", hosts=args.ranks // 8, tp=8, pp=8,
                                              micro_batches=8, step_s=args.step_s),),

@@ -28,11 +28,11 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from collectors.publisher import Publisher
+from failslow.collectors.publisher import Publisher
+from failslow.schema import Topics
+from failslow.simulator import SCENARIOS, JobSpec, Scenario, simulate
 from failslow.stack import create_topics, free_port, start_broker
 from failslow.worker_process import WorkerProcess
-from schema import Topics
-from simulator import SCENARIOS, JobSpec, Scenario, simulate
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import models.pipeline as pipeline
-from models.job import JobState
+import failslow.models.pipeline as pipeline
+from failslow.models.job import JobState
 
 
 def forwards_substep() -> bool:

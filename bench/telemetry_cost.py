@@ -27,9 +27,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import orjson  # noqa: E402
 from comm_grain import trace_events  # noqa: E402
 
-from models.pipeline import Detector  # noqa: E402
-from schema.fast import all_valid  # noqa: E402
-from schema.topics import key_for  # noqa: E402
+from failslow.models.pipeline import Detector  # noqa: E402
+from failslow.schema.fast import all_valid  # noqa: E402
+from failslow.schema.topics import key_for  # noqa: E402
 
 TELEMETRY = ("gpu", "nic", "host")
 

@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collectors.samplers import OnChangeConfig, filter_trace  # noqa: E402
-from models.pipeline import Detector  # noqa: E402
-from simulator import SCENARIOS, simulate  # noqa: E402
+from failslow.collectors.samplers import OnChangeConfig, filter_trace  # noqa: E402
+from failslow.models.pipeline import Detector  # noqa: E402
+from failslow.simulator import SCENARIOS, simulate  # noqa: E402
 
 TELEMETRY = ("gpu", "nic", "host")
 
@@ -58,7 +58,7 @@ def main() -> None:
               f"{'same' if a == b else 'DIFFER'}", flush=True)
     tel_all = sum(total[k] for k in TELEMETRY)
     tel_kept = sum(kept[k] for k in TELEMETRY)
-    result = {"code": "collectors.samplers.OnChange (the agent's filter)",
+    result = {"code": "failslow.collectors.samplers.OnChange (the agent's filter)",
               "heartbeat_s": config.heartbeat_s, "settle_samples": config.settle,
               "per_host_min": config.per_host_min, "scenarios": len(args.scenario),
               "kept_share": {k: round(kept[k] / total[k], 3) for k in TELEMETRY if total[k]},

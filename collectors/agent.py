@@ -11,8 +11,8 @@ import time
 from collections import Counter
 from typing import Any, Protocol
 
-from collectors.samplers import OnChange, OnChangeConfig
-from schema.events import GpuEvent, HostEvent, NicEvent
+from failslow.collectors.samplers import OnChange, OnChangeConfig
+from failslow.schema.events import GpuEvent, HostEvent, NicEvent
 
 # What a sampler returns: device samples (GpuEvent, NicEvent, HostEvent), or the comm /
 # collective records of the NCCL Inspector tailer (CommEvent, CollectiveEvent).

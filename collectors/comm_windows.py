@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from schema.events import OPS_MAX
+from failslow.schema.events import OPS_MAX
 
 INF = float("inf")
 GRAINS = ("comm", "collective", "both")

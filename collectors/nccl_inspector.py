@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from collectors.comm_windows import comm_records, split_blocked, summarize
-from schema.events import CollectiveEvent
+from failslow.collectors.comm_windows import comm_records, split_blocked, summarize
+from failslow.schema.events import CollectiveEvent
 
 log = logging.getLogger(__name__)
 

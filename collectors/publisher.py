@@ -40,12 +40,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from collectors.spool import Record, Spool
-from schema import Topics, encode
-from schema.errors import FailslowError
-from schema.events import Event
-from schema.kafka_security import client_conf
-from schema.topics import key_for
+from failslow.collectors.spool import Record, Spool
+from failslow.schema import Topics, encode
+from failslow.schema.errors import FailslowError
+from failslow.schema.events import Event
+from failslow.schema.kafka_security import client_conf
+from failslow.schema.topics import key_for
 
 log = logging.getLogger(__name__)
 

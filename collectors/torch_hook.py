@@ -80,9 +80,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from collectors.comm_windows import resolve_grain
-from collectors.torch_ops import STEP_TIMEOUT_S, Op, OpTracking, Step, storage_key
-from collectors.torch_seams import Seams
+from failslow.collectors.comm_windows import resolve_grain
+from failslow.collectors.torch_ops import STEP_TIMEOUT_S, Op, OpTracking, Step, storage_key
+from failslow.collectors.torch_seams import Seams
 
 _FUNCOL_PENDING_MAX = 4096  # functional results never waited on are forgotten past this
 

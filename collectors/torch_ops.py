@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from collectors.comm_windows import (
+from failslow.collectors.comm_windows import (
     INF,
     clip_to_issues,
     comm_records,
     split_blocked,
     summarize,
 )
-from collectors.intervals import BlockedTime
+from failslow.collectors.intervals import BlockedTime
 
 STEP_TIMEOUT_S = 30.0  # a step whose collectives never report is published without them
 

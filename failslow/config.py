@@ -15,8 +15,8 @@ import orjson
 
 from failslow import secrets
 from failslow.errors import ConfigError
-from schema import kafka_security
-from schema.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity, KafkaSecurityError
+from failslow.schema import kafka_security
+from failslow.schema.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity, KafkaSecurityError
 
 DEFAULT_PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 STATE_FILE = "stack.json"

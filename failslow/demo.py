@@ -23,8 +23,8 @@ from typing import Any, TextIO
 from failslow.config import Settings
 from failslow.embedded import PLAINTEXT_FLAGS, start_broker
 from failslow.errors import FailslowError
+from failslow.schema import Topics
 from failslow.worker_process import WorkerProcess
-from schema import Topics
 
 log = logging.getLogger("failslow.demo")
 
@@ -32,7 +32,7 @@ log = logging.getLogger("failslow.demo")
 def demo_scenario(steps: int = 110):
     """64 ranks on 8 hosts: a thermal throttle, a congested host NIC, a benign checkpoint
     and a host whose CPUs get stolen, each starting at its own time."""
-    from simulator import FaultSpec, JobSpec, Scenario
+    from failslow.simulator import FaultSpec, JobSpec, Scenario
 
     return Scenario(
         "demo", "64-rank DP job: GPU thermal throttle, NIC congestion, checkpoint, CPU "
@@ -84,15 +84,15 @@ def _say(out: TextIO, text: str) -> None:
 
 
 def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) -> int:
-    from alerting.notifiers import build_notifiers
-    from alerting.service import NotifyService
-    from collectors.publisher import Publisher
-    from simulator import simulate
-    from storage.client import connect
-    from storage.embedded import ChdbClient
-    from storage.migrations import migrate
-    from storage.serve import QueryServer
-    from storage.sink import Sink
+    from failslow.alerting.notifiers import build_notifiers
+    from failslow.alerting.service import NotifyService
+    from failslow.collectors.publisher import Publisher
+    from failslow.simulator import simulate
+    from failslow.storage.client import connect
+    from failslow.storage.embedded import ChdbClient
+    from failslow.storage.migrations import migrate
+    from failslow.storage.serve import QueryServer
+    from failslow.storage.sink import Sink
 
     home = settings.home / "demo"
     folder = home / "chdb"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from failslow import stack
 from failslow.config import Settings, read_stack_state, state_path
-from schema import Topics, kafka_security
-from storage.url import mask
+from failslow.schema import Topics, kafka_security
+from failslow.storage.url import mask
 
 # The embedded broker is plaintext on loopback (Tansu serves no TLS): the FAILSLOW_KAFKA_*
 # settings are for a real Kafka, not for it. A child command that talks to it gets these
@@ -62,8 +62,8 @@ def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> di
 def _wait_for_db_owner(url: str, pid: int, log: Path, timeout: float = 90.0) -> None:
     """Return once the sink has applied the schema and serves the folder to other
     processes; until then a reader could open the folder itself and lock the sink out."""
-    from storage.serve import find_owner
-    from storage.url import parse
+    from failslow.storage.serve import find_owner
+    from failslow.storage.url import parse
 
     folder = Path(parse(url).path or "")
     deadline = time.monotonic() + timeout

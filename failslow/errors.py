@@ -1,7 +1,7 @@
 """Errors of the command line; the project's root error lives in ``schema.errors`` (the
 bottom of the import graph) and is re-exported here."""
 
-from schema.errors import FailslowError
+from failslow.schema.errors import FailslowError
 
 __all__ = ["ConfigError", "FailslowError"]
 

@@ -17,8 +17,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from schema import Topics
-from schema.kafka_security import client_conf, reader_conf, refused
+from failslow.schema import Topics
+from failslow.schema.kafka_security import client_conf, reader_conf, refused
 
 COMPONENTS = ("worker", "sink", "notify", "collect")
 KNOWN_GROUPS = ("failslow-worker", "failslow-sink", "failslow-notify")  # the commands' defaults
@@ -236,7 +236,7 @@ def check_pid(report: Report, name: str, pid: int) -> None:
 
 
 def check_clickhouse(report: Report, url: str, masked: str, limit: int = 10) -> None:
-    from storage.client import connect
+    from failslow.storage.client import connect
 
     report.clickhouse = {"url": masked}
     try:

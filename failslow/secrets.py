@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from storage.url import mask
+from failslow.storage.url import mask
 
 _SECRETS: set[str] = set()
 _installed: list[bool] = []

@@ -20,8 +20,8 @@ from typing import Any
 
 from failslow.config import read_stack_state, state_path
 from failslow.errors import FailslowError
-from schema import Topics
-from schema.kafka_security import client_conf
+from failslow.schema import Topics
+from failslow.schema.kafka_security import client_conf
 
 
 class StackError(FailslowError):

@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from schema import Topics
-from streams.snapshots import scan
+from failslow.schema import Topics
+from failslow.streams.snapshots import scan
 
 
 class WorkerProcess:

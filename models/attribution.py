@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from models.config import JobConfig
-from models.localize import _pct
-from models.ranks import RankState
-from models.stats import RollingMedian
+from failslow.models.config import JobConfig
+from failslow.models.localize import _pct
+from failslow.models.ranks import RankState
+from failslow.models.stats import RollingMedian
 
 JOB_HISTORY = 64   # steps of the job's step time kept for pre-onset baselines
 

@@ -33,7 +33,7 @@ from collections import deque
 import numpy as np
 from scipy.special import gammaln
 
-from models.stats import EWMeanVar
+from failslow.models.stats import EWMeanVar
 
 
 class BOCPD:

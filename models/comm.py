@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from models.alignment import Collective
+from failslow.models.alignment import Collective
 
 KIND = {"send": "p2p", "recv": "p2p"}      # a pair's sends and recvs are one link
 _KEY = itemgetter("group", "op")

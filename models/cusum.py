@@ -14,7 +14,7 @@ increment as the maximum over its two verdicts of ``capped_increment``.
 >>> import numpy as np
 
 if TYPE_CHECKING:
-    from models.config import JobConfig
+    from failslow.models.config import JobConfig
 >>> cfg = SimpleNamespace(z_min=4.0, confirm_z=8.0)
 >>> capped_increment(np.array([0.5, 0.02, 0.5]), np.array([30.0, 30.0, 1.0]), 0.05, cfg).tolist()
 [4.0, 0.0, -1.0]
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from models.config import JobConfig
+from failslow.models.config import JobConfig
 
 
 def capped_increment(rel: Any, z: Any, bar: float, cfg: JobConfig) -> np.ndarray:

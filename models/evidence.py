@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.config import JobConfig
-from models.cusum import capped_increment
+from failslow.models.config import JobConfig
+from failslow.models.cusum import capped_increment
 
 SCALES = (6, 12, 24, 32)     # trailing windows tested, steps
 MIN_FILL = 0.5               # share of a window that must hold values

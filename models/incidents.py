@@ -45,11 +45,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from models.config import JobConfig
-from models.findings import Finding
-from models.rootcause import attribute
-from models.telemetry import TelemetryStore
-from schema.events import FAULTS, MITIGATIONS, SEVERITY_RANK
+from failslow.models.config import JobConfig
+from failslow.models.findings import Finding
+from failslow.models.rootcause import attribute
+from failslow.models.telemetry import TelemetryStore
+from failslow.schema.events import FAULTS, MITIGATIONS, SEVERITY_RANK
 
 LADDER = MITIGATIONS
 JOB_ENDED = "job ended"

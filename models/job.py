@@ -22,21 +22,21 @@ from typing import Any
 
 import numpy as np
 
-from models.alignment import Collective, CollectiveAligner, waited_for
-from models.attribution import JOB_HISTORY, Attribution
-from models.changepoint import BOCPD
-from models.comm import CommWindows
-from models.config import JobConfig
-from models.cusum import cusum_update
-from models.evidence import SUSPECT_LEARN_Z, RankEvidence
-from models.findings import Finding
-from models.incidents import STEADY_RATIO, STEADY_Z
-from models.links import LinkMonitor
-from models.localize import imbalances, localize
-from models.peers import has_peers, lower_half_ref, peer_scores
-from models.ranks import RankState
-from models.stats import EWMeanVar, RollingMedian, median
-from models.substep import SubStep
+from failslow.models.alignment import Collective, CollectiveAligner, waited_for
+from failslow.models.attribution import JOB_HISTORY, Attribution
+from failslow.models.changepoint import BOCPD
+from failslow.models.comm import CommWindows
+from failslow.models.config import JobConfig
+from failslow.models.cusum import cusum_update
+from failslow.models.evidence import SUSPECT_LEARN_Z, RankEvidence
+from failslow.models.findings import Finding
+from failslow.models.incidents import STEADY_RATIO, STEADY_Z
+from failslow.models.links import LinkMonitor
+from failslow.models.localize import imbalances, localize
+from failslow.models.peers import has_peers, lower_half_ref, peer_scores
+from failslow.models.ranks import RankState
+from failslow.models.stats import EWMeanVar, RollingMedian, median
+from failslow.models.substep import SubStep
 
 # Sub-step judgements per episode of a member confirmed inside a long step: it opens, and
 # pages at once when its evidence spans the tracker's ``page_after_s`` (``sustained_s``),

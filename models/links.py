@@ -32,14 +32,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
-from models.config import JobConfig
-from models.cusum import capped_increment, cusum_update
-from models.findings import Finding
-from models.peers import lower_half_ref
-from models.rootcause import CONGESTION, NIC_AGREE, NIC_ERRORS, NIC_OUTLIER, lower_quartiles
-from models.stats import RollingMedian
-from models.telemetry import TelemetryStore
+from failslow.models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
+from failslow.models.config import JobConfig
+from failslow.models.cusum import capped_increment, cusum_update
+from failslow.models.findings import Finding
+from failslow.models.peers import lower_half_ref
+from failslow.models.rootcause import (
+    CONGESTION,
+    NIC_AGREE,
+    NIC_ERRORS,
+    NIC_OUTLIER,
+    lower_quartiles,
+)
+from failslow.models.stats import RollingMedian
+from failslow.models.telemetry import TelemetryStore
 
 P2P = ("send", "recv")
 RUN_MAX = 32        # steps of a group's evidence run kept (its fade check)

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.alignment import Collective, lags
-from models.evidence import WAIT_K, WAIT_N
-from models.findings import Finding
-from models.stats import median
+from failslow.models.alignment import Collective, lags
+from failslow.models.evidence import WAIT_K, WAIT_N
+from failslow.models.findings import Finding
+from failslow.models.stats import median
 
 if TYPE_CHECKING:
-    from models.job import JobState
+    from failslow.models.job import JobState
 
 HOLD_STEPS = 4     # how long a possible host fault may hold single-rank verdicts
 IMBALANCE_ADVICE = ("steady since the job's first steps: the layout, not a fail-slow; "

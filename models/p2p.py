@@ -57,11 +57,11 @@ from typing import Any
 
 import numpy as np
 
-from models.config import JobConfig
-from models.cusum import capped_increment, cusum_update
-from models.findings import Finding
-from models.peers import KeyedValues, lower_half_ref, surely_within
-from models.stats import RollingMedian, median
+from failslow.models.config import JobConfig
+from failslow.models.cusum import capped_increment, cusum_update
+from failslow.models.findings import Finding
+from failslow.models.peers import KeyedValues, lower_half_ref, surely_within
+from failslow.models.stats import RollingMedian, median
 
 P2P_OPS = frozenset(("send", "recv"))
 NOISE_FLOOR = 0.02       # relative noise below which a pair's cost is not trusted to be

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from models.stats import median
+from failslow.models.stats import median
 
 # For a normal sample, the median absolute deviation of its lower half around
 # that half's median is 0.3991 sigma (computed from the normal quantile function).

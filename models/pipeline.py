@@ -34,6 +34,7 @@ worker would otherwise stop at that event after every restart.
 from __future__ import annotations
 
 import base64
+import io
 import logging
 import math
 import pickle
@@ -41,17 +42,31 @@ from bisect import bisect_right
 from operator import itemgetter
 from typing import Any, cast
 
-from models.alignment import HEAD, CollectiveAligner
-from models.findings import Finding
-from models.incidents import IncidentTracker
-from models.job import JobConfig, JobState
-from models.links import nic_slots, refine_with_nics
-from models.mitigation import Planner
-from models.p2p import P2P_OPS, P2PMonitor
-from models.rootcause import attribute
-from models.telemetry import TelemetryStore
+from failslow.models.alignment import HEAD, CollectiveAligner
+from failslow.models.findings import Finding
+from failslow.models.incidents import IncidentTracker
+from failslow.models.job import JobConfig, JobState
+from failslow.models.links import nic_slots, refine_with_nics
+from failslow.models.mitigation import Planner
+from failslow.models.p2p import P2P_OPS, P2PMonitor
+from failslow.models.rootcause import attribute
+from failslow.models.telemetry import TelemetryStore
 
 STATE_VERSION = 7     # 7: sub-step evidence and p2p pairs per job; 6: comm windows per job; 5: windowed evidence; 4: queued telemetry; 3: slotted objects pickled natively
+_PRE_PACKAGE = ("schema", "simulator", "collectors", "streams", "models", "storage",
+                "alerting")
+
+
+class _PackageUnpickler(pickle.Unpickler):
+    """Reads snapshots written before everything moved under ``failslow.``: a class
+    pickled as ``models.job.JobState`` loads as ``failslow.models.job.JobState``."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.split(".", 1)[0] in _PRE_PACKAGE:
+            module = f"failslow.{module}"
+        return super().find_class(module, name)
+
+
 LINK_PATIENCE_STEPS = 4
 CAUSE_EVERY_STEPS = 3
 TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
@@ -477,7 +492,7 @@ class Detector:
         if d.get("version") != STATE_VERSION:
             raise ValueError(f"unknown detector state version {d.get('version')!r}")
         det = cls.__new__(cls)
-        det.__dict__.update(pickle.loads(base64.b64decode(d["state"])))
+        det.__dict__.update(_PackageUnpickler(io.BytesIO(base64.b64decode(d["state"]))).load())
         det.__dict__.setdefault("_p2p", {})   # a snapshot from before p2p pairs
         if "_seen" not in det.__dict__:    # a snapshot from before jobs ended
             det._seen = {j: -math.inf for j in det.jobs}

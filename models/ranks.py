@@ -27,7 +27,7 @@ one in a few more, while a one-step spike adds a bounded amount.
 
 from __future__ import annotations
 
-from models.stats import EWMeanVar, RollingMedian
+from failslow.models.stats import EWMeanVar, RollingMedian
 
 BASELINE_ALPHA = 0.05     # ~20 steps of memory
 BASELINE_WINDOW = 32      # steps in the rolling median of own work

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from models.stats import median
-from models.telemetry import Device, TelemetryStore
+from failslow.models.stats import median
+from failslow.models.telemetry import Device, TelemetryStore
 
 CONGESTION = ("rx_pause_total", "tx_pause_total", "cnp_sent_total", "cnp_handled_total",
               "ecn_marked_total", "xmit_wait_total")

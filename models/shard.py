@@ -46,7 +46,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from models.pipeline import Detector
+from failslow.models.pipeline import Detector
 
 # Ranks per shard; FAILSLOW_SHARD_RANKS sets it, for failslow detect and the workers alike
 # (they must agree, as on --telemetry-delay).

@@ -65,9 +65,9 @@ from typing import Any
 
 import numpy as np
 
-from models.config import JobConfig
-from models.evidence import LEARN_DELAY, LEARN_MIN, SUSPECT_Z, Windows
-from models.peers import lower_half_ref
+from failslow.models.config import JobConfig
+from failslow.models.evidence import LEARN_DELAY, LEARN_MIN, SUSPECT_Z, Windows
+from failslow.models.peers import lower_half_ref
 
 P2P = frozenset(("send", "recv"))
 WIDTH = 32                 # ticks kept per member

@@ -1,7 +1,7 @@
 """The shared wire schema of CONTRACT.md v1: typed records, validation and the orjson codec."""
 
-from schema.codec import DeadLetter, decode, decode_lenient, encode, encode_deadletter
-from schema.events import (
+from failslow.schema.codec import DeadLetter, decode, decode_lenient, encode, encode_deadletter
+from failslow.schema.events import (
     KINDS,
     CollectiveEvent,
     CommEvent,
@@ -15,7 +15,7 @@ from schema.events import (
     StepEvent,
     validate,
 )
-from schema.topics import Topics
+from failslow.schema.topics import Topics
 
 __all__ = [
     "KINDS",

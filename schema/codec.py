@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from schema.events import SchemaError, validate
-from schema.fast import all_valid
+from failslow.schema.events import SchemaError, validate
+from failslow.schema.fast import all_valid
 
 
 @dataclass(frozen=True, slots=True)

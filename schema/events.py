@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, NotRequired, TypedDict
 
-from schema.errors import FailslowError
+from failslow.schema.errors import FailslowError
 
 VERSION = 1
 # The ranges of the ClickHouse columns the fields land in (storage/migrations.py), so

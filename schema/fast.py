@@ -14,7 +14,7 @@ False
 
 from __future__ import annotations
 
-from schema.events import (
+from failslow.schema.events import (
     I32_MAX,
     I32_MIN,
     INT_MAX,

@@ -9,11 +9,18 @@
 ['collective', 'gpu', 'host', 'nic', 'step']
 """
 
-from simulator.comm import DEFAULT_WINDOW_S, GRAINS
-from simulator.scenarios import SCENARIOS
-from simulator.schedule import load_schedule, parse_schedule
-from simulator.spec import BENIGN_KINDS, FAULT_KINDS, FaultSpec, JobSpec, Scenario, SimulatorError
-from simulator.trace import DEFAULT_START_TS, Trace, simulate
+from failslow.simulator.comm import DEFAULT_WINDOW_S, GRAINS
+from failslow.simulator.scenarios import SCENARIOS
+from failslow.simulator.schedule import load_schedule, parse_schedule
+from failslow.simulator.spec import (
+    BENIGN_KINDS,
+    FAULT_KINDS,
+    FaultSpec,
+    JobSpec,
+    Scenario,
+    SimulatorError,
+)
+from failslow.simulator.trace import DEFAULT_START_TS, Trace, simulate
 
 __all__ = [
     "BENIGN_KINDS",

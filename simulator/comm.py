@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.jsonl import Choices, Const, Num, Pick, Table
+from failslow.simulator.jsonl import Choices, Const, Num, Pick, Table
 
 if TYPE_CHECKING:
-    from simulator.physics import StepOut
+    from failslow.simulator.physics import StepOut
 
 GRAINS = ("comm", "collective")
 DEFAULT_WINDOW_S = 1.0

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.spec import FaultSpec
-from simulator.topology import Layout
+from failslow.simulator.spec import FaultSpec
+from failslow.simulator.topology import Layout
 
 GPU_SLOW = ("gpu_thermal", "gpu_power", "gpu_clock", "gpu_errors")
 

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.comm import DEFAULT_WINDOW_S, comm_table
-from simulator.jsonl import Choices, Const, Num, Pick, Table
+from failslow.simulator.comm import DEFAULT_WINDOW_S, comm_table
+from failslow.simulator.jsonl import Choices, Const, Num, Pick, Table
 
 if TYPE_CHECKING:
-    from simulator.physics import StepOut
-    from simulator.topology import Layout
+    from failslow.simulator.physics import StepOut
+    from failslow.simulator.topology import Layout
 
 OP_NAMES = Choices(["allreduce", "reducescatter", "allgather", "send", "recv"])
 

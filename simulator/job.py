@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.emit import JobEvents
-from simulator.physics import JobSim
-from simulator.spec import FaultSpec, JobSpec
-from simulator.topology import Layout
+from failslow.simulator.emit import JobEvents
+from failslow.simulator.physics import JobSim
+from failslow.simulator.spec import FaultSpec, JobSpec
+from failslow.simulator.topology import Layout
 
 
 @dataclass

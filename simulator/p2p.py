@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from simulator.trace import Trace
+from failslow.simulator.trace import Trace
 
 P2P = ("send", "recv")
 

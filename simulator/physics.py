@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.effects import Effects, group_mult, pair_mult
-from simulator.spec import JobSpec
-from simulator.topology import Layout
+from failslow.simulator.effects import Effects, group_mult, pair_mult
+from failslow.simulator.spec import JobSpec
+from failslow.simulator.topology import Layout
 
 NVLINK_BPS = 360e9   # effective intra-host bus bandwidth, bytes/s
 NIC_BPS = 45e9       # effective per-GPU inter-host bandwidth (400 Gb/s rail), bytes/s

@@ -8,9 +8,9 @@ default 1 s steps, step N starts near N seconds (warm-up steps are longer).
 
 from __future__ import annotations
 
-from simulator.scenarios_long import LONG_STEPS
-from simulator.spec import FaultSpec as F
-from simulator.spec import JobSpec, Scenario
+from failslow.simulator.scenarios_long import LONG_STEPS
+from failslow.simulator.spec import FaultSpec as F
+from failslow.simulator.spec import JobSpec, Scenario
 
 DP16 = (JobSpec(),)                                              # 2 hosts, 16-way DP
 HYB32 = (JobSpec(hosts=4, tp=4, pp=2, micro_batches=4),)         # tp4 pp2 dp4

@@ -15,8 +15,8 @@ Targets vary (rank, stage, replica) and the layouts differ from the short-step l
 
 from __future__ import annotations
 
-from simulator.spec import FaultSpec as F
-from simulator.spec import JobSpec, Scenario
+from failslow.simulator.spec import FaultSpec as F
+from failslow.simulator.spec import JobSpec, Scenario
 
 # 32 ranks: tp4 pp2 dp4, 8 micro-batches per step
 L2 = (JobSpec(hosts=4, tp=4, pp=2, micro_batches=8, step_s=2.0, tp_ops=4),)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from simulator.spec import FaultSpec, SimulatorError
+from failslow.simulator.spec import FaultSpec, SimulatorError
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _INT_KEYS = {"rank": "rank", "peer": "peer_rank", "peer_rank": "peer_rank", "nic": "nic"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schema.errors import FailslowError
+from failslow.schema.errors import FailslowError
 
 
 class SimulatorError(FailslowError):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.emit import nullable
-from simulator.jsonl import Choices, Const, Num, Pick, Table
+from failslow.simulator.emit import nullable
+from failslow.simulator.jsonl import Choices, Const, Num, Pick, Table
 
 MAX_SM_MHZ = 1980.0
 IDLE_SM_MHZ = 345.0

@@ -17,16 +17,16 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from simulator.comm import DEFAULT_WINDOW_S, GRAINS
-from simulator.effects import host_index, physics_effects
-from simulator.emit import JobEvents
-from simulator.job import JobRun
-from simulator.jsonl import Table, ordered_dicts, ordered_lines
-from simulator.physics import JobSim, StepOut
-from simulator.spec import FaultSpec, Scenario, SimulatorError
-from simulator.telemetry import Target, Telemetry
-from simulator.topology import Layout
-from simulator.truth import make_truth
+from failslow.simulator.comm import DEFAULT_WINDOW_S, GRAINS
+from failslow.simulator.effects import host_index, physics_effects
+from failslow.simulator.emit import JobEvents
+from failslow.simulator.job import JobRun
+from failslow.simulator.jsonl import Table, ordered_dicts, ordered_lines
+from failslow.simulator.physics import JobSim, StepOut
+from failslow.simulator.spec import FaultSpec, Scenario, SimulatorError
+from failslow.simulator.telemetry import Target, Telemetry
+from failslow.simulator.topology import Layout
+from failslow.simulator.truth import make_truth
 
 DEFAULT_START_TS = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed so traces are reproducible
 

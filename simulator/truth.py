@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.effects import host_index
-from simulator.spec import FAULT_KINDS
+from failslow.simulator.effects import host_index
+from failslow.simulator.spec import FAULT_KINDS
 
 if TYPE_CHECKING:
-    from simulator.job import JobRun
-    from simulator.spec import Scenario
+    from failslow.simulator.job import JobRun
+    from failslow.simulator.spec import Scenario
 
 
 def _job_baseline(job: JobRun) -> float:

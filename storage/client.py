@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from storage.arrowdata import InsertData
-from storage.embedded import ChdbClient, open_path
-from storage.url import parse
+from failslow.storage.arrowdata import InsertData
+from failslow.storage.embedded import ChdbClient, open_path
+from failslow.storage.url import parse
 
 
 class Client(Protocol):
@@ -51,12 +51,12 @@ def connect(url: str, *, own: bool = False, settings: dict[str, Any] | None = No
     ``storage.guard.readonly_sql``)."""
     parsed = parse(url)
     if parsed.scheme == "clickhouse":
-        from storage.native import NativeClient
+        from failslow.storage.native import NativeClient
 
         return NativeClient(parsed, settings=settings)
     assert parsed.path is not None
     if not own and open_path() != parsed.path:
-        from storage.serve import RemoteClient, find_owner
+        from failslow.storage.serve import RemoteClient, find_owner
 
         owner = find_owner(parsed.path)
         if owner is not None:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage.arrowdata import InsertData, quote, to_arrow, to_rows
-from storage.errors import FolderBusyError, QueryError, StorageError
-from storage.url import ClickHouseURL, check_identifier
+from failslow.storage.arrowdata import InsertData, quote, to_arrow, to_rows
+from failslow.storage.errors import FolderBusyError, QueryError, StorageError
+from failslow.storage.url import ClickHouseURL, check_identifier
 
 _LOCK = threading.RLock()
 _state: dict[str, Any] = {"path": None, "session": None, "refs": 0, "db": None}

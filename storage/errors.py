@@ -1,6 +1,6 @@
 """Errors of the storage package, rooted in FailslowError."""
 
-from schema.errors import FailslowError
+from failslow.schema.errors import FailslowError
 
 
 class StorageError(FailslowError):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from storage.errors import QueryError
+from failslow.storage.errors import QueryError
 
 # Table functions (and engines) that read or write outside the database itself.
 OUTSIDE = frozenset({

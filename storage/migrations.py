@@ -27,9 +27,9 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from storage.client import Client
-from storage.errors import StorageError
-from storage.url import check_identifier
+from failslow.storage.client import Client
+from failslow.storage.errors import StorageError
+from failslow.storage.url import check_identifier
 
 MIN_SERVER = (23, 3)
 DEFAULT_TTL_DAYS = 30

@@ -17,10 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage.arrowdata import InsertData, quote, to_arrow
-from storage.embedded import one_line, qualify
-from storage.errors import QueryError, StorageError
-from storage.url import ClickHouseURL
+from failslow.storage.arrowdata import InsertData, quote, to_arrow
+from failslow.storage.embedded import one_line, qualify
+from failslow.storage.errors import QueryError, StorageError
+from failslow.storage.url import ClickHouseURL
 
 UNKNOWN_DATABASE = 81
 # The driver logs every failed connect with a traceback before raising; the error we raise

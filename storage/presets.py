@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from storage.errors import QueryError
-from storage.migrations import ROLLUPS
+from failslow.storage.errors import QueryError
+from failslow.storage.migrations import ROLLUPS
 
 # Parameter kinds: how the text is checked and converted, and the ClickHouse type.
 KINDS = {"str": "String", "count": "UInt32", "int": "Int32", "num": "Float64",

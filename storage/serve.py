@@ -29,10 +29,10 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from storage.arrowdata import InsertData, to_arrow, to_rows
-from storage.embedded import ChdbClient
-from storage.errors import QueryError, StorageError
-from storage.url import ClickHouseURL, check_identifier
+from failslow.storage.arrowdata import InsertData, to_arrow, to_rows
+from failslow.storage.embedded import ChdbClient
+from failslow.storage.errors import QueryError, StorageError
+from failslow.storage.url import ClickHouseURL, check_identifier
 
 TOKEN_HEADER = "X-Failslow-Token"
 

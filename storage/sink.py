@@ -31,12 +31,12 @@ from typing import Any
 
 import orjson
 
-from schema import Topics, decode_lenient, encode_deadletter
-from schema.kafka_security import TopicIdWatch, client_conf, group_consumer_conf
-from storage.client import Client
-from storage.errors import StorageError
-from storage.migrations import migrate
-from storage.writer import KIND_TABLE, Writer, WriteResult
+from failslow.schema import Topics, decode_lenient, encode_deadletter
+from failslow.schema.kafka_security import TopicIdWatch, client_conf, group_consumer_conf
+from failslow.storage.client import Client
+from failslow.storage.errors import StorageError
+from failslow.storage.migrations import migrate
+from failslow.storage.writer import KIND_TABLE, Writer, WriteResult
 
 log = logging.getLogger("failslow.sink")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from storage.errors import StorageError
+from failslow.storage.errors import StorageError
 
 DEFAULT_DATABASE = "failslow"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

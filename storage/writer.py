@@ -31,9 +31,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from storage.client import Client
-from storage.errors import QueryError
-from storage.url import check_identifier
+from failslow.storage.client import Client
+from failslow.storage.errors import QueryError
+from failslow.storage.url import check_identifier
 
 log = logging.getLogger(__name__)
 

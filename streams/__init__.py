@@ -5,7 +5,7 @@ Entry points: ``streams.app.WorkerConfig`` + ``streams.app.build_app`` (used by
 ``failslow worker``); the per-partition logic is ``streams.partition.JobPartition``.
 """
 
-from schema.errors import FailslowError
+from failslow.schema.errors import FailslowError
 
 
 class StreamsError(FailslowError):

@@ -30,17 +30,17 @@ from typing import Any
 
 import faust
 
-from schema import kafka_security
-from streams import faust_patch, memdiag
-from streams.config import WorkerConfig, ensure_internal_topics, internal_topic_configs
-from streams.job_stage import SNAPSHOT_SHARE, JobStage, decode_value
-from streams.loopprobe import LoopProbe
-from streams.metrics import Metrics
-from streams.outputs import Outputs
-from streams.route_stage import HostMapReader, RouteStage
-from streams.routing import HostMap
-from streams.sends import Sends, TopicWatch
-from streams.snapshots import SnapshotStore
+from failslow.schema import kafka_security
+from failslow.streams import faust_patch, memdiag
+from failslow.streams.config import WorkerConfig, ensure_internal_topics, internal_topic_configs
+from failslow.streams.job_stage import SNAPSHOT_SHARE, JobStage, decode_value
+from failslow.streams.loopprobe import LoopProbe
+from failslow.streams.metrics import Metrics
+from failslow.streams.outputs import Outputs
+from failslow.streams.route_stage import HostMapReader, RouteStage
+from failslow.streams.routing import HostMap
+from failslow.streams.sends import Sends, TopicWatch
+from failslow.streams.snapshots import SnapshotStore
 
 __all__ = ["CRASH_EXIT", "SNAPSHOT_SHARE", "HostMapReader", "WorkerConfig", "build_app",
            "decode_value", "ensure_internal_topics", "internal_topic_configs"]

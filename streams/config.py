@@ -11,13 +11,13 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from models.shard import SHARD_RANKS
-from schema import Topics
-from schema.kafka_security import client_conf, refused
-from schema.topics import KIND_TOPIC
-from streams import quiet
-from streams.partition import INPUT_KINDS
-from streams.routing import HOSTMAP_TTL_S
+from failslow.models.shard import SHARD_RANKS
+from failslow.schema import Topics
+from failslow.schema.kafka_security import client_conf, refused
+from failslow.schema.topics import KIND_TOPIC
+from failslow.streams import quiet
+from failslow.streams.partition import INPUT_KINDS
+from failslow.streams.routing import HOSTMAP_TTL_S
 
 
 @dataclass
@@ -87,7 +87,7 @@ def ensure_internal_topics(cfg: WorkerConfig) -> int:
     """Create the internal topics with as many partitions as the incidents topic, with
     their retention (``internal_topic_configs``; a topic that exists is left as it is);
     return N."""
-    from streams import StreamsError
+    from failslow.streams import StreamsError
 
     # librdkafka's own lines go through logging (quiet), never straight to stderr after
     # the one-line error below

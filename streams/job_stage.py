@@ -31,18 +31,18 @@ from typing import Any, TypeVar
 
 import orjson
 
-from models.shard import ShardedDetector
-from schema import decode_lenient
-from schema.fast import all_valid
-from streams.config import WorkerConfig
-from streams.limits import InputLimits
-from streams.metrics import Metrics
-from streams.ordering import HOLD_LATENESS
-from streams.outputs import Outputs
-from streams.partition import JobPartition
-from streams.routing import HostMap, unpack
-from streams.sharding import prune_foreign_hosts
-from streams.snapshots import SnapshotStore, high_offset, scan
+from failslow.models.shard import ShardedDetector
+from failslow.schema import decode_lenient
+from failslow.schema.fast import all_valid
+from failslow.streams.config import WorkerConfig
+from failslow.streams.limits import InputLimits
+from failslow.streams.metrics import Metrics
+from failslow.streams.ordering import HOLD_LATENESS
+from failslow.streams.outputs import Outputs
+from failslow.streams.partition import JobPartition
+from failslow.streams.routing import HostMap, unpack
+from failslow.streams.sharding import prune_foreign_hosts
+from failslow.streams.snapshots import SnapshotStore, high_offset, scan
 
 log = logging.getLogger("failslow.worker")
 # The most of the worker's time state snapshots may take: a partition whose snapshot took

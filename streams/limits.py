@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from schema.codec import pack
+from failslow.schema.codec import pack
 
 log = logging.getLogger("failslow.worker")
 CAPS = ("jobs", "hosts", "ranks_per_job", "groups_per_job", "hosts_per_job")

@@ -17,7 +17,7 @@ import logging
 import time
 from collections import deque
 
-from streams.metrics import Metrics
+from failslow.streams.metrics import Metrics
 
 log = logging.getLogger("failslow.worker")
 PERIOD_S = 0.05

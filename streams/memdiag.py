@@ -7,7 +7,7 @@ and appends one JSON line to ``DIR/stats.jsonl``: wall time, VmRSS, traced curre
 bytes and the 40 commonest ``gc`` object types with their counts. With
 ``FAILSLOW_TRACEMALLOC_FRAMES=0`` tracemalloc stays off (it slows the process 2-3x: a
 loaded worker falls behind and its backlog hides a slow leak): only the lines. Compare two snapshots
-with ``python -m streams.memdiag DIR/snap-001.tracemalloc DIR/snap-005.tracemalloc``.
+with ``python -m failslow.streams.memdiag DIR/snap-001.tracemalloc DIR/snap-005.tracemalloc``.
 Off (the default), it costs one environment lookup at start-up.
 """
 

@@ -43,8 +43,8 @@ from typing import NamedTuple
 import numpy as np
 import orjson
 
-from models.pipeline import TELEMETRY_KINDS
-from schema.codec import pack
+from failslow.models.pipeline import TELEMETRY_KINDS
+from failslow.schema.codec import pack
 
 RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
 # While a backlog is read, the device samples of hosts placed on a partition (the route

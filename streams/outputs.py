@@ -8,9 +8,9 @@ from typing import Any
 
 import orjson
 
-from schema import encode, encode_deadletter
-from streams.metrics import Metrics
-from streams.routing import home_partition, pack
+from failslow.schema import encode, encode_deadletter
+from failslow.streams.metrics import Metrics
+from failslow.streams.routing import home_partition, pack
 
 # An internal message packs routed parts up to this size (or one part alone when larger)
 PACK_BYTES = 512 * 1024

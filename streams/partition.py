@@ -35,9 +35,9 @@ from typing import Any
 
 import orjson
 
-from streams.detector import COUNTERS, StreamDetector
-from streams.limits import InputLimits
-from streams.ordering import SOURCE, EventOrder
+from failslow.streams.detector import COUNTERS, StreamDetector
+from failslow.streams.limits import InputLimits
+from failslow.streams.ordering import SOURCE, EventOrder
 
 INPUT_KINDS = ("step", "collective", "comm", "gpu", "nic", "host")
 _EV_TS = itemgetter("ts")
@@ -69,13 +69,13 @@ def _digest(ev: dict) -> str:
 
 
 def _default_detector_factory() -> StreamDetector:
-    from models.pipeline import Detector
+    from failslow.models.pipeline import Detector
 
     return Detector()
 
 
 def _default_detector_restore(state: Any) -> StreamDetector:
-    from models.pipeline import Detector
+    from failslow.models.pipeline import Detector
 
     return Detector.from_state(state)
 

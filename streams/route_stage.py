@@ -20,14 +20,20 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from schema import decode_lenient
-from schema.kafka_security import reader_conf
-from streams import quiet
-from streams.config import WorkerConfig
-from streams.metrics import Metrics
-from streams.outputs import Outputs
-from streams.routing import PART_MAX_BYTES, HostMap, home_partition, job_of_key, split_value
-from streams.sharding import event_shard, shard_partition, shard_parts
+from failslow.schema import decode_lenient
+from failslow.schema.kafka_security import reader_conf
+from failslow.streams import quiet
+from failslow.streams.config import WorkerConfig
+from failslow.streams.metrics import Metrics
+from failslow.streams.outputs import Outputs
+from failslow.streams.routing import (
+    PART_MAX_BYTES,
+    HostMap,
+    home_partition,
+    job_of_key,
+    split_value,
+)
+from failslow.streams.sharding import event_shard, shard_partition, shard_parts
 
 
 class HostMapReader(threading.Thread):

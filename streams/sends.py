@@ -65,8 +65,8 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 
-from schema.kafka_security import TopicIdWatch, client_conf
-from streams import StreamsError, quiet
+from failslow.schema.kafka_security import TopicIdWatch, client_conf
+from failslow.streams import StreamsError, quiet
 
 log = logging.getLogger("failslow.worker")
 LOST_EXIT = 70  # streams.app.CRASH_EXIT: a supervisor restarts the worker

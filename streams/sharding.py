@@ -31,8 +31,8 @@ from typing import Any
 
 import orjson
 
-from models.shard import SHARD_RANKS, shard_of
-from streams.routing import HostMap, home_partition
+from failslow.models.shard import SHARD_RANKS, shard_of
+from failslow.streams.routing import HostMap, home_partition
 
 __all__ = ["SHARD_RANKS", "shard_of", "shard_partition", "shard_parts", "event_shard",
            "prune_foreign_hosts"]

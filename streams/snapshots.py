@@ -36,9 +36,9 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from schema.errors import FailslowError
-from schema.kafka_security import client_conf, reader_conf
-from streams.quiet import RDKAFKA_LOG
+from failslow.schema.errors import FailslowError
+from failslow.schema.kafka_security import client_conf, reader_conf
+from failslow.streams.quiet import RDKAFKA_LOG
 
 CHUNK_BYTES = 512 * 1024
 FLUSH_S = 10.0   # the longest one chunk may take to be acknowledged

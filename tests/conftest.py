@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from failslow.schema import Topics
 from failslow.stack import Broker, create_topics, start_broker
-from schema import Topics
 
 # Fixtures that start a broker or a database: a test using one is marked ``integration``
 # even if its module forgot to say so, so ``pytest -m "not integration"`` stays fast.

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from collectors.file_publisher import FilePublisher
-from collectors.torch_hook import TrainingHook
+from failslow.collectors.file_publisher import FilePublisher
+from failslow.collectors.torch_hook import TrainingHook
 from failslow.stack import free_port
 
 DIMS = (512, 1024, 1024, 512)  # 2.1 M floats: 8.4 MB of gradients

@@ -13,11 +13,11 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from models.pipeline import Detector  # noqa: E402
-from simulator import SCENARIOS, simulate  # noqa: E402
-from storage.client import Client, connect  # noqa: E402
-from storage.migrations import migrate  # noqa: E402
-from storage.writer import Writer  # noqa: E402
+from failslow.models.pipeline import Detector  # noqa: E402
+from failslow.simulator import SCENARIOS, simulate  # noqa: E402
+from failslow.storage.client import Client, connect  # noqa: E402
+from failslow.storage.migrations import migrate  # noqa: E402
+from failslow.storage.writer import Writer  # noqa: E402
 
 
 def load_job(client: Client, scenario: str, seed: int = 0, steps: int | None = None) -> list[dict]:

@@ -12,11 +12,11 @@ from typing import Any
 
 from storage_support import chdb_url
 
-from models.pipeline import Detector
-from simulator import SCENARIOS, simulate
-from storage.client import Client, connect
-from storage.migrations import migrate
-from storage.writer import Writer
+from failslow.models.pipeline import Detector
+from failslow.simulator import SCENARIOS, simulate
+from failslow.storage.client import Client, connect
+from failslow.storage.migrations import migrate
+from failslow.storage.writer import Writer
 
 SCENARIO, SEED, STEPS = "two_faults", 1, 110
 CULPRIT_RANK, CULPRIT_HOST, CULPRIT_GPU, CONGESTED_HOST = 13, "h1", 5, "h0"

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from schema.events import NESTED, SPECS
-from storage.client import Client, connect
-from storage.migrations import migrate
+from failslow.schema.events import NESTED, SPECS
+from failslow.storage.client import Client, connect
+from failslow.storage.migrations import migrate
 
 _folder: list[Path] = []
 _keeper: list[Client] = []  # one open client keeps the session up between tests

@@ -9,7 +9,7 @@ import time
 import pytest
 from http_receiver import HttpReceiver
 
-from alerting import (
+from failslow.alerting import (
     AlertingError,
     Backoff,
     Dispatcher,

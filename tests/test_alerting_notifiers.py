@@ -9,7 +9,7 @@ import logging
 import pytest
 from http_receiver import HttpReceiver
 
-from alerting import (
+from failslow.alerting import (
     AlertingError,
     Backoff,
     ConsoleNotifier,
@@ -21,7 +21,7 @@ from alerting import (
     WebhookNotifier,
     build_notifiers,
 )
-from alerting.transport import parse_retry_after
+from failslow.alerting.transport import parse_retry_after
 from failslow.stack import free_port
 
 SLACK_SECRET = "T000/B000/XXXXsecretSLACKtoken"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from alerting import AlertingError, Policy, RateLimit, Router
-from alerting.router import IncidentState, TokenBucket
+from failslow.alerting import AlertingError, Policy, RateLimit, Router
+from failslow.alerting.router import IncidentState, TokenBucket
 from failslow.commands.notify import parse_policy
 
 ALL = ["console", "slack", "pagerduty", "webhook"]

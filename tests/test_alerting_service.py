@@ -20,7 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from http_receiver import HttpReceiver
 from waiting import wait_until
 
-from alerting import (
+from failslow.alerting import (
     Backoff,
     ConsoleNotifier,
     NotifyService,
@@ -28,8 +28,8 @@ from alerting import (
     SlackNotifier,
     WebhookNotifier,
 )
+from failslow.schema import encode
 from failslow.stack import free_port
-from schema import encode
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import pytest
 
 from failslow.cli import COMMANDS
 from failslow.stack import free_port, pid_alive, port_open
-from storage.serve import find_owner
+from failslow.storage.serve import find_owner
 
 
 def fs(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -114,9 +114,9 @@ def test_down_keeps_what_the_broker_acknowledged(tmp_path):
     import threading
     import time
 
-    from collectors.publisher import Publisher
-    from schema import Topics
-    from storage.client import connect
+    from failslow.collectors.publisher import Publisher
+    from failslow.schema import Topics
+    from failslow.storage.client import connect
 
     home = tmp_path / "home"
     env = {"FAILSLOW_HOME": str(home)}

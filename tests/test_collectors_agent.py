@@ -14,9 +14,9 @@ from pathlib import Path
 from fakes.kafka import read_events
 from waiting import wait_until
 
-from collectors.agent import Agent
-from collectors.nccl_inspector import InspectorTailer
-from schema import validate
+from failslow.collectors.agent import Agent
+from failslow.collectors.nccl_inspector import InspectorTailer
+from failslow.schema import validate
 
 
 def _record(sn: int, rank: int = 1, coll: str = "AllReduce", verbose: bool = False) -> dict:
@@ -248,7 +248,7 @@ def test_agent_publishes_device_samples_on_change_by_default(caplog):
 def test_collect_telemetry_on_change_flags():
     import argparse
 
-    from collectors.samplers import OnChangeConfig
+    from failslow.collectors.samplers import OnChangeConfig
     from failslow.commands.collect import add_arguments, on_change_config
 
     parser = argparse.ArgumentParser()

@@ -1,4 +1,4 @@
-"""collectors.comm_windows: blocked time shared among concurrent ops, never double counted;
+"""failslow.collectors.comm_windows: blocked time shared among concurrent ops, never double counted;
 ``ops`` entries that equal the raw ``collective`` events they summarize.
 
 Checked against a brute-force computation on a fine grid for random intervals."""
@@ -10,7 +10,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.comm_windows import (
+from failslow.collectors.comm_windows import (
     INF,
     clip_to_issues,
     comm_record,
@@ -18,9 +18,9 @@ from collectors.comm_windows import (
     split_blocked,
     summarize,
 )
-from collectors.intervals import clip_to_last_issue, union_length
-from schema import validate
-from schema.events import OPS_MAX
+from failslow.collectors.intervals import clip_to_last_issue, union_length
+from failslow.schema import validate
+from failslow.schema.events import OPS_MAX
 
 GRID = 60  # intervals on integer ticks, so the grid computation is exact
 

@@ -16,10 +16,10 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from fakes.kafka import read_events, read_messages  # noqa: E402
 
-from collectors.publisher import Publisher  # noqa: E402
-from collectors.torch_hook import TrainingHook  # noqa: E402
+from failslow.collectors.publisher import Publisher  # noqa: E402
+from failslow.collectors.torch_hook import TrainingHook  # noqa: E402
+from failslow.schema import Topics, validate  # noqa: E402
 from failslow.stack import free_port  # noqa: E402
-from schema import Topics, validate  # noqa: E402
 
 WORLD, STEPS, SLOW_RANK, SLOW_FROM, SLOW_S = 4, 30, 2, 10, 0.03
 

@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import torch.distributed as dist  # noqa: E402
 
-from collectors.comm_windows import split_blocked  # noqa: E402
-from collectors.torch_hook import TrainingHook, resolve_grain  # noqa: E402
+from failslow.collectors.comm_windows import split_blocked  # noqa: E402
+from failslow.collectors.torch_hook import TrainingHook, resolve_grain  # noqa: E402
+from failslow.schema import validate  # noqa: E402
 from failslow.stack import free_port  # noqa: E402
-from schema import validate  # noqa: E402
 
 
 class _Sink:

@@ -22,11 +22,11 @@ import torch.distributed._functional_collectives as funcol  # noqa: E402
 import torch.distributed.distributed_c10d as c10d  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from collectors.file_publisher import FilePublisher  # noqa: E402
-from collectors.torch_hook import TrainingHook  # noqa: E402
-from collectors.torch_seams import _PG_NOT_COMM, PG_METHODS, _guess_op  # noqa: E402
+from failslow.collectors.file_publisher import FilePublisher  # noqa: E402
+from failslow.collectors.torch_hook import TrainingHook  # noqa: E402
+from failslow.collectors.torch_seams import _PG_NOT_COMM, PG_METHODS, _guess_op  # noqa: E402
+from failslow.schema import validate  # noqa: E402
 from failslow.stack import free_port  # noqa: E402
-from schema import validate  # noqa: E402
 
 WORLD = 2
 # Public functions of torch.distributed that take a group but move no data.

@@ -19,7 +19,7 @@ from statistics import median  # noqa: E402
 
 from hook_jobs import med, read_events, run_ddp, spread  # noqa: E402
 
-from schema import validate  # noqa: E402
+from failslow.schema import validate  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""collectors.intervals: blocked time never double counts concurrent ops.
+"""failslow.collectors.intervals: blocked time never double counts concurrent ops.
 
 Checked against a brute-force computation on a fine grid for random intervals."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.intervals import BlockedTime, clip_to_last_issue, union_length
+from failslow.collectors.intervals import BlockedTime, clip_to_last_issue, union_length
 
 GRID = 1000  # intervals on integer ticks, so the grid count is exact
 

@@ -22,10 +22,10 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
-from collectors.file_publisher import FilePublisher  # noqa: E402
-from collectors.torch_hook import TrainingHook  # noqa: E402
+from failslow.collectors.file_publisher import FilePublisher  # noqa: E402
+from failslow.collectors.torch_hook import TrainingHook  # noqa: E402
+from failslow.schema import validate  # noqa: E402
 from failslow.stack import free_port  # noqa: E402
-from schema import validate  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

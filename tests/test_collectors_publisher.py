@@ -9,10 +9,10 @@ import time
 import pytest
 from fakes.kafka import read_events, read_messages
 
-from collectors.publisher import Publisher, PublisherError
-from collectors.spool import Spool
+from failslow.collectors.publisher import Publisher, PublisherError
+from failslow.collectors.spool import Spool
+from failslow.schema import Topics
 from failslow.stack import create_topics, free_port, start_broker
-from schema import Topics
 
 
 def host_event(i: int, host: str = "h0") -> dict:
@@ -142,7 +142,7 @@ def test_an_unusable_spool_folder_is_one_log_line_and_publishing_goes_on(
     # how a folder that cannot be written is made here): one clear line, then live.
     blocked = tmp_path / "spool"
     blocked.write_text("not a folder")
-    with caplog.at_level("WARNING", logger="collectors.publisher"):
+    with caplog.at_level("WARNING", logger="failslow.collectors.publisher"):
         pub = Publisher(broker.bootstrap, topics, spool_dir=str(blocked))
     pub.publish([host_event(i) for i in range(5)])
     assert pub.close(timeout=10) == 0
@@ -175,7 +175,7 @@ def test_a_full_disk_while_spooling_is_one_log_line_and_publishing_goes_on(
     # The broker is down, so events head for the spool, on a full disk.
     pub = Publisher(f"127.0.0.1:{free_port()}", Topics("x."), spool_dir=str(full_disk),
                     delivery_timeout_s=0.3)
-    with caplog.at_level("WARNING", logger="collectors.publisher"):
+    with caplog.at_level("WARNING", logger="failslow.collectors.publisher"):
         for i in range(20):
             pub.publish([host_event(i)])
             time.sleep(0.05)

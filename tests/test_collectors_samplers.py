@@ -10,17 +10,17 @@ import pynvml
 import pytest
 from fakes.nvml import FakeGpu, FakeNVML
 
-from collectors.gpu import GpuSampler
-from collectors.host import HostSampler
-from collectors.nic import NicSampler
-from collectors.samplers import (
+from failslow.collectors.gpu import GpuSampler
+from failslow.collectors.host import HostSampler
+from failslow.collectors.nic import NicSampler
+from failslow.collectors.samplers import (
     BANDS,
     RATE_COUNTERS,
     OnChange,
     OnChangeConfig,
     filter_trace,
 )
-from schema import validate
+from failslow.schema import validate
 
 FIXTURE_SYS = Path(__file__).parent / "fixtures" / "sysfs"
 
@@ -282,7 +282,7 @@ def test_on_change_passes_other_kinds_and_keeps_the_order():
 
 
 def test_on_change_bands_cover_what_the_root_cause_reads():
-    from models import telemetry
+    from failslow.models import telemetry
 
     read = {*telemetry.GPU_GAUGES, *telemetry.HOST_GAUGES, "speed_gbps", "state",
             "clocks_event_reasons"}

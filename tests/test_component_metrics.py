@@ -18,9 +18,9 @@ from confluent_kafka import Producer
 from http_receiver import HttpReceiver
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.publisher import Publisher
+from failslow.collectors.publisher import Publisher
+from failslow.schema import encode
 from failslow.stack import free_port
-from schema import encode
 
 pytestmark = pytest.mark.integration
 

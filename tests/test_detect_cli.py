@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-import schema
+from failslow import schema
 from failslow.cli import main
-from simulator import SCENARIOS, simulate
+from failslow.simulator import SCENARIOS, simulate
 
 
 @pytest.fixture(scope="module")

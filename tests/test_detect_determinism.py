@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from simulator import SCENARIOS, simulate
+from failslow.simulator import SCENARIOS, simulate
 
 
 def test_detect_output_does_not_depend_on_the_hash_seed(tmp_path):

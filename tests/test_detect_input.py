@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from failslow.cli import main
 from failslow.commands import detect
-from simulator import SCENARIOS, simulate
+from failslow.simulator import SCENARIOS, simulate
 
 
 @pytest.fixture(scope="module")

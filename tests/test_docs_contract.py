@@ -10,9 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from schema import decode, validate
-from schema.events import NESTED, SPECS
-from schema.topics import KIND_TOPIC, Topics
+from failslow.schema import decode, validate
+from failslow.schema.events import NESTED, SPECS
+from failslow.schema.topics import KIND_TOPIC, Topics
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "contract.md"
 TYPES = {"string": "str", "int64": "int", "int32": "i32", "number": "num", "time": "time",

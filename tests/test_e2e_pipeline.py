@@ -16,9 +16,9 @@ import orjson
 import pytest
 from waiting import wait_until
 
-from collectors.publisher import Publisher
+from failslow.collectors.publisher import Publisher
+from failslow.simulator import FaultSpec, JobSpec, Scenario, simulate
 from failslow.stack import free_port
-from simulator import FaultSpec, JobSpec, Scenario, simulate
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from sim_support import (
     simulated_job,
 )
 
-from storage.guard import one_statement, readonly_sql
+from failslow.storage.guard import one_statement, readonly_sql
 
 pytestmark = pytest.mark.integration
 DASHBOARDS = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "dashboards"

@@ -39,9 +39,9 @@ from tls_support import TestCA, TLSProxy, make_ca
 
 from failslow.config import resolve
 from failslow.errors import ConfigError
+from failslow.schema import Topics, kafka_security
+from failslow.schema.kafka_security import KafkaSecurity, client_conf
 from failslow.stack import create_topics, free_port, start_broker
-from schema import Topics, kafka_security
-from schema.kafka_security import KafkaSecurity, client_conf
 
 # -- the mapping -----------------------------------------------------------------------------
 
@@ -159,7 +159,7 @@ def test_a_refused_login_is_one_error_without_the_password(caplog):
 
     from confluent_kafka import KafkaError
 
-    from collectors.publisher import Publisher
+    from failslow.collectors.publisher import Publisher
     from failslow.errors import FailslowError
 
     kafka_security.use(KafkaSecurity(sasl_mechanism="SCRAM-SHA-256", username="u",
@@ -195,7 +195,7 @@ def test_a_refused_login_is_one_error_without_the_password(caplog):
     assert "error_cb" not in client_conf("b:9092")  # no SASL: librdkafka's default
     pub = Publisher("127.0.0.1:1")
     try:
-        with caplog.at_level(logging.INFO, logger="collectors.publisher"):
+        with caplog.at_level(logging.INFO, logger="failslow.collectors.publisher"):
             for ms in (8, 9, 14, 10):
                 pub._on_error(refused(ms))
                 pub._on_error(KafkaError(KafkaError._RESOLVE, "kafka-9.example: resolve failed"))
@@ -282,7 +282,7 @@ def _every_process(bootstrap: str, env: dict[str, str], tmp_path: Path, name: st
     -> sink (chdb) and notify (console), query reading the sink and status reading the
     broker, all with ``env``'s Kafka security against ``bootstrap``; no output or log holds
     the SASL password."""
-    from simulator import FaultSpec, JobSpec, Scenario, simulate
+    from failslow.simulator import FaultSpec, JobSpec, Scenario, simulate
 
     topics = Topics(prefix=f"{name}{uuid.uuid4().hex[:8]}.")
     create_topics(bootstrap, topics, partitions=2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 
-from schema.kafka_security import TopicIdWatch
+from failslow.schema.kafka_security import TopicIdWatch
 
 
 def uuids() -> int:

@@ -7,10 +7,10 @@ import pickle
 
 import pytest
 
-from models.alignment import lags, transfer
-from models.comm import CommWindows
-from models.pipeline import Detector
-from simulator import SCENARIOS, simulate
+from failslow.models.alignment import lags, transfer
+from failslow.models.comm import CommWindows
+from failslow.models.pipeline import Detector
+from failslow.simulator import SCENARIOS, simulate
 
 
 def ops_of(rank: int, arrive: dict[int, float], n: int, xfer: float, group: str = "dp0",

@@ -8,8 +8,8 @@ import pickle
 
 from test_streams_partition import canon, interleave, messages, run
 
-from models.pipeline import Detector
-from simulator import SCENARIOS, simulate
+from failslow.models.pipeline import Detector
+from failslow.simulator import SCENARIOS, simulate
 
 
 def no_step(name: str, seed: int = 1) -> list[dict]:

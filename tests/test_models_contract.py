@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from test_models_pipeline import synth
 
-from models.changepoint import BOCPD
-from models.mitigation import Planner
-from models.pipeline import Detector
-from models.stats import EWMeanVar, RollingMedian
+from failslow.models.changepoint import BOCPD
+from failslow.models.mitigation import Planner
+from failslow.models.pipeline import Detector
+from failslow.models.stats import EWMeanVar, RollingMedian
 
 
 def _feed_stat(obj, xs):

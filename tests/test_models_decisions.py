@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-import schema
-from models.findings import Finding
-from models.incidents import IncidentTracker
-from models.mitigation import Planner
-from models.rootcause import attribute
-from models.telemetry import TelemetryStore
+from failslow import schema
+from failslow.models.findings import Finding
+from failslow.models.incidents import IncidentTracker
+from failslow.models.mitigation import Planner
+from failslow.models.rootcause import attribute
+from failslow.models.telemetry import TelemetryStore
 
 
 def gpu(host, idx, ts, **kw):
@@ -227,7 +227,7 @@ def test_a_slow_link_is_priced_from_elapsed_time():
 
 
 def _culprit(own_s: float, step_s: float, excess_s: float, base_s: float, now_s: float):
-    from models.ranks import RankState
+    from failslow.models.ranks import RankState
 
     st = RankState()
     for _ in range(20):            # its usual step and own work, learned clean
@@ -238,7 +238,7 @@ def _culprit(own_s: float, step_s: float, excess_s: float, base_s: float, now_s:
 
 
 def test_slowdown_is_the_jobs_measured_increase_even_in_a_pipeline():
-    from models.attribution import Attribution
+    from failslow.models.attribution import Attribution
 
     a = Attribution()
     # a pipeline stage (own work 0.025 s of a 0.1 s step) doing 2x: +0.025 s of its own,

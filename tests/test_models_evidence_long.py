@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 
-from models import evidence
-from models.config import JobConfig
-from models.evidence import LONG_N, LONG_Z, RankEvidence, Windows
+from failslow.models import evidence
+from failslow.models.config import JobConfig
+from failslow.models.evidence import LONG_N, LONG_Z, RankEvidence, Windows
 
 FAR = math.log1p(0.25)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.evidence import Windows
+from failslow.models.evidence import Windows
 
 
 def _window(values: list[float], peers: int = 3) -> tuple[Windows, np.ndarray]:

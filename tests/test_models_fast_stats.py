@@ -6,9 +6,9 @@ import warnings
 
 import numpy as np
 
-from models import peers
-from models.evidence import _rowmedian
-from models.peers import KeyedValues, lower_half_ref, surely_within
+from failslow.models import peers
+from failslow.models.evidence import _rowmedian
+from failslow.models.peers import KeyedValues, lower_half_ref, surely_within
 
 
 def _plain_lower_half_ref(values: np.ndarray) -> tuple[float, float]:

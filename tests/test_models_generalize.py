@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-import schema
-from models.pipeline import Detector
+from failslow import schema
+from failslow.models.pipeline import Detector
 
 
 @dataclass

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from models.findings import Finding
-from models.incidents import STEADY_Z, IncidentTracker
+from failslow.models.findings import Finding
+from failslow.models.incidents import STEADY_Z, IncidentTracker
 
 ACT = "rebalance_microbatches"
 
@@ -139,8 +139,8 @@ def test_the_step_period_is_the_jobs_own():
 
 
 def _incidents(name: str, seed: int) -> list[dict]:
-    from models.pipeline import Detector
-    from simulator import SCENARIOS, simulate
+    from failslow.models.pipeline import Detector
+    from failslow.simulator import SCENARIOS, simulate
 
     det = Detector()
     out: list[dict] = []

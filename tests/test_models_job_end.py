@@ -11,9 +11,9 @@ import pytest
 from test_streams_partition import messages, run
 
 from failslow.commands.detect import detect_lines
-from models.pipeline import Detector
-from simulator import SCENARIOS, simulate
-from streams.partition import JobPartition
+from failslow.models.pipeline import Detector
+from failslow.simulator import SCENARIOS, simulate
+from failslow.streams.partition import JobPartition
 
 CUT_TS = 1767225700.0      # gpu_thermal_30 cut here: its incident is still open
 

@@ -18,8 +18,8 @@ from bisect import bisect_left
 import numpy as np
 import pytest
 
-import schema
-from models.pipeline import Detector
+from failslow import schema
+from failslow.models.pipeline import Detector
 
 OWN_S = 0.02        # a stage's own work per step, seconds
 NOISE = 0.10        # its step-to-step noise (log sigma): a shared 2-core VM

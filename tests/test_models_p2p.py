@@ -12,12 +12,12 @@ import numpy as np
 import orjson
 import pytest
 
-from models.cusum import capped_increment
-from models.job import JobConfig
-from models.p2p import P2PMonitor
-from models.pipeline import Detector
-from simulator import SCENARIOS, FaultSpec, JobSpec, Scenario, simulate
-from simulator.p2p import megatron_groups
+from failslow.models.cusum import capped_increment
+from failslow.models.job import JobConfig
+from failslow.models.p2p import P2PMonitor
+from failslow.models.pipeline import Detector
+from failslow.simulator import SCENARIOS, FaultSpec, JobSpec, Scenario, simulate
+from failslow.simulator.p2p import megatron_groups
 
 # p2p_link_pp, cut short: the link rank 22 (h2) <-> 38 (h4) at 5x from ~step 19 of 40
 SCENARIO = replace(SCENARIOS["p2p_link_pp"], steps=40)

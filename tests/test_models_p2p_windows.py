@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pickle
 
-from models.config import JobConfig
-from models.p2p import P2PMonitor
+from failslow.models.config import JobConfig
+from failslow.models.p2p import P2PMonitor
 
 MB = 1 << 27          # bytes per op
 PAIRS = [(i, 8 + i) for i in range(8)]      # rank i on h0 <-> rank 8 + i on h1

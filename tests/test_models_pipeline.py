@@ -13,8 +13,8 @@ import copy
 import numpy as np
 import pytest
 
-import schema
-from models.pipeline import Detector
+from failslow import schema
+from failslow.models.pipeline import Detector
 
 
 def synth(world=16, steps=60, slow=None, onset=20, intensity=0.3, seed=0, per_host=8,
@@ -210,8 +210,8 @@ def test_transfers_that_take_no_measurable_time_are_no_evidence():
     When most cross-host groups of a step moved their data that way, the link
     evaluation must neither divide by a zero reference (it raised
     ZeroDivisionError and stopped a stream worker) nor flag the others."""
-    from models.job import JobConfig
-    from models.links import LinkMonitor
+    from failslow.models.job import JobConfig
+    from failslow.models.links import LinkMonitor
 
     mon = LinkMonitor(JobConfig())
     rank_host = {r: f"h{r // 2}" for r in range(16)}
@@ -243,7 +243,7 @@ def test_a_detector_defect_skips_the_event_and_the_stream_goes_on(monkeypatch):
     """An unexpected error inside the Detector (a defect some input brings out) is
     counted and logged, and the batch goes on: a stream worker that raised would
     stop at the same event after every restart."""
-    from models.job import JobState
+    from failslow.models.job import JobState
 
     evs = synth(slow=3, onset=20)
     real = JobState.evaluate
@@ -286,7 +286,7 @@ def test_slow_link_found_when_a_host_clock_is_off(host, skew_s):
     """Transfers are timed across hosts (min end - max start), so 100 ms of clock skew is
     longer than the transfers themselves: the hosts' offsets are learned from the
     all-reduces (their members leave together) and transfers are timed on one clock."""
-    from simulator import SCENARIOS, simulate
+    from failslow.simulator import SCENARIOS, simulate
 
     events = []
     for e in simulate(SCENARIOS["slow_link_host_50"], seed=0).events():

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-import schema
-from models.pipeline import Detector
+from failslow import schema
+from failslow.models.pipeline import Detector
 
 
 @dataclass

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from models.changepoint import BOCPD
-from models.peers import lower_half_ref, peer_scores
-from models.ranks import RankState
-from models.stats import EWMeanVar, RollingMedian
+from failslow.models.changepoint import BOCPD
+from failslow.models.peers import lower_half_ref, peer_scores
+from failslow.models.ranks import RankState
+from failslow.models.stats import EWMeanVar, RollingMedian
 
 
 @pytest.mark.parametrize("alpha", [0.05, 0.3, 1.0])

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.job import JobConfig, JobState
-from simulator import SCENARIOS, simulate
+from failslow.models.job import JobConfig, JobState
+from failslow.simulator import SCENARIOS, simulate
 
 
 def _feed(name: str, seed: int = 0, steps: int | None = None):
@@ -123,7 +123,7 @@ def test_tens_of_per_cent_from_the_first_op_is_a_fault(seed):
 
 def test_far_from_peers_since_the_first_step_pages_within_five_steps_at_short_steps():
     """1 s steps, no sub-step evidence: peers judge from the job's second step."""
-    from models.pipeline import Detector
+    from failslow.models.pipeline import Detector
     trace = simulate(SCENARIOS["first1_thermal_40"], seed=0, steps=12)
     det = Detector()
     incs = [i for ch in trace.batches() for i in det.process_batch(ch)]
@@ -135,7 +135,7 @@ def test_far_from_peers_since_the_first_step_pages_within_five_steps_at_short_st
 
 
 def _sub_finding(sustained_s: float):
-    from models.findings import Finding
+    from failslow.models.findings import Finding
     return Finding(key="slow_rank:r5", fault="slow_rank", confirmed=True, onset_ts=10.0,
                    onset_step=7, slowdown_pct=30.0, own_pct=30.0, rank=5, host="h0", gpu=5,
                    evidence={"substep": True, "sustained_s": sustained_s})
@@ -146,7 +146,7 @@ def _sub_finding(sustained_s: float):
 def test_a_confirmation_sustained_for_page_after_s_pages_at_once(sustained_s, first):
     """Evidence consistent across windows for page_after_s seconds pages when it opens;
     shorter evidence opens as info and pages only page_after_steps confirmations later."""
-    from models.incidents import IncidentTracker
+    from failslow.models.incidents import IncidentTracker
     tr = IncidentTracker(page_after_s=2.0)
     out = []
     for k in range(3):
@@ -161,7 +161,7 @@ def test_a_confirmation_sustained_for_page_after_s_pages_at_once(sustained_s, fi
 def test_sub_step_confirmation_pages_inside_the_step_it_began():
     """8 s steps: the culprit's incident opens already paging, inside its first slow step,
     seconds after its first slowed op; no other incident is loud."""
-    from models.pipeline import Detector
+    from failslow.models.pipeline import Detector
     trace = simulate(SCENARIOS["long8_power_25"], seed=0, steps=17)
     fault = trace.truth["faults"][0]
     det = Detector()
@@ -208,7 +208,7 @@ def test_two_second_steps_judge_their_tensor_parallel_group_inside_the_first_slo
 def test_gradient_buckets_at_the_step_end_give_no_value():
     """A group whose ops come only in the windows a step's end cuts (and at most one before
     it) is a burst: its ticks give no value, whoever blocks least."""
-    from models.substep import SubStep
+    from failslow.models.substep import SubStep
 
     sub = SubStep(JobConfig())
     out = []
@@ -234,7 +234,7 @@ def test_gradient_buckets_at_the_step_end_give_no_value():
 def _paged(name: str, seed: int):
     """Every incident event of a scenario through the Detector, and each (rank, step)'s
     start (its first op)."""
-    from models.pipeline import Detector
+    from failslow.models.pipeline import Detector
     trace = simulate(SCENARIOS[name], seed=seed)
     det = Detector()
     starts, ends, incs = {}, {}, []
@@ -278,7 +278,7 @@ def test_two_members_compare_with_each_other_at_short_steps():
     """A pair (tp2) at 1 s steps (one window closed on time a step): the first tick of a
     step keeps one observation; the slower member's lateness is its gap to the other, not
     half of it (the median of two is their mean)."""
-    from models.substep import SubStep
+    from failslow.models.substep import SubStep
 
     sub = SubStep(JobConfig())
     t = 0.0

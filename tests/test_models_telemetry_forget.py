@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from models.pipeline import Detector
-from simulator import SCENARIOS, simulate
-from simulator.relocate import relocate
-from streams.partition import JobPartition
+from failslow.models.pipeline import Detector
+from failslow.simulator import SCENARIOS, simulate
+from failslow.simulator.relocate import relocate
+from failslow.streams.partition import JobPartition
 
 IDLE_S = 30.0
 

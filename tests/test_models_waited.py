@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import schema
-from models.alignment import waited_for
-from models.pipeline import Detector
+from failslow import schema
+from failslow.models.alignment import waited_for
+from failslow.models.pipeline import Detector
 
 OWN_S = 0.15
 BUCKETS = 2

@@ -18,8 +18,8 @@ from png_support import colors, decode
 from report_support import load_job
 from storage_support import ch  # noqa: F401 - fixture
 
-from storage.report import ReportError, incident_page, job_page
-from storage.report.data import SMALL_JOB
+from failslow.storage.report import ReportError, incident_page, job_page
+from failslow.storage.report.data import SMALL_JOB
 
 pytestmark = pytest.mark.integration
 

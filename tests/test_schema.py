@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schema import (
+from failslow.schema import (
     SchemaError,
     Topics,
     decode,
@@ -18,9 +18,9 @@ from schema import (
     encode_deadletter,
     validate,
 )
-from schema.events import MINIMA, NESTED, ORDERED, SPECS
-from schema.fast import all_valid
-from schema.topics import key_for
+from failslow.schema.events import MINIMA, NESTED, ORDERED, SPECS
+from failslow.schema.fast import all_valid
+from failslow.schema.topics import key_for
 
 STEP = {"v": 1, "kind": "step", "ts": 1700000000.5, "job_id": "j", "rank": 3, "world_size": 16,
         "host": "h0", "step": 7, "duration_s": 1.02, "compute_s": 0.8, "comm_s": None}

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schema import SchemaError, Topics, decode, decode_lenient, encode, validate
-from schema.events import OPS_MAX
-from schema.fast import all_valid
-from schema.topics import key_for
+from failslow.schema import SchemaError, Topics, decode, decode_lenient, encode, validate
+from failslow.schema.events import OPS_MAX
+from failslow.schema.fast import all_valid
+from failslow.schema.topics import key_for
 
 OP = {"group": "dp0", "group_size": 4, "op": "allreduce", "n": 3, "blocked_s": 0.12,
       "min_s": 0.01, "max_s": 0.08, "bytes": 3 << 20, "first_seq": 10, "last_seq": 12,

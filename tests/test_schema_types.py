@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 import pytest
 
-from schema import events
-from schema.events import NESTED, SPECS, CommOp
+from failslow.schema import events
+from failslow.schema.events import NESTED, SPECS, CommOp
 
 TYPED: dict[str, Any] = {
     "step": events.StepEvent, "collective": events.CollectiveEvent, "comm": events.CommEvent,

@@ -9,9 +9,9 @@ import orjson
 import pytest
 from confluent_kafka import Consumer
 
-import schema
+from failslow import schema
 from failslow.cli import main
-from simulator import (
+from failslow.simulator import (
     GRAINS,
     SCENARIOS,
     FaultSpec,
@@ -20,7 +20,7 @@ from simulator import (
     parse_schedule,
     simulate,
 )
-from simulator.spec import FAULT_KINDS
+from failslow.simulator.spec import FAULT_KINDS
 
 SMALL = [name for name, sc in SCENARIOS.items() if not sc.large]
 
@@ -142,8 +142,8 @@ def test_write_jsonl_equals_events_with_every_kind(tmp_path, monkeypatch, name, 
     """The file path formats numbers itself (no dicts, no orjson); parsed back, every
     line equals the event dict, key order and int/float types included."""
     if vectorized:  # format even the smallest tables and chunks in numpy
-        monkeypatch.setattr("simulator.jsonl.SMALL_TABLE", 0)
-        monkeypatch.setattr("simulator.jsonl.SMALL_CHUNK", 0)
+        monkeypatch.setattr("failslow.simulator.jsonl.SMALL_TABLE", 0)
+        monkeypatch.setattr("failslow.simulator.jsonl.SMALL_CHUNK", 0)
     faults = parse_schedule(EVERY_KIND) if name == "healthy_hybrid_64" else ()
     trace = simulate(SCENARIOS[name], seed=5, steps=30, extra_faults=faults, grain=grain)
     path = tmp_path / "t.jsonl"

@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import pytest
 
-import schema
-from simulator import SCENARIOS, SimulatorError, simulate
+from failslow import schema
+from failslow.simulator import SCENARIOS, SimulatorError, simulate
 
 
 @pytest.fixture(scope="module", params=[1.0, 0.3])

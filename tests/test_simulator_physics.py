@@ -8,7 +8,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from simulator import FaultSpec, JobSpec, Scenario, simulate
+from failslow.simulator import FaultSpec, JobSpec, Scenario, simulate
 
 DP16 = (JobSpec(),)
 PP = (JobSpec(hosts=4, tp=2, pp=4, micro_batches=4),)  # 32 ranks: tp2 pp4 dp4

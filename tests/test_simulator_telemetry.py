@@ -7,7 +7,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from simulator import FaultSpec, JobSpec, Scenario, simulate
+from failslow.simulator import FaultSpec, JobSpec, Scenario, simulate
 
 DP16 = (JobSpec(),)
 START = 1_767_225_600.0

@@ -8,8 +8,8 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
+from failslow.schema import Topics
 from failslow.stack import StackError, create_topics, start_broker
-from schema import Topics
 
 
 def test_topics_are_created_and_roundtrip_a_message(broker, topics):

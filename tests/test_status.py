@@ -14,8 +14,8 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
+from failslow.schema import Topics, encode
 from failslow.stack import free_port, stop_pid
-from schema import Topics, encode
 
 pytestmark = pytest.mark.integration
 

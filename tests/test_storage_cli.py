@@ -15,10 +15,10 @@ import orjson
 import pytest
 from storage_support import ch, minimal_event, shared_folder  # noqa: F401 - fixture
 
-from schema import encode
-from storage.errors import QueryError
-from storage.serve import QueryServer, RemoteClient, find_owner, owner_file
-from storage.writer import Writer
+from failslow.schema import encode
+from failslow.storage.errors import QueryError
+from failslow.storage.serve import QueryServer, RemoteClient, find_owner, owner_file
+from failslow.storage.writer import Writer
 
 
 def failslow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

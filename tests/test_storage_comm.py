@@ -10,9 +10,9 @@ import uuid
 import pytest
 from storage_support import ch  # noqa: F401 - fixture
 
-from schema import encode
-from storage.sink import Sink
-from storage.writer import Writer, rows_of
+from failslow.schema import encode
+from failslow.storage.sink import Sink
+from failslow.storage.writer import Writer, rows_of
 
 pytestmark = pytest.mark.integration
 

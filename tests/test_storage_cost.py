@@ -7,10 +7,10 @@ import pytest
 from sim_support import CULPRIT_RANK, simulated_job
 from storage_support import ch  # noqa: F401 - fixture
 
-from alerting.base import Notification
-from alerting.format import headline
-from alerting.notifiers import SlackNotifier
-from storage.migrations import migrate
+from failslow.alerting.base import Notification
+from failslow.alerting.format import headline
+from failslow.alerting.notifiers import SlackNotifier
+from failslow.storage.migrations import migrate
 
 pytestmark = pytest.mark.integration
 DAY = 86_400.0

@@ -10,9 +10,9 @@ from sim_support import CONGESTED_HOST, CULPRIT_GPU, CULPRIT_HOST, CULPRIT_RANK,
 from storage_support import ch, chdb_url  # noqa: F401 - fixture
 
 from failslow.cli import main
-from storage.errors import QueryError
-from storage.guard import one_statement, readonly_sql
-from storage.presets import PRESETS, bind
+from failslow.storage.errors import QueryError
+from failslow.storage.guard import one_statement, readonly_sql
+from failslow.storage.presets import PRESETS, bind
 
 pytestmark = pytest.mark.integration
 

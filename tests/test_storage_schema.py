@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from storage_support import ch  # noqa: F401 - fixture
 
-from schema.events import NESTED, SPECS
-from storage.errors import QueryError, StorageError
-from storage.migrations import MIGRATIONS, migrate
-from storage.url import parse
-from storage.writer import KIND_TABLE
+from failslow.schema.events import NESTED, SPECS
+from failslow.storage.errors import QueryError, StorageError
+from failslow.storage.migrations import MIGRATIONS, migrate
+from failslow.storage.url import parse
+from failslow.storage.writer import KIND_TABLE
 
 
 def _flat(spec):

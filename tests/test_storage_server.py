@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from failslow.stack import free_port, port_open
-from storage.client import connect
-from storage.errors import QueryError, StorageError
-from storage.migrations import migrate
+from failslow.storage.client import connect
+from failslow.storage.errors import QueryError, StorageError
+from failslow.storage.migrations import migrate
 
 BINARY = shutil.which("clickhouse-server")
 needs_server = pytest.mark.skipif(BINARY is None, reason="clickhouse-server is not installed")

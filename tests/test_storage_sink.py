@@ -9,11 +9,11 @@ import uuid
 from confluent_kafka import Consumer, Producer, TopicPartition
 from storage_support import ch, full_event, minimal_event  # noqa: F401 - fixture
 
-from schema import encode, encode_deadletter
-from schema.topics import key_for
-from storage.migrations import migrate
-from storage.sink import Sink, consumer_config
-from storage.writer import KIND_TABLE
+from failslow.schema import encode, encode_deadletter
+from failslow.schema.topics import key_for
+from failslow.storage.migrations import migrate
+from failslow.storage.sink import Sink, consumer_config
+from failslow.storage.writer import KIND_TABLE
 
 
 def _produce(bootstrap, messages):

@@ -17,9 +17,9 @@ from confluent_kafka import Producer
 from storage_support import ch, minimal_event  # noqa: F401 - fixture
 from waiting import wait_until
 
+from failslow.schema import Topics, encode
 from failslow.stack import create_topics, free_port, start_broker
-from schema import Topics, encode
-from storage.sink import Sink
+from failslow.storage.sink import Sink
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +95,7 @@ def test_the_notifier_outlives_a_broker_restart_and_pages_new_incidents_once(
     from http_receiver import HttpReceiver
     from test_alerting_service import Running, incident
 
-    from alerting import NotifyService, WebhookNotifier
+    from failslow.alerting import NotifyService, WebhookNotifier
 
     n, m = 12, 4
     port = free_port()

@@ -8,9 +8,9 @@ import datetime as dt
 import pytest
 from storage_support import ch, full_event, minimal_event  # noqa: F401 - fixture
 
-from schema.events import NESTED, SPECS
-from storage.migrations import migrate
-from storage.writer import KIND_TABLE, Writer, rows_of
+from failslow.schema.events import NESTED, SPECS
+from failslow.storage.migrations import migrate
+from failslow.storage.writer import KIND_TABLE, Writer, rows_of
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from test_streams_partition import canon, messages, trace
 
-from models.pipeline import TELEMETRY_KINDS, Detector
-from streams.ordering import HOLD_LATENESS
-from streams.partition import JobPartition
+from failslow.models.pipeline import TELEMETRY_KINDS, Detector
+from failslow.streams.ordering import HOLD_LATENESS
+from failslow.streams.partition import JobPartition
 
 LATENESS = 10.0
 

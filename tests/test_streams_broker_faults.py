@@ -17,11 +17,11 @@ import pytest
 from proxy_support import Proxy
 from test_streams_worker import brief, canon, publish, reference, scenario_events
 
+from failslow.schema import Topics
 from failslow.stack import create_topics, free_port, start_broker, wait_for_metadata
+from failslow.streams.sends import SendLost, Sends
+from failslow.streams.snapshots import _newest
 from failslow.worker_process import WorkerProcess, read_incidents, wait_for_incidents
-from schema import Topics
-from streams.sends import SendLost, Sends
-from streams.snapshots import _newest
 
 # -- unit: sends ------------------------------------------------------------------------------
 

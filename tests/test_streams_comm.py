@@ -12,13 +12,13 @@ import orjson
 import pytest
 from test_streams_partition import canon, interleave, messages, run, trace
 
-from collectors.comm_windows import comm_record, summarize
-from models.pipeline import Detector
-from schema import Topics, encode
-from streams.app import decode_value
-from streams.limits import InputLimits
-from streams.partition import JobPartition, source_mark
-from streams.routing import home_partition, job_of_key, lead_kind
+from failslow.collectors.comm_windows import comm_record, summarize
+from failslow.models.pipeline import Detector
+from failslow.schema import Topics, encode
+from failslow.streams.app import decode_value
+from failslow.streams.limits import InputLimits
+from failslow.streams.partition import JobPartition, source_mark
+from failslow.streams.routing import home_partition, job_of_key, lead_kind
 
 
 def to_comm(events: list[dict]) -> list[dict]:
@@ -157,8 +157,8 @@ def test_a_worker_on_comm_grain_matches_offline_detection(broker, topics):
     from confluent_kafka import Producer
     from test_streams_worker import brief, canon, publish, scenario_events
 
+    from failslow.streams.snapshots import scan
     from failslow.worker_process import WorkerProcess, wait_for_incidents
-    from streams.snapshots import scan
 
     events, ref = [], []
     for name in ("gpu_thermal_30", "input_stall_50"):

@@ -9,10 +9,10 @@ import pytest
 from test_models_job_end import telemetry_after
 from test_streams_worker import canon, metric, publish
 
+from failslow.models.pipeline import Detector
+from failslow.simulator import SCENARIOS, simulate
 from failslow.stack import free_port
 from failslow.worker_process import WorkerProcess, wait_for_incidents
-from models.pipeline import Detector
-from simulator import SCENARIOS, simulate
 
 pytestmark = pytest.mark.integration
 

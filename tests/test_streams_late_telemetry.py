@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from test_streams_partition import messages, trace
 
-from models.pipeline import Detector
-from streams.partition import JobPartition
+from failslow.models.pipeline import Detector
+from failslow.streams.partition import JobPartition
 
 INCIDENT = "job0:slow_rank:r5:25"
 

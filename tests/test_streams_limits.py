@@ -10,8 +10,8 @@ import pickle
 from flood_support import hostile_events
 from test_streams_partition import canon, messages, run, trace
 
-from streams.limits import InputLimits
-from streams.partition import JobPartition
+from failslow.streams.limits import InputLimits
+from failslow.streams.partition import JobPartition
 
 CAPS = {"max_jobs": 4, "max_hosts": 8, "max_ranks_per_job": 32, "max_groups_per_job": 16,
         "max_hosts_per_job": 8}

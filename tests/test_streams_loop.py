@@ -16,13 +16,13 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from streams import job_stage
-from streams.config import WorkerConfig
-from streams.job_stage import JobStage
-from streams.loopprobe import LoopProbe
-from streams.metrics import Metrics
-from streams.partition import JobPartition
-from streams.routing import HostMap, pack
+from failslow.streams import job_stage
+from failslow.streams.config import WorkerConfig
+from failslow.streams.job_stage import JobStage
+from failslow.streams.loopprobe import LoopProbe
+from failslow.streams.metrics import Metrics
+from failslow.streams.partition import JobPartition
+from failslow.streams.routing import HostMap, pack
 
 SPIN_S = 1.5   # CPU seconds one message's ingest takes
 

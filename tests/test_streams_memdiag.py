@@ -1,6 +1,6 @@
 """Issue 17: the worker's memory tools. ``memdiag.trim`` gives freed C-heap pages back to
 the OS at most every ``FAILSLOW_MALLOC_TRIM_S`` (off with 0); ``FAILSLOW_TRACEMALLOC``
-writes snapshots and a stats line that ``python -m streams.memdiag`` compares; unset, it
+writes snapshots and a stats line that ``python -m failslow.streams.memdiag`` compares; unset, it
 starts nothing."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from streams import memdiag
+from failslow.streams import memdiag
 
 
 def test_trim_runs_at_most_once_per_interval_and_not_when_off(monkeypatch):

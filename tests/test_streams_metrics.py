@@ -3,7 +3,7 @@ serves: events/s per topic, processing latency, consumer lag, dead letters, erro
 
 from __future__ import annotations
 
-from streams.metrics import Metrics
+from failslow.streams.metrics import Metrics
 
 
 def test_summary_line_reports_rates_latency_lag_and_dead_letters():
@@ -50,10 +50,10 @@ def test_capped_events_of_a_partition_taken_over_again_do_not_stop_the_worker():
     """A partition revoked and taken over again starts its input caps' counts from 0; the
     metric adds the new count instead of an increase below 0, which prometheus refuses
     with an exception that stopped the jobs agent (seen in a 2-worker bench, issue 16)."""
-    from streams.config import WorkerConfig
-    from streams.job_stage import JobStage
-    from streams.limits import InputLimits
-    from streams.partition import JobPartition
+    from failslow.streams.config import WorkerConfig
+    from failslow.streams.job_stage import JobStage
+    from failslow.streams.limits import InputLimits
+    from failslow.streams.partition import JobPartition
 
     metrics = Metrics()
     stage = JobStage(WorkerConfig(bootstrap="unused:1"), 4, None, metrics, None, None)  # type: ignore[arg-type]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from test_models_telemetry_forget import IDLE_S, instances
 
-from models.pipeline import Detector
-from streams.partition import JobPartition
+from failslow.models.pipeline import Detector
+from failslow.streams.partition import JobPartition
 
 
 def live(part: JobPartition, evs: list[dict], offset: int) -> list[dict]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from test_streams_backlog_order import LATENESS, backlog, starved
 from test_streams_partition import canon, messages, trace
 
-import streams.ordering as ordering
-from models.pipeline import TELEMETRY_KINDS, Detector
-from streams.partition import JobPartition
+import failslow.streams.ordering as ordering
+from failslow.models.pipeline import TELEMETRY_KINDS, Detector
+from failslow.streams.partition import JobPartition
 
 
 def test_packed_chunks_give_the_detectors_incidents(monkeypatch):
@@ -56,7 +56,7 @@ def test_events_that_do_not_serialize_stay_decoded():
 
 
 def test_pooled_samples_are_held_as_json_and_come_back_equal():
-    from streams.limits import InputLimits
+    from failslow.streams.limits import InputLimits
     lim = InputLimits(probation_s=0.0)
     sample = {"kind": "gpu", "ts": 10.25, "host": "h1", "gpu": 0, "sm_clock_mhz": 1410.0,
               "xid": [79], "power_w": 301.123456789, "job_id": "j", "rank": 3}
@@ -70,7 +70,7 @@ def test_pooled_samples_are_held_as_json_and_come_back_equal():
 def test_packed_bytes_take_their_length_not_orjsons_buffer():
     import tracemalloc
 
-    from streams.limits import pack as _packed
+    from failslow.streams.limits import pack as _packed
     sample = {"kind": "gpu", "ts": 10.25, "host": "h1", "gpu": 0, "power_w": 301.5}
     tracemalloc.start()
     try:

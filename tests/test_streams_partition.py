@@ -8,11 +8,11 @@ from collections import defaultdict
 
 import orjson
 
-from models.pipeline import Detector
-from schema.topics import key_for
-from simulator import SCENARIOS, simulate
-from streams.partition import JobPartition
-from streams.routing import HostMap, home_partition, job_of_collective_key, pack, unpack
+from failslow.models.pipeline import Detector
+from failslow.schema.topics import key_for
+from failslow.simulator import SCENARIOS, simulate
+from failslow.streams.partition import JobPartition
+from failslow.streams.routing import HostMap, home_partition, job_of_collective_key, pack, unpack
 
 
 def messages(events: list[dict], slice_s: float = 1.0) -> list[list[dict]]:
@@ -275,7 +275,7 @@ def test_device_samples_published_on_change_do_not_hold_a_live_stream():
     # (collectors.samplers.OnChange, on by default): a quiet GPU's newest sample is seconds
     # old while its host is current. Keyed per device, it held every step of a live stream
     # until its heartbeat (the incident came 8.5 s later than with every sample published).
-    from collectors.samplers import filter_trace
+    from failslow.collectors.samplers import filter_trace
 
     events = trace("gpu_power_20")
     published = filter_trace(events)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from streams.routing import split_value
+from failslow.streams.routing import split_value
 
 
 def test_a_large_array_is_cut_into_parts_that_fit_in_order():
@@ -27,7 +27,7 @@ def test_what_cannot_be_cut_is_refused():
 def test_repeated_client_errors_are_held_back_and_summarized():
     import logging
 
-    from streams.quiet import RepeatFilter
+    from failslow.streams.quiet import RepeatFilter
 
     now = [0.0]
     held = []

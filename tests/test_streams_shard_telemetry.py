@@ -20,12 +20,12 @@ import time
 import pytest
 from test_streams_worker import brief, canon, metric, publish, two_workers
 
+from failslow.models.shard import ShardedDetector
+from failslow.simulator import simulate
+from failslow.simulator.spec import FaultSpec as F
+from failslow.simulator.spec import JobSpec, Scenario
+from failslow.streams.limits import InputLimits
 from failslow.worker_process import read_incidents, wait_for_incidents
-from models.shard import ShardedDetector
-from simulator import simulate
-from simulator.spec import FaultSpec as F
-from simulator.spec import JobSpec, Scenario
-from streams.limits import InputLimits
 
 SHARD = 32
 TELEMETRY = ("gpu", "nic", "host")

@@ -12,12 +12,12 @@ import orjson
 import pytest
 from test_streams_stages import _Msg, _routed, _router
 
-from models.pipeline import Detector
-from models.shard import SEP, ShardedDetector, shards_of
-from simulator import SCENARIOS, simulate
-from streams.partition import JobPartition
-from streams.routing import HostMap, home_partition
-from streams.sharding import event_shard, prune_foreign_hosts, shard_partition, shard_parts
+from failslow.models.pipeline import Detector
+from failslow.models.shard import SEP, ShardedDetector, shards_of
+from failslow.simulator import SCENARIOS, simulate
+from failslow.streams.partition import JobPartition
+from failslow.streams.routing import HostMap, home_partition
+from failslow.streams.sharding import event_shard, prune_foreign_hosts, shard_partition, shard_parts
 
 
 def _events(name: str) -> list[dict]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from test_streams_worker import brief, canon, metric, publish, scenario_events, two_workers
 
+from failslow.models.shard import ShardedDetector
 from failslow.worker_process import WorkerProcess, read_incidents, wait_for_incidents
-from models.shard import ShardedDetector
 
 SHARD = 32
 

@@ -5,7 +5,7 @@ their snapshot)."""
 
 from __future__ import annotations
 
-from streams import snapshots
+from failslow.streams import snapshots
 
 
 class _Msg:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import orjson
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from models.pipeline import Detector
-from streams import faust_patch
-from streams.detector import StreamDetector
-from streams.partition import JobPartition
+from failslow.models.pipeline import Detector
+from failslow.streams import faust_patch
+from failslow.streams.detector import StreamDetector
+from failslow.streams.partition import JobPartition
 
 
 def test_the_models_detector_is_a_stream_detector():
@@ -61,12 +61,12 @@ class _Msg:
 
 
 def _router(partitions=4):
-    from schema import Topics
-    from streams.config import WorkerConfig
-    from streams.metrics import Metrics
-    from streams.outputs import Outputs
-    from streams.route_stage import RouteStage
-    from streams.routing import HostMap
+    from failslow.schema import Topics
+    from failslow.streams.config import WorkerConfig
+    from failslow.streams.metrics import Metrics
+    from failslow.streams.outputs import Outputs
+    from failslow.streams.route_stage import RouteStage
+    from failslow.streams.routing import HostMap
 
     cfg = WorkerConfig(bootstrap="unused:1", topics=Topics("t."))
     topics = {name: _Topic() for name in ("job", "incidents", "dead", "hostmap")}
@@ -76,7 +76,7 @@ def _router(partitions=4):
 
 
 def _routed(job_topic):
-    from streams.routing import unpack
+    from failslow.streams.routing import unpack
 
     return [(sent["partition"], part) for sent in job_topic.sent for part in unpack(sent["value"])]
 
@@ -84,7 +84,7 @@ def _routed(job_topic):
 def test_the_route_stage_sends_a_job_home_and_its_hosts_telemetry_after_it():
     import asyncio
 
-    from streams.routing import home_partition
+    from failslow.streams.routing import home_partition
 
     router, cfg, topics, metrics = _router()
     steps, gpu = cfg.topics.for_kind("step"), cfg.topics.for_kind("gpu")

@@ -14,12 +14,12 @@ import threading
 import orjson
 import pytest
 
-from models.shard import ShardedDetector
-from streams import job_stage
-from streams.config import WorkerConfig
-from streams.job_stage import JobStage
-from streams.metrics import Metrics
-from streams.partition import JobPartition
+from failslow.models.shard import ShardedDetector
+from failslow.streams import job_stage
+from failslow.streams.config import WorkerConfig
+from failslow.streams.job_stage import JobStage
+from failslow.streams.metrics import Metrics
+from failslow.streams.partition import JobPartition
 
 
 class _Store:

@@ -10,13 +10,13 @@ from collections import Counter
 import orjson
 from confluent_kafka import Producer
 
-from collectors.publisher import Publisher
+from failslow.collectors.publisher import Publisher
+from failslow.models.pipeline import Detector
+from failslow.schema import Topics
+from failslow.simulator import SCENARIOS, simulate
 from failslow.stack import free_port
+from failslow.streams.snapshots import scan
 from failslow.worker_process import WorkerProcess, read_incidents, wait_for_incidents
-from models.pipeline import Detector
-from schema import Topics
-from simulator import SCENARIOS, simulate
-from streams.snapshots import scan
 
 
 def two_workers(broker, topics, tmp_path) -> tuple[list[WorkerProcess], list[int], list]:
@@ -220,7 +220,7 @@ def test_internal_topics_are_created_with_a_retention(broker, topics):
     the snapshot topic (MBs every few seconds) would fill the broker's disk."""
     from confluent_kafka.admin import AdminClient, ConfigResource
 
-    from streams.app import WorkerConfig, ensure_internal_topics
+    from failslow.streams.app import WorkerConfig, ensure_internal_topics
 
     cfg = WorkerConfig(bootstrap=broker.bootstrap, topics=topics, internal_retention_h=2)
     assert ensure_internal_topics(cfg) == 4

@@ -19,9 +19,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from failslow.schema.kafka_security import TopicIdWatch
 from failslow.stack import free_port, start_broker
-from schema.kafka_security import TopicIdWatch
-from streams.sends import TopicWatch
+from failslow.streams.sends import TopicWatch
 
 pytestmark = pytest.mark.integration
 

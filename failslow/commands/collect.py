@@ -6,14 +6,14 @@ import argparse
 import logging
 import socket
 
-from collectors.agent import Agent
-from collectors.lifecycle import Shutdown
-from collectors.publisher import Publisher
-from collectors.samplers import OnChangeConfig
+from failslow.collectors.agent import Agent
+from failslow.collectors.lifecycle import Shutdown
+from failslow.collectors.publisher import Publisher
+from failslow.collectors.samplers import OnChangeConfig
 from failslow.config import resolve
 from failslow.errors import FailslowError
 from failslow.metrics import COLLECT, add_metrics_flags, serve_metrics
-from schema import Topics
+from failslow.schema import Topics
 
 HELP = "the host agent: GPU/NIC/host samplers and NCCL Inspector tailer -> Kafka"
 SAMPLERS = ("gpu", "nic", "host", "nccl")
@@ -99,7 +99,7 @@ def build_samplers(args: argparse.Namespace, host: str) -> list:
                            f"(choose from {', '.join(SAMPLERS)})")
     samplers: list = []
     if "gpu" in wanted:
-        from collectors.gpu import GpuSampler
+        from failslow.collectors.gpu import GpuSampler
 
         try:
             samplers.append(GpuSampler(host=host, ranks=_rank_map(args.rank_map, args.job_id)))
@@ -108,17 +108,17 @@ def build_samplers(args: argparse.Namespace, host: str) -> list:
                 raise CollectError(f"GPU sampler: NVML unavailable ({exc})") from None
             log.info("no NVML on this host (%s): GPU sampler off", exc)
     if "nic" in wanted:
-        from collectors.nic import NicSampler
+        from failslow.collectors.nic import NicSampler
 
         samplers.append(NicSampler(host=host, sys_root=args.sys_root))
     if "host" in wanted:
-        from collectors.host import HostSampler
+        from failslow.collectors.host import HostSampler
 
         samplers.append(HostSampler(host=host, proc_root=args.proc_root))
     if "nccl" in wanted:
         if not args.nccl_dir or not args.job_id:
             raise CollectError("the nccl sampler needs --nccl-dir and --job-id")
-        from collectors.nccl_inspector import InspectorTailer
+        from failslow.collectors.nccl_inspector import InspectorTailer
 
         samplers.append(InspectorTailer(args.nccl_dir, args.job_id, host=host,
                                         grain=args.comm_grain))

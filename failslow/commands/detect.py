@@ -31,10 +31,10 @@ import orjson
 
 from failslow.commands.replay import REORDER_WINDOW
 from failslow.errors import FailslowError
-from models.pipeline import Detector
-from models.shard import ShardedDetector
-from schema import SchemaError, validate
-from schema.fast import all_valid
+from failslow.models.pipeline import Detector
+from failslow.models.shard import ShardedDetector
+from failslow.schema import SchemaError, validate
+from failslow.schema.fast import all_valid
 
 loads = orjson.loads
 

@@ -18,8 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from failslow.config import clickhouse_url, resolve
-    from storage.client import connect
-    from storage.migrations import migrate
+    from failslow.storage.client import connect
+    from failslow.storage.migrations import migrate
 
     settings = resolve(args)
     client = connect(clickhouse_url(settings))

@@ -15,12 +15,12 @@ import sys
 import threading
 from pathlib import Path
 
-from alerting import DEFAULT_RATES, DEFAULT_ROUTES, NotifyService, Policy, RateLimit
-from alerting.base import AlertingError
-from alerting.notifiers import build_notifiers
+from failslow.alerting import DEFAULT_RATES, DEFAULT_ROUTES, NotifyService, Policy, RateLimit
+from failslow.alerting.base import AlertingError
+from failslow.alerting.notifiers import build_notifiers
 from failslow.config import resolve
 from failslow.metrics import NOTIFY, add_metrics_flags, serve_metrics
-from schema import Topics
+from failslow.schema import Topics
 
 HELP = "incidents -> Slack / PagerDuty / webhook"
 

@@ -85,7 +85,7 @@ def render(columns: list[str], rows: list[tuple], fmt: str, out: Any = sys.stdou
 
 
 def list_presets(out: Any = sys.stdout) -> None:
-    from storage.presets import PRESETS
+    from failslow.storage.presets import PRESETS
 
     width = max(len(name) for name in PRESETS)
     for p in PRESETS.values():
@@ -95,7 +95,7 @@ def list_presets(out: Any = sys.stdout) -> None:
 
 
 def _statement(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
-    from storage.presets import bind, get
+    from failslow.storage.presets import bind, get
 
     if args.preset:
         if args.sql:
@@ -111,9 +111,9 @@ def _statement(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
 
 def run(args: argparse.Namespace) -> int:
     from failslow.config import clickhouse_url, resolve
-    from storage.client import connect
-    from storage.guard import one_statement, readonly_sql
-    from storage.url import parse
+    from failslow.storage.client import connect
+    from failslow.storage.guard import one_statement, readonly_sql
+    from failslow.storage.url import parse
 
     if args.list_presets:
         list_presets()

@@ -10,11 +10,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from collectors.lifecycle import Shutdown
-from collectors.publisher import Publisher
+from failslow.collectors.lifecycle import Shutdown
+from failslow.collectors.publisher import Publisher
 from failslow.config import resolve
 from failslow.errors import FailslowError
-from schema import SchemaError, Topics, decode
+from failslow.schema import SchemaError, Topics, decode
 
 HELP = "publish a JSON Lines trace to the broker in ts order (--speed)"
 REORDER_WINDOW = 100_000  # events held to put a roughly-sorted trace in exact ts order

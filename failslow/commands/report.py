@@ -31,8 +31,8 @@ def _default_name(key: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from failslow.config import clickhouse_url, resolve
-    from storage.client import connect
-    from storage.report import incident_page, job_page
+    from failslow.storage.client import connect
+    from failslow.storage.report import incident_page, job_page
 
     if bool(args.incident_id) == bool(args.job):
         raise ConfigError("give one INCIDENT_ID or --job JOB")

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 
-from simulator.comm import DEFAULT_WINDOW_S, GRAINS
+from failslow.simulator.comm import DEFAULT_WINDOW_S, GRAINS
 
 HELP = "write a simulated trace and its ground truth"
 DEFAULT_SCENARIO = "healthy_16"
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from failslow.config import resolve
-    from simulator import SCENARIOS, SimulatorError, load_schedule, simulate
+    from failslow.simulator import SCENARIOS, SimulatorError, load_schedule, simulate
 
     if args.list:
         for sc in SCENARIOS.values():
@@ -79,9 +79,9 @@ def _stop_on_sigterm(_signum, _frame) -> None:
 
 
 def _publish(trace, settings, realtime: bool) -> int:
-    from collectors.publisher import Publisher
-    from schema import Topics
-    from simulator import SimulatorError
+    from failslow.collectors.publisher import Publisher
+    from failslow.schema import Topics
+    from failslow.simulator import SimulatorError
 
     pub = Publisher(bootstrap=settings.bootstrap, topics=Topics(settings.topic_prefix))
     main_thread = threading.current_thread() is threading.main_thread()

@@ -38,12 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from failslow.config import clickhouse_url, resolve
-    from schema import Topics
-    from storage.client import connect
-    from storage.embedded import ChdbClient
-    from storage.migrations import migrate
-    from storage.serve import QueryServer
-    from storage.sink import Sink
+    from failslow.schema import Topics
+    from failslow.storage.client import connect
+    from failslow.storage.embedded import ChdbClient
+    from failslow.storage.migrations import migrate
+    from failslow.storage.serve import QueryServer
+    from failslow.storage.sink import Sink
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from failslow import health
     from failslow.config import clickhouse_url, read_stack_state, resolve
     from failslow.errors import ConfigError
-    from schema import Topics
-    from storage.url import mask, parse
+    from failslow.schema import Topics
+    from failslow.storage.url import mask, parse
 
     if args.timeout <= 0:
         raise ConfigError("--timeout must be positive")

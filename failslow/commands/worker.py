@@ -19,8 +19,8 @@ from typing import Any
 
 from failslow.config import resolve
 from failslow.errors import ConfigError
-from schema import Topics
-from streams import quiet
+from failslow.schema import Topics
+from failslow.streams import quiet
 
 log = logging.getLogger("failslow.worker")
 STOP_TIMEOUT_EXIT = 75   # EX_TEMPFAIL: stopped without committing; safe to start again
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     settings = resolve(args)
     import faust
 
-    from streams.app import WorkerConfig, build_app
+    from failslow.streams.app import WorkerConfig, build_app
 
     cfg = WorkerConfig(bootstrap=settings.bootstrap, topics=Topics(settings.topic_prefix),
                        group=args.group, lateness=args.lateness,
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                        max_hosts_per_job=args.max_hosts_per_job)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from streams import memdiag
+    from failslow.streams import memdiag
 
     memdiag.start_from_env()  # issue 17: FAILSLOW_TRACEMALLOC=DIR, off by default
     app = build_app(cfg)

@@ -2,7 +2,7 @@
 or one job, read from ClickHouse: ``incident_page(client, id)``, ``job_page(client, job)``.
 """
 
-from storage.report.data import ReportError
-from storage.report.page import incident_page, job_page
+from failslow.storage.report.data import ReportError
+from failslow.storage.report.page import incident_page, job_page
 
 __all__ = ["ReportError", "incident_page", "job_page"]

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from storage.client import Client
-from storage.errors import StorageError
+from failslow.storage.client import Client
+from failslow.storage.errors import StorageError
 
 SMALL_JOB = 32          # up to this many ranks every rank gets its own line
 MAX_STEPS = 400         # more steps than this are averaged in groups of consecutive steps

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-import storage.report.svg as svg  # the module, not the package: no import circle
-from storage.client import Client
-from storage.report.data import (
+import failslow.storage.report.svg as svg  # the module, not the package: no import circle
+from failslow.storage.client import Client
+from failslow.storage.report.data import (
     AFTER_S,
     BEFORE_S,
     MAX_WINDOW_S,

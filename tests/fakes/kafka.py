@@ -7,7 +7,7 @@ import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from schema import decode
+from failslow.schema import decode
 
 
 def read_messages(bootstrap: str, topic: str, expect_events: int | None = None,

@@ -41,8 +41,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from hook_jobs import BUCKET_MB, DIMS
 
-from collectors.file_publisher import FilePublisher
-from collectors.torch_hook import TrainingHook
+from failslow.collectors.file_publisher import FilePublisher
+from failslow.collectors.torch_hook import TrainingHook
 from failslow.stack import free_port
 
 WORLD = 4
