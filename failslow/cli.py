@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from failslow.config import add_connection_flags
+from failslow.config import add_connection_flags, flag_sets
 from failslow.errors import FailslowError
 
 COMMANDS: dict[str, str] = {
@@ -49,7 +49,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         if name == wanted:
             mod = _module(name)
             mod.add_arguments(p)
-            add_connection_flags(p)
+            add_connection_flags(p, flag_sets(name))
             p.set_defaults(_run=mod.run)
     return parser
 

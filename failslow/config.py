@@ -38,12 +38,42 @@ class Settings:
     clickhouse_verify: bool = True
 
 
-def add_connection_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags every command accepts; each overrides its FAILSLOW_* variable."""
+HOME, BROKER, KAFKA_SECURITY, CLICKHOUSE = "home", "broker", "kafka-security", "clickhouse"
+ALL_FLAGS = (HOME, BROKER, KAFKA_SECURITY, CLICKHOUSE)
+# The connection flags each command shows; a command not named here takes them all. Only
+# flags a command reads: `detect --help` listing SASL flags would send a user looking for
+# a broker that detect never talks to.
+FLAG_SETS: dict[str, tuple[str, ...]] = {
+    "detect": (),                                   # files in, incidents out
+    "report": (HOME, CLICKHOUSE),                   # --trace needs neither
+    "replay": (HOME, BROKER, KAFKA_SECURITY),       # HOME: the broker `failslow up` started
+    "demo": (HOME,),                                # starts its own broker and database
+    "down": (HOME,),
+}
+
+
+def flag_sets(command: str) -> tuple[str, ...]:
+    return FLAG_SETS.get(command, ALL_FLAGS)
+
+
+def add_connection_flags(parser: argparse.ArgumentParser,
+                         sets: tuple[str, ...] = ALL_FLAGS) -> None:
+    """The connection flags of ``sets``; each overrides its FAILSLOW_* variable."""
+    if not sets:
+        return
     g = parser.add_argument_group("connection (flags override FAILSLOW_* variables)")
-    g.add_argument("--home", help="state of the embedded stack [FAILSLOW_HOME, ~/.failslow]")
-    g.add_argument("--bootstrap", help="Kafka bootstrap servers [FAILSLOW_BOOTSTRAP]")
-    g.add_argument("--topic-prefix", help="topic prefix [FAILSLOW_TOPIC_PREFIX, failslow.]")
+    if HOME in sets:
+        g.add_argument("--home", help="state of the embedded stack [FAILSLOW_HOME, ~/.failslow]")
+    if BROKER in sets:
+        g.add_argument("--bootstrap", help="Kafka bootstrap servers [FAILSLOW_BOOTSTRAP]")
+        g.add_argument("--topic-prefix", help="topic prefix [FAILSLOW_TOPIC_PREFIX, failslow.]")
+    if CLICKHOUSE in sets:
+        _clickhouse_flags(g)
+    if KAFKA_SECURITY in sets:
+        _kafka_security_flags(parser)
+
+
+def _clickhouse_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--clickhouse", help="clickhouse://user@host:9000/db, clickhouses://... "
                    "(TLS) or chdb:///folder [FAILSLOW_CLICKHOUSE]")
     g.add_argument("--clickhouse-password-file", metavar="FILE",
@@ -54,6 +84,9 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--clickhouse-no-verify", action="store_true", default=None,
                    help="do not verify the ClickHouse server certificate "
                    "[FAILSLOW_CLICKHOUSE_VERIFY=0]")
+
+
+def _kafka_security_flags(parser: argparse.ArgumentParser) -> None:
     k = parser.add_argument_group("Kafka security (flags override FAILSLOW_KAFKA_* variables)")
     k.add_argument("--kafka-security-protocol", choices=PROTOCOLS, metavar="PROTO",
                    help="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL "

@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from failslow.cli import COMMANDS
+from failslow.config import BROKER, CLICKHOUSE, HOME, KAFKA_SECURITY, flag_sets
 from failslow.stack import free_port, pid_alive, port_open
 from failslow.storage.serve import find_owner
 
@@ -20,11 +21,24 @@ def fs(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+# one flag of each set, in --help exactly when the command reads that set
+SET_FLAGS = {HOME: "--home", BROKER: "--bootstrap", KAFKA_SECURITY: "--kafka-sasl-mechanism",
+             CLICKHOUSE: "--clickhouse"}
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_every_command_prints_help(command):
+def test_every_command_prints_help_with_only_the_flags_it_reads(command):
     out = fs(command, "--help")
     assert out.returncode == 0, out.stderr
-    assert f"failslow {command}" in out.stdout and "--bootstrap" in out.stdout
+    assert f"failslow {command}" in out.stdout
+    for name, flag in SET_FLAGS.items():
+        assert (f"{flag} " in out.stdout) == (name in flag_sets(command)), (command, flag)
+
+
+def test_offline_commands_list_no_kafka_flags():
+    assert not flag_sets("detect")
+    assert KAFKA_SECURITY not in flag_sets("report") and BROKER not in flag_sets("report")
+    assert CLICKHOUSE not in flag_sets("replay") and KAFKA_SECURITY in flag_sets("replay")
 
 
 @pytest.mark.parametrize("args", [

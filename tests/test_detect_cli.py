@@ -63,3 +63,33 @@ def test_detect_missing_file_is_one_line(tmp_path, capsys):
     assert main(["detect", str(tmp_path / "nope.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("failslow detect: cannot read")
+
+
+def test_detect_text_is_one_line_per_incident_when_who_why_cost(thermal, capsys):
+    assert main(["detect", str(thermal)]) == 0
+    events = incidents(capsys.readouterr().out)
+    assert main(["detect", str(thermal), "--format", "text"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ids = list(dict.fromkeys(i["incident_id"] for i in events))
+    assert len(lines) == len(ids) and len(events) > len(ids)     # updates folded into one
+    truth = orjson.loads(thermal.with_name(thermal.name + ".truth.json").read_bytes())
+    fault = truth["faults"][0]
+    culprit = next(ln for ln in lines if f"rank {fault['rank']} (" in ln)
+    last = [i for i in events if i.get("rank") == fault["rank"]][-1]
+    worst = max(i["slowdown_pct"] for i in events if i["incident_id"] == last["incident_id"])
+    assert culprit.startswith("20")                                          # when (UTC)
+    assert f"rank {fault['rank']} ({last['host']} GPU {last['gpu']})" in culprit  # who
+    assert f"{last['fault']}, cause {fault['root_cause']}" in culprit            # why
+    assert f"{worst:.0f} % slower at worst" in culprit                          # cost
+    assert f"{last['gpu_hours_lost']:.3g} GPU-h lost" in culprit
+    assert culprit.endswith(f"[{last['incident_id']}]")
+    assert ("resolved after" in culprit) == (last["status"] == "resolved")
+    assert all(not ln.startswith("{") for ln in lines)
+
+
+def test_detect_text_names_hosts_and_links(tmp_path, capsys):
+    path = tmp_path / "link.jsonl"
+    simulate(SCENARIOS["slow_link_host_50"], seed=1).write_jsonl(path)
+    assert main(["detect", str(path), "--format", "text"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("host h1" in ln and "slow_link" in ln for ln in lines), lines

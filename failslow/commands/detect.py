@@ -29,6 +29,7 @@ from pathlib import Path
 
 import orjson
 
+from failslow.commands.incident_text import IncidentLines
 from failslow.commands.replay import REORDER_WINDOW
 from failslow.errors import FailslowError
 from failslow.models.pipeline import Detector
@@ -38,7 +39,7 @@ from failslow.schema.fast import all_valid
 
 loads = orjson.loads
 
-HELP = "offline detection over JSON Lines traces; prints incidents as JSON Lines"
+HELP = "offline detection over JSON Lines traces; prints incidents (JSON Lines or text)"
 # Lines per chunk. A decoded event is ~1 KB: a chunk that fits the core's L2 cache
 # stays there from decode through validation to the detector; 4096 (4 MB) made
 # every pass read it back from L3 (+60% time on a 1,024-rank job).
@@ -68,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "gives the incidents of the sorted trace; an event further out of order "
              "is an error (exit 2): sort the trace or pass the files separately")
     parser.add_argument("--out", metavar="FILE", help="write incidents here instead of stdout")
+    parser.add_argument("--format", choices=("jsonl", "text"), default="jsonl",
+                        help="jsonl: every incident event (open, updates, resolved) as one "
+                             "JSON line, as it happens [default]; text: at the end, one line "
+                             "per incident for people: when, who, why, cost, its id")
     parser.add_argument("--telemetry-delay", type=float, default=1.0, metavar="S",
                         help="seconds device samples may trail the step events (the "
                              "collectors' sampling interval), as `failslow worker` [1]")
@@ -292,7 +297,12 @@ def run(args: argparse.Namespace) -> int:
                 where = f"{files[src]} line {no}" if len(files) > 1 else f"line {no}"
                 print(f"failslow detect: {where}: {reason}", file=sys.stderr)
 
+        text = IncidentLines() if args.format == "text" else None
+
         def write(inc: dict) -> None:
+            if text is not None:
+                text.add(inc)
+                return
             # numpy scalars in evidence (the models compute with numpy) are numbers
             out.write(orjson.dumps(inc, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
 
@@ -301,6 +311,8 @@ def run(args: argparse.Namespace) -> int:
         det = ShardedDetector(telemetry_delay_s=args.telemetry_delay)
         try:
             n_events, n_bad, n_inc = detect_sources(sources, det, write, warn, REORDER_WINDOW)
+            if text is not None:
+                out.write("".join(f"{ln}\n" for ln in text.lines()).encode())
         finally:
             out.flush()
     if n_events == 0:

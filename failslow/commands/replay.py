@@ -1,4 +1,7 @@
-"""`failslow replay FILE` — publish a JSON Lines trace to the broker in ts order."""
+"""`failslow replay FILE...` — publish JSON Lines traces to the broker in ts order.
+
+Several files (one per rank, as the training hook writes them) are merged by ts, as
+`failslow detect` merges them."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator
+from operator import itemgetter
 from pathlib import Path
 
 from failslow.collectors.lifecycle import Shutdown
@@ -26,7 +30,9 @@ class ReplayError(FailslowError):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="JSON Lines trace (one CONTRACT.md event per line)")
+    parser.add_argument("file", metavar="FILE", nargs="+",
+                        help="JSON Lines trace (one CONTRACT.md event per line); several files "
+                             "(e.g. one per rank) are merged by ts")
     parser.add_argument("--speed", type=float, default=0.0,
                         help="pace: 1 = the trace's own time, 10 = ten times faster, "
                              "0 = as fast as possible (default)")
@@ -53,11 +59,19 @@ def read_trace(path: Path, bad: list[str]) -> Iterator[dict]:
         yield heapq.heappop(heap)[2]
 
 
+def read_traces(paths: list[Path], bad: list[str]) -> Iterator[dict]:
+    """Valid events of several traces, merged in ts order (each put in order first)."""
+    if len(paths) == 1:
+        return read_trace(paths[0], bad)
+    return heapq.merge(*(read_trace(p, bad) for p in paths), key=itemgetter("ts"))
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    path = Path(args.file)
-    if not path.is_file():
-        raise ReplayError(f"{path}: no such file")
+    paths = [Path(f) for f in args.file]
+    for path in paths:
+        if not path.is_file():
+            raise ReplayError(f"{path}: no such file")
     if args.speed < 0:
         raise ReplayError(f"--speed must be >= 0, not {args.speed}")
     settings = resolve(args)
@@ -70,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     chunk: list[dict] = []
     try:
         with Shutdown() as stop:
-            for ev in read_trace(path, bad):
+            for ev in read_traces(paths, bad):
                 if args.speed > 0:
                     first_ts = ev["ts"] if first_ts is None else first_ts
                     due = started + (ev["ts"] - first_ts) / args.speed
