@@ -4,8 +4,8 @@
 of storage.presets (its parameters checked and bound, never pasted into the SQL);
 `--list-presets` names them.
 
-One statement per call, read-only unless ``--write`` (storage.guard), never a table
-function that reaches files or the network.
+One statement per call, read-only unless ``--write``, never a function that reaches
+files or the network: storage.guard tokenizes the SQL and decides.
 
 With a chdb URL the query goes through the folder's owner (the running sink) when
 there is one, else the folder is opened directly (see storage.client.connect).
@@ -112,7 +112,7 @@ def _statement(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
 def run(args: argparse.Namespace) -> int:
     from failslow.config import clickhouse_url, resolve
     from failslow.storage.client import connect
-    from failslow.storage.guard import one_statement, readonly_sql
+    from failslow.storage.guard import check, readonly_sql
     from failslow.storage.url import parse
 
     if args.list_presets:
@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     url = clickhouse_url(resolve(args))
     text, params = _statement(args)
-    sql = one_statement(text)
     server = parse(url).scheme == "clickhouse"
+    sql = check(text, write=args.write)
     if not args.write and not server:
         sql = readonly_sql(sql)
     client = connect(url, settings=None if args.write or not server else {"readonly": 1})
