@@ -8,6 +8,7 @@ chdb lets one process open a data folder at a time, so the sink is that owner:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -56,6 +57,48 @@ def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> di
         broker.stop(2)
         state_path(home).unlink(missing_ok=True)
         raise
+    return state
+
+
+def db_owner_problem(state: dict) -> str | None:
+    """Why the database owner recorded in ``state`` does not serve its chdb folder, or None
+    (it does, or this stack has none: a ClickHouse server)."""
+    from failslow.storage.serve import find_owner
+    from failslow.storage.url import parse
+
+    pid = int(state.get("db_pid") or 0)
+    if not pid:
+        return None
+    owner = find_owner(Path(parse(state["clickhouse"]).path or ""))
+    if owner is not None and int(owner["pid"]) == pid:
+        return None
+    if not stack.pid_alive(pid):
+        return f"the database owner (sink) pid {pid} is not running"
+    return f"the database owner (sink) pid {pid} does not answer on its query endpoint"
+
+
+def restart_db_owner(settings: Settings, state: dict) -> dict:
+    """Start the database owner again beside the running broker: stop what is left of the
+    old one (a hung process still holds the folder), drop its stale owner record, and
+    record the new one in stack.json. Returns the new state."""
+    from failslow.storage.serve import clear_stale_owner
+    from failslow.storage.url import parse
+
+    home = settings.home
+    old = int(state["db_pid"])
+    if stack.pid_alive(old):
+        stack.stop_pid(old, 10)
+    clear_stale_owner(Path(parse(state["clickhouse"]).path or ""))
+    # What `up` started with, not what this shell says now: the same folder and topics.
+    settings = dataclasses.replace(settings, clickhouse=state["clickhouse"],
+                                   topic_prefix=state["topic_prefix"])
+    port = int(state.get("sink_metrics_port") or 0)
+    metrics_port = port if port and not stack.port_open(port) else stack.free_port()
+    db_pid = _start_db_owner(settings, f"127.0.0.1:{state['port']}", home, metrics_port)
+    state = {**state, "db_pid": db_pid, "sink_metrics_port": metrics_port,
+             "db_restarted_ts": time.time()}
+    stack.write_state(home, state)
+    _wait_for_db_owner(settings.clickhouse, db_pid, home / "sink.log")
     return state
 
 

@@ -167,6 +167,18 @@ def find_owner(folder: Path) -> dict[str, Any] | None:
     return rec
 
 
+def clear_stale_owner(folder: Path) -> bool:
+    """Remove the owner record of ``folder`` when no live owner answers it (an owner killed
+    with -9 leaves it behind); True if one was removed."""
+    if find_owner(folder) is not None:
+        return False
+    try:
+        owner_file(folder).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 class RemoteClient:
     """The `Client` interface over an owner's QueryServer."""
 
