@@ -80,6 +80,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from failslow.collectors.actions import ActionsMixin
 from failslow.collectors.comm_windows import resolve_grain
 from failslow.collectors.torch_ops import STEP_TIMEOUT_S, Op, OpTracking, Step, storage_key
 from failslow.collectors.torch_seams import Seams
@@ -104,7 +105,7 @@ class StepScope(contextlib.ContextDecorator):
         self.hook._end_step()
 
 
-class TrainingHook(OpTracking):
+class TrainingHook(OpTracking, ActionsMixin):
     """Instruments one rank of a torch.distributed job and publishes its events.
 
     publisher: anything with ``publish(list[dict])`` (a ``collectors.publisher.Publisher``,
@@ -329,6 +330,7 @@ class TrainingHook(OpTracking):
               "world_size": self.world_size, "host": self.host, "step": n,
               "duration_s": 0.0, "gpu": self.gpu, "tokens": tokens,
               "dp_rank": self.dp_rank, "pp_rank": self.pp_rank, "tp_rank": self.tp_rank}
+        self._stamp_share(ev)
         s = Step(ev)
         # The wait for this step's batch happened just before it: it belongs to the step.
         s.t0 -= self._carry_data

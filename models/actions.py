@@ -1,0 +1,340 @@
+"""Closing the loop (issue 32): from a paged compute straggler to an ``action`` the job
+applies, and back to equal shares when the culprit recovers.
+
+Pure and synchronous, like the rest of ``models/``: the worker, ``bench/mitigate.py`` and
+the tests feed it the same events.
+
+* ``MitigationConfig``: who opted in. ``mode`` per job-id pattern (``off`` publishes
+  nothing, ``suggest`` publishes dry runs only, ``auto`` applies), the floor on a rank's
+  share, the action's lead and lifetime, the drain command or webhook. Loaded from the
+  ``[mitigate]`` table of the detection config (``from_mapping``).
+* ``plan_shares``: each data-parallel rank's fraction of the global batch from its
+  measured time per sample, minimizing the slowest rank's share x time (shares in
+  proportion to speed), no rank below ``floor`` x an equal share.
+* ``whole_counts``: those fractions as whole samples (or micro-batches) of a global
+  batch, the same on every rank (a pure function of its inputs).
+* ``ActionPlanner``: incidents and step events in, ``action`` events out (one per
+  incident at a time; a rollback to equal shares when the culprit's time per sample is
+  back within its peers').
+
+Why the rollback watches time per sample and not only the incident: a rebalance that
+works makes the culprit's step look like its peers', so the detector resolves its
+incident while the fault is still there. Rolling back on that resolve would bring the
+slowdown straight back (and the incident, and the action: a flap). Time per sample
+(``compute_s / samples``, the ``samples`` the hook reports for its share) stays slow for
+as long as the fault does, so it is what says the culprit recovered.
+
+>>> plan_shares({0: 1.0, 1: 1.0, 2: 2.0, 3: 1.0})
+{0: 0.2857, 1: 0.2857, 2: 0.1429, 3: 0.2857}
+>>> whole_counts({0: 0.2857, 1: 0.2857, 2: 0.1429, 3: 0.2857}, 64)
+[19, 18, 9, 18]
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections import defaultdict, deque
+from dataclasses import dataclass, field, fields
+from statistics import median
+from typing import Any
+
+from failslow.schema.errors import FailslowError
+
+MODES = ("off", "suggest", "auto")
+ACTION_TYPES = ("rebalance_microbatches", "drain_host")
+ACTION_MODES = ("dry_run", "apply")
+DRAIN_CAUSES = ("migrate_node", "checkpoint_restart")  # the ladder's rungs past rebalancing
+
+
+class MitigationConfigError(FailslowError):
+    """The ``[mitigate]`` table has an unknown key or a bad value (one line, names it)."""
+
+
+@dataclass
+class MitigationConfig:
+    """The ``[mitigate]`` section of the detection config.
+
+    mode: ``off`` | ``suggest`` | ``auto`` for jobs no pattern matches (default
+    ``suggest``: dry runs only). jobs: job-id glob pattern -> mode, first match wins (in
+    the table's order). steady: also act on a steady imbalance (a rank slow since the
+    start, an ``info`` incident), never by default. floor: the least share a rank gets,
+    as a fraction of an equal share (0.25: a quarter). min_gain: the culprit's time per
+    sample must be at least this much above its peers' (0.1: 10 %) to act, and back
+    below it to roll back. window_steps: steps of time per sample the plan reads.
+    lead_steps: ``apply_at_step`` is this many steps after the newest step seen (time for
+    the action to reach every rank). ttl_s: an action not applied by ``ts + ttl_s`` is
+    dropped. drain_command: a command run once per escalation of a persistent hardware
+    fault, ``{host}``, ``{job_id}``, ``{incident_id}``, ``{reason}`` substituted (e.g.
+    ``scontrol update nodename={host} state=drain reason={reason}``); drain_webhook: a
+    URL POSTed the action instead or as well. Neither set: drains are dry runs.
+
+    >>> MitigationConfig.from_mapping({"mode": "off", "jobs": {"llm-*": "auto"}}).mode_for("llm-7")
+    'auto'
+    """
+
+    mode: str = "suggest"
+    jobs: dict[str, str] = field(default_factory=dict)
+    steady: bool = False
+    floor: float = 0.25
+    min_gain: float = 0.10
+    window_steps: int = 8
+    lead_steps: int = 2
+    ttl_s: float = 120.0
+    drain_command: str | None = None
+    drain_webhook: str | None = None
+
+    def __post_init__(self) -> None:
+        for where, mode in (("mode", self.mode), *((f"jobs.{k!r}", v)
+                                                   for k, v in self.jobs.items())):
+            if mode not in MODES:
+                raise MitigationConfigError(
+                    f"mitigate.{where}: {mode!r} is not one of {', '.join(MODES)}")
+        if not 0.0 < self.floor <= 1.0:
+            raise MitigationConfigError(f"mitigate.floor: {self.floor!r} is not in (0, 1]")
+        for name in ("min_gain", "ttl_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise MitigationConfigError(f"mitigate.{name}: {v!r} is not a positive number")
+        for name in ("window_steps", "lead_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise MitigationConfigError(f"mitigate.{name}: {v!r} is not an integer >= 1")
+
+    @classmethod
+    def from_mapping(cls, table: dict[str, Any]) -> MitigationConfig:
+        """Build from a parsed TOML ``[mitigate]`` table; MitigationConfigError (one line)
+        on an unknown key or a value of the wrong type."""
+        if not isinstance(table, dict):
+            raise MitigationConfigError(f"mitigate: expected a table, got {table!r}")
+        known = {f.name: f for f in fields(cls)}
+        for key, value in table.items():
+            if key not in known:
+                raise MitigationConfigError(
+                    f"mitigate: unknown key {key!r} (known: {', '.join(known)})")
+            want = {"mode": str, "jobs": dict, "steady": bool, "drain_command": str,
+                    "drain_webhook": str}.get(key)
+            if want is not None and not isinstance(value, want):
+                raise MitigationConfigError(
+                    f"mitigate.{key}: {value!r} is not a {want.__name__}")
+            if key in ("floor", "min_gain", "ttl_s") and (
+                    isinstance(value, bool) or not isinstance(value, int | float)):
+                raise MitigationConfigError(f"mitigate.{key}: {value!r} is not a number")
+        return cls(**table)
+
+    def mode_for(self, job_id: str) -> str:
+        for pattern, mode in self.jobs.items():
+            if fnmatch.fnmatchcase(job_id, pattern):
+                return mode
+        return self.mode
+
+
+def plan_shares(per_sample_s: dict[int, float], floor: float = 0.25) -> dict[int, float]:
+    """Fractions of the global batch (sum 1, 4 decimals) that equalize share x time per
+    sample, the minimum of the slowest rank's share x time; no share below ``floor`` /
+    ranks. Ranks without a positive finite time keep an equal share's speed (the median)."""
+    ranks = sorted(per_sample_s)
+    good = [t for t in per_sample_s.values() if t > 0 and math.isfinite(t)]
+    typical = median(good) if good else 1.0
+    speed = {r: 1.0 / (t if t > 0 and math.isfinite(t) else typical)
+             for r, t in per_sample_s.items()}
+    least = floor / len(ranks)
+    fixed: dict[int, float] = {}
+    # a rank held at the floor gives up its time; the rest share what is left by speed
+    while True:
+        free = [r for r in ranks if r not in fixed]
+        left = 1.0 - sum(fixed.values())
+        total = sum(speed[r] for r in free)
+        shares = {r: left * speed[r] / total for r in free}
+        low = [r for r in free if shares[r] < least]
+        if not low:
+            break
+        fixed.update((r, least) for r in low)
+    shares.update(fixed)
+    return {r: round(shares[r], 4) for r in ranks}
+
+
+def whole_counts(shares: dict[int, float] | list[float], global_batch: int,
+                 floor: float = 0.25) -> list[int]:
+    """Whole units (samples or micro-batches) of ``global_batch`` per rank, in rank order,
+    summing to ``global_batch``: each unit goes where it raises the largest load
+    (count / share, time per sample being proportional to 1 / share) least, ties to the
+    lower rank; at least ``floor`` of an equal share (and at least 1) each. Deterministic:
+    every rank computes the same counts. Raises ValueError when the batch is smaller than
+    the ranks."""
+    fr = [shares[r] for r in sorted(shares)] if isinstance(shares, dict) else list(shares)
+    n = len(fr)
+    if global_batch < n:
+        raise ValueError(f"global batch {global_batch} is smaller than the {n} ranks")
+    total = sum(fr) or 1.0
+    fr = [max(f / total, 1e-9) for f in fr]
+    least = max(1, math.ceil(floor * global_batch / n - 1e-9))
+    counts = [max(least, math.floor(global_batch * f)) for f in fr]
+    while sum(counts) < global_batch:
+        i = min(range(n), key=lambda k: ((counts[k] + 1) / fr[k], k))
+        counts[i] += 1
+    while sum(counts) > global_batch:  # the floor overshot: take from the most loaded
+        above = [k for k in range(n) if counts[k] > least] or list(range(n))
+        i = max(above, key=lambda k: (counts[k] / fr[k], -k))
+        counts[i] -= 1
+    return counts
+
+
+@dataclass
+class _Held:
+    """The action in effect for one incident (its shares), until the rollback."""
+
+    incident_id: str
+    rank: int
+    action: dict[str, Any]
+    baseline_step_s: float | None
+    clean: int = 0
+
+
+class ActionPlanner:
+    """Incidents and step events of many jobs in, ``action`` events out.
+
+    ``observe(step_event)`` keeps each rank's recent time per sample
+    (``compute_s / samples``; ``samples`` absent: one, equal shares) and the job's newest
+    step; ``on_incident(incident)`` returns the actions the incident causes (a
+    ``rebalance_microbatches`` for a paged compute straggler, a ``drain_host`` on an
+    escalation); ``observe`` itself returns a rollback once a held culprit recovered
+    (``recover_steps`` steps in a row back within ``min_gain`` of its peers).
+    Nothing is published for a job whose mode is ``off``; ``suggest`` marks every action
+    ``dry_run`` (the job ignores those). ``now`` is the event time (seconds) the actions
+    are stamped with: the newest event's, so replays give the same actions.
+    """
+
+    def __init__(self, config: MitigationConfig | None = None, recover_steps: int = 5) -> None:
+        self.config = config or MitigationConfig()
+        self.recover_steps = recover_steps
+        # job -> rank -> recent (compute_s / samples)
+        self._per_sample: dict[str, dict[int, deque[float]]] = defaultdict(dict)
+        self._step_s: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=64))
+        self._newest: dict[str, tuple[int, float]] = {}
+        self._world: dict[str, int] = {}
+        self._held: dict[str, _Held] = {}          # job -> the action in effect
+        self._drained: set[str] = set()            # incidents whose drain went out
+        self._version: dict[str, int] = {}
+
+    # -- measurement ---------------------------------------------------------------------------
+
+    def observe(self, ev: dict[str, Any]) -> list[dict[str, Any]]:
+        job, rank = ev["job_id"], ev["rank"]
+        compute = ev.get("compute_s")
+        if compute is None:
+            compute = ev["duration_s"] - (ev.get("comm_s") or 0.0) - (ev.get("data_s") or 0.0)
+        samples = ev.get("samples") or 1
+        window = self.config.window_steps
+        per = self._per_sample[job].setdefault(rank, deque(maxlen=window))
+        per.append(max(compute, 0.0) / samples)
+        self._world[job] = ev["world_size"]
+        step = ev["step"]
+        old = self._newest.get(job)
+        if old is None or step > old[0]:
+            self._newest[job] = (step, ev["ts"])
+            if rank == 0 or old is None:
+                self._step_s[job].append(ev["duration_s"])
+        elif rank == 0:
+            self._step_s[job].append(ev["duration_s"])
+        return self._maybe_rollback(job, rank)
+
+    def per_sample(self, job: str) -> dict[int, float]:
+        """Each rank's median time per sample over the last ``window_steps`` steps."""
+        return {r: median(d) for r, d in self._per_sample[job].items() if d}
+
+    def _gain(self, job: str, rank: int) -> float | None:
+        per = self.per_sample(job)
+        peers = [t for r, t in per.items() if r != rank]
+        if rank not in per or not peers or median(peers) <= 0:
+            return None
+        return per[rank] / median(peers) - 1.0
+
+    # -- decisions ------------------------------------------------------------------------------
+
+    def on_incident(self, inc: dict[str, Any]) -> list[dict[str, Any]]:
+        job = inc["job_id"]
+        mode = self.config.mode_for(job)
+        if mode == "off":
+            return []
+        out = []
+        if inc.get("mitigation") in DRAIN_CAUSES and inc["status"] == "open" \
+                and inc.get("host") and inc["incident_id"] not in self._drained:
+            self._drained.add(inc["incident_id"])
+            out.append(self._drain(inc, mode))
+        if self._wants_rebalance(inc) and job not in self._held:
+            action = self._rebalance(inc, mode)
+            if action is not None:
+                out.append(action)
+        return out
+
+    def _wants_rebalance(self, inc: dict[str, Any]) -> bool:
+        if not (inc["status"] == "open" and inc.get("mitigation") == "rebalance_microbatches"
+                and inc["fault"] == "slow_rank" and inc.get("rank") is not None):
+            return False
+        if (inc.get("evidence") or {}).get("imbalance"):
+            return self.config.steady  # the layout, not a fault: only when opted into
+        return inc["severity"] in ("warning", "critical")  # paged: confirmed, not a blip
+
+    def _rebalance(self, inc: dict[str, Any], mode: str) -> dict[str, Any] | None:
+        job, rank = inc["job_id"], int(inc["rank"])
+        gain = self._gain(job, rank)
+        if gain is None or gain < self.config.min_gain:
+            return None  # the rank's own work is not slower per sample: nothing to move
+        shares = plan_shares(self.per_sample(job), self.config.floor)
+        equal = 1.0 / len(shares)
+        less = 100.0 * (1.0 - shares[rank] / equal)
+        reason = (f"rank {rank} takes {less:.0f}% less: {100 * gain:.0f}% slower per sample "
+                  f"than its peers ({inc['incident_id']})")
+        action = self._action(job, inc["incident_id"], "rebalance_microbatches",
+                              "apply" if mode == "auto" else "dry_run", shares, reason)
+        action["rank"] = rank
+        if mode == "auto":
+            step_s = self._step_s[job]
+            self._held[job] = _Held(inc["incident_id"], rank, action,
+                                    median(step_s) if step_s else None)
+        return action
+
+    def _maybe_rollback(self, job: str, rank: int) -> list[dict[str, Any]]:
+        held = self._held.get(job)
+        if held is None or rank != held.rank:
+            return []
+        gain = self._gain(job, rank)
+        held.clean = held.clean + 1 if gain is not None and gain < self.config.min_gain else 0
+        if held.clean < self.recover_steps:
+            return []
+        del self._held[job]
+        world = self._world[job]
+        shares = {r: round(1.0 / world, 4) for r in range(world)}
+        action = self._action(job, held.incident_id, "rebalance_microbatches", "apply", shares,
+                              f"rollback: rank {rank} recovered, equal shares again")
+        action["rank"], action["rollback"] = rank, True
+        return [action]
+
+    def _drain(self, inc: dict[str, Any], mode: str) -> dict[str, Any]:
+        configured = self.config.drain_command or self.config.drain_webhook
+        act_mode = "apply" if mode == "auto" and configured else "dry_run"
+        reason = (f"{inc.get('mitigation')}: {inc.get('root_cause') or 'unknown'} on "
+                  f"{inc['host']} ({inc['incident_id']})")
+        action = self._action(inc["job_id"], inc["incident_id"], "drain_host", act_mode, {},
+                              reason)
+        action["host"] = inc["host"]
+        return action
+
+    def _action(self, job: str, incident_id: str, kind: str, act_mode: str,
+                shares: dict[int, float], reason: str) -> dict[str, Any]:
+        step, ts = self._newest.get(job, (0, 0.0))
+        # versions only grow per job: the ranks agree on the newest they all hold
+        version = max(self._version.get(job, 0) + 1, int(ts * 1000))
+        self._version[job] = version
+        return {"v": 1, "kind": "action", "ts": ts, "action_id": f"{job}:{version}",
+                "job_id": job, "incident_id": incident_id, "type": kind,
+                "mode": act_mode,
+                "apply_at_step": step + self.config.lead_steps,
+                "expires_ts": ts + self.config.ttl_s, "version": version,
+                "shares": [shares[r] for r in sorted(shares)], "reason": reason}
+
+    def held(self, job: str) -> dict[str, Any] | None:
+        """The rebalance in effect for a job (None: equal shares)."""
+        h = self._held.get(job)
+        return h.action if h else None
