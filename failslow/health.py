@@ -30,6 +30,7 @@ HEADLINES: dict[str, list[tuple[str, str, str]]] = {
                ("detector errors", "failslow_stream_detector_errors_total", "sum")],
     "sink": [("rows", "failslow_sink_rows_written_total", "sum"),
              ("write errors", "failslow_sink_write_errors_total", "sum"),
+             ("failing writes", "failslow_sink_failing_writes", "max"),
              ("dead letters", "failslow_sink_deadletters_total", "sum")],
     "notify": [("delivered", "failslow_notify_delivered_total", "sum"),
                ("failed attempts", "failslow_notify_delivery_failures_total", "sum"),
@@ -37,6 +38,15 @@ HEADLINES: dict[str, list[tuple[str, str, str]]] = {
     "collect": [("delivered", "failslow_collect_delivered_total", "sum"),
                 ("spool bytes", "failslow_collect_spool_bytes", "sum")],
 }
+# A gauge by which a component says it is failing now (a counter since its start cannot:
+# one error an hour ago would keep it unhealthy for good), and what the problem says.
+FAILING_NOW: dict[str, tuple[str, str]] = {
+    "sink": ("failslow_sink_failing_writes",
+             "sink: ClickHouse refuses its writes ({n:.0f} failed tries in a row of one batch; "
+             "nothing more is stored or committed until one succeeds; see the sink's log)"),
+}
+# Consumer-group states in which a group has members (Apache Kafka and Tansu name them so).
+_GROUP_LIVE = ("STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE")
 
 
 @dataclass
@@ -222,7 +232,41 @@ def check_component(report: Report, name: str, url: str, timeout: float) -> None
         row["alive"] = True
         row["metrics"] = {label: (max if how == "max" else sum)(values.get(metric, [0.0]))
                           for label, metric, how in HEADLINES[name]}
+        if name in FAILING_NOW:
+            metric, problem = FAILING_NOW[name]
+            n = max(values.get(metric, [0.0]))
+            if n > 0:
+                row["failing"] = True
+                report.problems.append(problem.format(n=n))
     report.components.append(row)
+
+
+def check_worker_group(report: Report, bootstrap: str, group: str, timeout: float) -> None:
+    """Without a worker endpoint: is anyone in the worker's consumer group? No worker means
+    no incident can ever be detected, so none is a problem, not `n/a`."""
+    from confluent_kafka.admin import AdminClient
+
+    row: dict[str, Any] = {"component": "worker", "endpoint": f"consumer group {group}"}
+    report.components.append(row)
+    if not report.broker.get("ok"):
+        row.update(alive=None, error="broker unreachable")
+        return  # the broker's problem says it already
+    admin = AdminClient(client_conf(bootstrap, {
+        "socket.connection.setup.timeout.ms": int(timeout * 1000), "log_level": 0}))
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=timeout)[group]
+        state = desc.result(timeout=timeout).state.name
+    except Exception as exc:  # noqa: BLE001 - a broker without DescribeGroups
+        row.update(alive=None, error=f"DescribeGroups failed: {_kafka_error(exc)}")
+        report.problems.append(f"worker: cannot tell whether one runs ({row['error']}); "
+                               "name its endpoint with --worker-metrics HOST:PORT")
+        return
+    row.update(alive=state in _GROUP_LIVE, group_state=state.lower())
+    if not row["alive"]:
+        row["error"] = f"no member in consumer group {group} ({state.lower()})"
+        report.problems.append(f"no worker running (consumer group {group} is "
+                               f"{state.lower()}): no incident can be detected; start "
+                               "`failslow worker`, or name its endpoint: --worker-metrics")
 
 
 def check_pid(report: Report, name: str, pid: int) -> None:
@@ -232,7 +276,8 @@ def check_pid(report: Report, name: str, pid: int) -> None:
     report.components.append({"component": name, "endpoint": f"pid {pid} (failslow up)",
                               "alive": alive})
     if not alive:
-        report.problems.append(f"{name} of the embedded stack (pid {pid}) is not running")
+        report.problems.append(f"{name} of the embedded stack (pid {pid}) is not running "
+                               "(`failslow up` starts it again)")
 
 
 def check_clickhouse(report: Report, url: str, masked: str, limit: int = 10) -> None:

@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-lag-s", type=float, default=60.0,
                         help="unhealthy when a consumer group's oldest unconsumed message is "
                         "older than this [60]")
+    parser.add_argument("--worker-group", default="failslow-worker",
+                        help="with no worker endpoint, the worker is alive when this consumer "
+                        "group has members [failslow-worker]")
     for name in ("worker", "sink", "notify", "collect"):
         parser.add_argument(f"--{name}-metrics", metavar="HOST:PORT",
                             help=f"the {name}'s --metrics-port endpoint (HOST:PORT or URL) "
@@ -37,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from failslow.config import clickhouse_url, read_stack_state, resolve
     from failslow.errors import ConfigError
     from failslow.schema import Topics
+    from failslow.stack import pid_alive
     from failslow.storage.url import mask, parse
 
     if args.timeout <= 0:
@@ -49,12 +53,19 @@ def run(args: argparse.Namespace) -> int:
     for name in health.COMPONENTS:
         endpoint = getattr(args, f"{name}_metrics") or os.environ.get(
             f"FAILSLOW_{name.upper()}_METRICS")
-        if name == "sink" and not endpoint and state.get("sink_metrics_port"):
-            endpoint = f"127.0.0.1:{state['sink_metrics_port']}"    # `failslow up`'s sink
-        if endpoint:
-            health.check_component(report, name, health.metrics_url(endpoint), args.timeout)
-        elif name == "sink" and state.get("db_pid"):
+        up_sink = name == "sink" and not endpoint and state.get("db_pid")
+        if up_sink and not pid_alive(int(state["db_pid"])):
+            health.check_pid(report, "sink", int(state["db_pid"]))    # say it died, by name
+        elif up_sink and state.get("sink_metrics_port"):
+            health.check_component(report, name, health.metrics_url(
+                f"127.0.0.1:{state['sink_metrics_port']}"), args.timeout)
+        elif up_sink:
             health.check_pid(report, "sink", int(state["db_pid"]))
+        elif endpoint:
+            health.check_component(report, name, health.metrics_url(endpoint), args.timeout)
+        elif name == "worker":
+            health.check_worker_group(report, settings.bootstrap, args.worker_group,
+                                      args.timeout)
         else:
             report.components.append({"component": name, "endpoint": None, "alive": None})
     url = clickhouse_url(settings)
@@ -112,7 +123,9 @@ def render(r: Any) -> str:
                 lines.append(f"  {g['group']:<28} {g['lag_messages']:>9,}  {oldest}")
     lines.append("components")
     for c in r.components:
-        if c["alive"] is None:
+        if c["alive"] is None and c.get("error"):
+            lines.append(f"  {c['component']:<8} ?      {c['endpoint']}: {c['error']}")
+        elif c["alive"] is None:
             lines.append(f"  {c['component']:<8} n/a (no endpoint: --{c['component']}-metrics "
                          "HOST:PORT)")
         elif c["alive"]:
