@@ -123,17 +123,36 @@ class InputLimits:
         """Events waiting here: of jobs on probation and samples of unknown hosts."""
         return self._pending_events + self._held_samples
 
-    def _hit(self, cap: str, job_id: str, limit: int, dropped: int = 1) -> None:
-        """Count dropped events; log the first hit of each cap (per job for per-job caps)."""
+    def _hit(self, cap: str, job_id: str, what: str, dropped: int = 1) -> None:
+        """Count dropped events; log the first hit of each cap (per job for per-job caps),
+        saying ``what`` was exceeded, until ``prune`` finds the partition below it again."""
         self.counts[cap] += dropped
         key = (cap, job_id)
         if key not in self._logged and len(self._logged) < _LOGGED_MAX:
             self._logged.add(key)
             where = f"job {job_id!r}: " if job_id else ""
-            log.warning("partition %d: input cap hit: %smore than %d %s; events of further "
+            log.warning("partition %d: input cap hit: %smore than %s; events of further "
                         "ones are dropped and counted (failslow_stream_capped_events_total"
                         "{cap=\"%s\"}); what is already tracked is still judged",
-                        self.partition, where, limit, cap.replace("_per_job", ""), cap)
+                        self.partition, where, what, cap)
+
+    def _jobs_full(self) -> str:
+        return f"{self.max_jobs:,} jobs (--max-jobs)"
+
+    def _pool_full(self) -> str:
+        # The pool of new jobs is not --max-jobs: name both, and how many are tracked.
+        return (f"{self.max_pending_jobs:,} new jobs (or {self.max_pending_events:,} of "
+                f"their events) waiting at once to qualify as jobs; {len(self._jobs):,} of "
+                f"--max-jobs {self.max_jobs:,} tracked")
+
+    def _hosts_full(self) -> str:
+        return f"{self.max_hosts:,} hosts (--max-hosts)"
+
+    def _unknown_full(self) -> str:
+        return (f"{self.max_unknown_hosts:,} hosts no tracked job runs on (or "
+                f"{self.max_held_samples:,} of their samples, {self.held_samples_per_host:,} "
+                f"per host) held; {len(self._hosts):,} of --max-hosts {self.max_hosts:,} "
+                "tracked")
 
     def admit(self, events: list[dict], placed: bool = False) -> list[dict]:
         """The events that may go on, in order; events of a job on probation or samples of
@@ -177,13 +196,13 @@ class InputLimits:
         if len(held) > self.held_samples_per_host:
             del held[0]
             self._held_samples -= 1
-            self._hit("hosts", "", self.max_unknown_hosts)
+            self._hit("hosts", "", self._unknown_full())
         self._unknown[host] = held  # most recently heard from last
         while self._unknown and (len(self._unknown) > self.max_unknown_hosts
                                  or self._held_samples > self.max_held_samples):
             _, dropped = self._unknown.popitem(last=False)
             self._held_samples -= len(dropped)
-            self._hit("hosts", "", self.max_unknown_hosts, len(dropped))
+            self._hit("hosts", "", self._unknown_full(), len(dropped))
 
     def _probation(self, ev: dict, out: list[dict]) -> None:
         job_id = ev["job_id"]
@@ -205,12 +224,12 @@ class InputLimits:
                 for held in p.events:
                     self._job_event(job, held, out)
                 return
-            self._hit("jobs", "", self.max_jobs, 0)
+            self._hit("jobs", "", self._jobs_full(), 0)
         while self._pending and (len(self._pending) > self.max_pending_jobs
                                  or self._pending_events > self.max_pending_events):
             _, dropped = self._pending.popitem(last=False)
             self._pending_events -= len(dropped.events)
-            self._hit("jobs", "", self.max_pending_jobs, len(dropped.events))
+            self._hit("jobs", "", self._pool_full(), len(dropped.events))
 
     def _job_event(self, job: _Job, ev: dict, out: list[dict]) -> None:
         job_id, host = ev["job_id"], ev["host"]
@@ -231,7 +250,7 @@ class InputLimits:
             job.last_ts = ev["ts"]
         if host not in self._hosts:
             if len(self._hosts) >= self.max_hosts:
-                self._hit("hosts", "", self.max_hosts, 0)
+                self._hit("hosts", "", self._hosts_full(), 0)
             else:
                 # The host's samples count from now on, with those held while it was unknown.
                 self._hosts[host] = ev["ts"]
@@ -245,7 +264,8 @@ class InputLimits:
         if value in seen:
             return True
         if len(seen) >= limit:
-            self._hit(cap, job_id, limit)
+            flag = "--max-" + cap.replace("_", "-")
+            self._hit(cap, job_id, f"{limit:,} {cap.removesuffix('_per_job')} ({flag})")
             return False
         seen.add(value)
         return True
@@ -258,5 +278,14 @@ class InputLimits:
             self._pending_events -= len(self._pending.pop(job_id).events)
         for host in [h for h, held in self._unknown.items() if held[-1][0] < horizon_ts]:
             self._held_samples -= len(self._unknown.pop(host))
-        # A partition-wide cap hit again after room was freed is worth a new line.
-        self._logged = {k for k in self._logged if k[1] in self._jobs}
+        # A cap is logged once per crossing: a partition-wide one again only once a prune
+        # finds the partition below it (every prune re-armed it before: 38 lines in one
+        # steady flood, issue 33); a per-job one is forgotten with its job.
+        below = {"jobs": len(self._jobs) < self.max_jobs
+                 and len(self._pending) < self.max_pending_jobs
+                 and self._pending_events < self.max_pending_events,
+                 "hosts": len(self._hosts) < self.max_hosts
+                 and len(self._unknown) < self.max_unknown_hosts
+                 and self._held_samples < self.max_held_samples}
+        self._logged = {k for k in self._logged
+                        if (k[1] in self._jobs if k[1] else not below[k[0]])}
