@@ -1,8 +1,11 @@
 """The Kafka publisher every producer of failslow events uses (collectors, hook, simulator, replay).
 
 ``publish(events)`` groups events per (topic, key) of CONTRACT.md into JSON
-array messages of at most ``batch_events`` events and hands them to
-librdkafka (compressed, lingered). One background thread serves the delivery
+array messages of at most ``batch_events`` events and ``max_message_bytes`` bytes
+(``schema.limits.MESSAGE_MAX_BYTES``, the limit the worker and the sink apply too) and
+hands them to librdkafka (compressed, lingered). An event that alone is larger goes to
+the dead-letter topic instead, with the reason (``stats["too_large"]``), and a message
+librdkafka refuses is counted as failed: ``publish`` never raises for what it is given. One background thread serves the delivery
 callbacks; it is the only thread that polls the producer, so delivery reports
 are seen in the order librdkafka emits them (per partition: produce order).
 
@@ -41,10 +44,11 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from failslow.collectors.spool import Record, Spool
-from failslow.schema import Topics, encode
+from failslow.schema import Topics, encode_deadletter
 from failslow.schema.errors import FailslowError
 from failslow.schema.events import Event
 from failslow.schema.kafka_security import client_conf
+from failslow.schema.limits import MESSAGE_MAX_BYTES, pack_messages
 from failslow.schema.topics import key_for
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,8 @@ class Publisher:
     spool_dir: folder of the on-disk spool (None: no spool, failures are counted).
     compression: librdkafka codec (``lz4``, ``zstd``, ``gzip``, ``snappy``, ``none``).
     linger_ms: librdkafka linger, milliseconds. batch_events: most events in one message.
+    max_message_bytes: most bytes in one message value (an event alone larger than that is
+    dead-lettered).
     delivery_timeout_s: how long librdkafka retries a message before it fails (and spools).
     spool_max_bytes: size bound of the spool, bytes. config: extra librdkafka settings.
     spool_fsync: when spooled messages are forced to disk (``collectors.spool``: always,
@@ -77,11 +83,15 @@ class Publisher:
                  spool_dir: str | None = None, compression: str = "lz4",
                  linger_ms: float = 20, batch_events: int = 500,
                  delivery_timeout_s: float = 15.0, spool_max_bytes: int = 256 << 20,
-                 config: dict[str, Any] | None = None, spool_fsync: str = "interval") -> None:
+                 config: dict[str, Any] | None = None, spool_fsync: str = "interval",
+                 max_message_bytes: int = MESSAGE_MAX_BYTES) -> None:
         if batch_events < 1:
             raise PublisherError(f"batch_events must be >= 1, not {batch_events}")
+        if max_message_bytes < 1024:
+            raise PublisherError(f"max_message_bytes must be >= 1024, not {max_message_bytes}")
         self.topics = topics or Topics()
         self.batch_events = batch_events
+        self.max_message_bytes = max_message_bytes
         conf: dict[str, Any] = client_conf(bootstrap, {
             "compression.type": compression,
             "linger.ms": linger_ms,
@@ -127,7 +137,7 @@ class Publisher:
         self._closed = False
         self._stats = dict.fromkeys(
             ("published", "produced", "delivered", "failed", "spooled", "dropped",
-             "messages_delivered", "replayed"), 0)
+             "messages_delivered", "replayed", "too_large"), 0)
         if self._spooling:
             log.warning("spool %s holds %d undelivered events from a previous run; replaying",
                         spool_dir, self._spool.events if self._spool else 0)
@@ -143,8 +153,9 @@ class Publisher:
         """Counts of events: published (accepted), produced (handed to librdkafka, replays
         included), delivered (acknowledged by the broker), failed (lost: no spool), spooled
         (written to the spool), dropped (evicted from a full spool); plus spool_events (now in
-        the spool), spool_bytes (its size on disk), pending (not yet delivered) and
-        messages_delivered."""
+        the spool), spool_bytes (its size on disk), pending (not yet delivered),
+        messages_delivered and too_large (events larger than ``max_message_bytes``, sent to
+        the dead-letter topic instead: each counts as one event published and delivered)."""
         with self._lock:
             out = dict(self._stats)
             out["spool_events"] = self._spool.events if self._spool else 0
@@ -164,9 +175,21 @@ class Publisher:
                 raise PublisherError("publish() after close()")
             for (topic, key), evs in groups.items():
                 for i in range(0, len(evs), n):
-                    chunk = evs[i:i + n]
-                    self._stats["published"] += len(chunk)
-                    self._route(topic, key, encode(chunk), len(chunk))
+                    messages, oversized = pack_messages(evs[i:i + n], self.max_message_bytes)
+                    for value, count in messages:
+                        self._stats["published"] += count
+                        self._route(topic, key, value, count)
+                    for value in oversized:
+                        self._too_large(topic, key, value)
+
+    def _too_large(self, topic: str, key: str, value: bytes) -> None:
+        error = (f"event of {len(value)} bytes is larger than the {self.max_message_bytes}-byte "
+                 "message limit: not published")
+        self._stats["too_large"] += 1
+        self._stats["published"] += 1
+        log.warning("%s (topic %s, key %s): sent to %s", error, topic, key,
+                    self.topics.deadletter)
+        self._route(self.topics.deadletter, key, encode_deadletter(error, topic, value), 1)
 
     def flush(self, timeout: float = 10.0) -> int:
         """Wait until everything published is delivered, at most ``timeout`` seconds;
@@ -231,6 +254,11 @@ class Publisher:
             except BufferError:
                 # librdkafka's queue is full: wait for the serving thread to drain it.
                 self._lock.wait(0.05)
+            except KafkaException as exc:
+                # Refused outright (e.g. a message.max.bytes set below ours): no retry helps.
+                self._stats["failed"] += n
+                log.error("lost %d events for %s: %s", n, topic, exc.args[0].str())
+                return
         self._direct_msgs += 1
         self._direct_events += n
         self._stats["produced"] += n
@@ -364,3 +392,4 @@ class Publisher:
             else:
                 self._failures_in_row = 0
             self._lock.notify_all()
+

@@ -6,11 +6,19 @@ crash replays at most the uncommitted batch; the tables are built so that a
 replay is harmless where it matters (ReplacingMergeTree natural keys, and
 `incidents_current` picks the latest row per incident_id).
 
-Bad records never stop the loop: a value that fails `schema.decode_lenient` (or
-an event whose values do not fit the columns) goes to the dead-letter topic AND
-the `dead_letters` table, and is counted. Records read back from the dead-letter
-topic are stored too, except the ones this sink produced itself (header
-``failslow-source: sink``), which are already in the table.
+Bad records never stop the loop: a value that fails `schema.decode_lenient`, one larger
+than ``schema.limits.MESSAGE_MAX_BYTES`` that is not an array cut to fit (the worker's
+rule too), or an event whose values do not fit the columns goes to the dead-letter topic
+AND the `dead_letters` table, and is counted.
+
+Each bad record lands in `dead_letters` once (issue 33 item 7). The sink reads every event
+topic and judges each record itself, so it owns the rows of the records it rejects (with
+their partition and offset). A record read back from the dead-letter topic is stored only
+when this sink does not reject it too: not one it produced itself (header
+``failslow-source: sink``), and not a record of an event topic that fails the sink's own
+checks (the worker and `notify` report those as well). What another stage rejects for a
+reason of its own (e.g. the worker's producer-clock check, a producer's too-large event)
+is stored from the topic.
 
 A broker that lost its topics (Tansu restarted on the same port without its data, or a
 topic recreated) is noticed by the topic ids changing (``kafka_security.TopicIdWatch``,
@@ -24,6 +32,7 @@ from their start, so nothing published after the restart is skipped (issue 17).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -32,7 +41,9 @@ from typing import Any
 import orjson
 
 from failslow.schema import Topics, decode_lenient, encode_deadletter
+from failslow.schema.codec import DEADLETTER_RAW_MAX
 from failslow.schema.kafka_security import TopicIdWatch, client_conf, group_consumer_conf
+from failslow.schema.limits import MESSAGE_MAX_BYTES, split_value, too_large
 from failslow.storage.client import Client
 from failslow.storage.errors import StorageError
 from failslow.storage.migrations import migrate
@@ -43,6 +54,7 @@ log = logging.getLogger("failslow.sink")
 SOURCE_HEADER = "failslow-source"
 SOURCE = b"sink"
 ERROR_LIMIT = 2000  # characters of joined error text kept per dead letter
+_TRUNCATED = re.compile(r"\.\.\. \[truncated: (\d+) bytes\]$")
 
 
 def consumer_config(bootstrap: str, group_id: str) -> dict[str, Any]:
@@ -56,6 +68,7 @@ class SinkStats:
     rows: int = 0            # rows ClickHouse acknowledged (all tables, dead letters included)
     events: int = 0          # CONTRACT events written to their tables
     dead_letters: int = 0    # records/events rejected by this sink
+    dead_letters_shared: int = 0  # dead letters of other stages this sink rejected too
     write_errors: int = 0    # failed ClickHouse writes (retried)
     failing_writes: int = 0  # failed tries in a row of the batch being written; 0 once acked
     commits: int = 0         # offset commits after acknowledged batches
@@ -155,6 +168,9 @@ class Sink:
         value = msg.value() or b""
         if msg.topic() == self.topics.deadletter:
             self._from_deadletter_topic(msg, value)
+        elif len(value) > MESSAGE_MAX_BYTES and split_value(value) is None:
+            self._dead(msg.topic(), msg.key(), too_large(len(value)), value, msg.partition(),
+                       msg.offset(), _msg_ts(msg))
         else:
             events, errors = decode_lenient(value, self.topics.kinds_of(msg.topic()))
             for event in events:
@@ -171,12 +187,28 @@ class Sink:
         try:
             rec = orjson.loads(value)
             row: dict[str, Any] = {"topic": str(rec["topic"]), "error": str(rec["error"]), "raw": str(rec["raw"])}
+            if self._rejects(row["topic"], row["error"], row["raw"]):
+                self.stats.dead_letters_shared += 1
+                return  # this sink read the record itself and has its own row
         except (orjson.JSONDecodeError, KeyError, TypeError):
             row = {"topic": msg.topic(), "error": "deadletter: not {error, topic, raw}",
                    "raw": value.decode("utf-8", errors="replace")}
         row.update(ts=_msg_ts(msg), key=_text(msg.key()), reporter="deadletter-topic",
                    partition=None, offset=None)
         self._buffer(self.writer.add_dead_letter, row)
+
+    def _rejects(self, topic: str, error: str, raw: str) -> bool:
+        """Whether this sink rejects the record another stage dead-lettered: a record of an
+        event topic that fails the sink's own checks. A raw text cut by the dead-letter
+        encoding (over DEADLETTER_RAW_MAX) is judged by its error: only the shared
+        too-large reason is known to be the sink's too."""
+        if self.topics.kinds_of(topic) is None:
+            return False
+        cut = _TRUNCATED.search(raw)
+        if cut is not None:
+            return error == too_large(int(cut.group(1)))
+        _, errors = decode_lenient(raw.encode(), self.topics.kinds_of(topic))
+        return bool(errors)
 
     def _dead(self, topic: str, key: bytes | str | None, error: str, raw: bytes | str,
               partition: int | None, offset: int | None, ts: float) -> None:
@@ -190,7 +222,7 @@ class Sink:
                                key=key, headers=[(SOURCE_HEADER, SOURCE)])
         self._producer.poll(0)
         self.stats.dead_letters += 1
-        raw_text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+        raw_text = _cut(raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw)
         self._buffer(self.writer.add_dead_letter, {
             "ts": ts, "topic": topic, "partition": partition, "offset": offset,
             "key": _text(key), "error": error, "raw": raw_text, "reporter": "sink"})
@@ -270,3 +302,11 @@ def _text(value: bytes | str | None) -> str | None:
     if value is None or isinstance(value, str):
         return value
     return value.decode("utf-8", errors="replace")
+
+
+def _cut(text: str) -> str:
+    """A dead letter's raw text in the table, cut as on the dead-letter topic."""
+    size = len(text.encode("utf-8", errors="replace"))
+    if size <= DEADLETTER_RAW_MAX:
+        return text
+    return text[:DEADLETTER_RAW_MAX] + f"... [truncated: {size} bytes]"

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from failslow.schema import decode_lenient
 from failslow.schema.kafka_security import reader_conf
+from failslow.schema.limits import too_large
 from failslow.streams import quiet
 from failslow.streams.config import WorkerConfig
 from failslow.streams.metrics import Metrics
@@ -165,8 +166,7 @@ class RouteStage:
         ts0 = float(msg.timestamp or 0.0)
         values = split_value(msg.value or b"")
         if values is None:
-            await self.out.dead_letter(f"message of {len(msg.value)} bytes is larger than "
-                                       f"{PART_MAX_BYTES} and is not an array that can be split",
+            await self.out.dead_letter(too_large(len(msg.value), PART_MAX_BYTES),
                                        msg.topic, msg.key, msg.value)
             return
         if kind in ("step", "collective"):

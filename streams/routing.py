@@ -23,6 +23,8 @@ import zlib
 
 import orjson
 
+from failslow.schema.limits import MESSAGE_MAX_BYTES, split_value  # noqa: F401
+
 
 def home_partition(job_id: str, partitions: int) -> int:
     """The partition (0..N-1) on which all of ``job_id``'s events meet."""
@@ -70,37 +72,9 @@ def job_of_collective_key(key: str) -> str:
     return key.rpartition("/")[0]
 
 
-# The largest input value forwarded as one part. An internal message carries at least
-# one part plus its header, and Kafka's default limit (broker message.max.bytes,
-# aiokafka's max_request_size) is 1,048,576 bytes: an input message close to it, valid
-# as it came in, must be split to travel on.
-PART_MAX_BYTES = 768 * 1024
-
-
-def split_value(value: bytes, limit: int = PART_MAX_BYTES) -> list[bytes] | None:
-    """``value`` as parts of at most ``limit`` bytes: itself when small enough, else its
-    JSON array cut in halves until each fits (order kept). None when it cannot be cut:
-    not a JSON array, or one event alone is larger than ``limit``.
-
-    >>> [len(p) for p in split_value(b"[1,2,3,4]", limit=5)]
-    [5, 5]
-    """
-    if len(value) <= limit:
-        return [value]
-    try:
-        items = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return None
-    if type(items) is not list or len(items) < 2:
-        return None
-    mid = len(items) // 2
-    out: list[bytes] = []
-    for half in (items[:mid], items[mid:]):
-        parts = split_value(orjson.dumps(half), limit)
-        if parts is None:
-            return None
-        out += parts
-    return out
+# The largest input value forwarded as one part: the limit every stage shares
+# (schema/limits.py); a larger value is cut by split_value or dead-lettered whole.
+PART_MAX_BYTES = MESSAGE_MAX_BYTES
 
 
 HOSTMAP_TTL_S = 300.0

@@ -194,3 +194,93 @@ def test_the_spool_fsync_policy_keeps_records(tmp_path, policy):
     assert [r.value for r in Spool(tmp_path).peek(100)] == [str(i).encode() for i in range(50)]
     with pytest.raises(ValueError, match="fsync"):
         Spool(tmp_path, fsync="sometimes")
+
+
+def comm_record(i: int, ops: int = 12) -> dict:
+    return {"v": 1, "kind": "comm", "ts": 1.7e9 + i, "window_start_ts": 1.7e9 + i - 1,
+            "job_id": "big", "rank": 0, "host": "h0", "step": i, "step_end": True,
+            "ops": [{"group": f"dp{k}-a-long-communicator-name", "group_size": 64,
+                     "op": "allreduce", "n": 3, "blocked_s": 0.123456789, "min_s": 0.0123,
+                     "max_s": 0.0456, "bytes": 3 << 20, "first_seq": 1000 * i + k,
+                     "last_seq": 1000 * i + k + 2, "first_start_ts": 1.7e9 + i - 0.5}
+                    for k in range(ops)]}
+
+
+def raw_messages(bootstrap: str, topic: str, expect: int) -> list[tuple[str, bytes]]:
+    """(key, value) of the messages on ``topic`` (4 partitions), read by assignment."""
+    import uuid
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(4)])
+    out: list[tuple[str, bytes]] = []
+    deadline = time.monotonic() + 20
+    try:
+        while len(out) < expect and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                out.append((msg.key().decode(), msg.value()))
+    finally:
+        consumer.close()
+    return out
+
+
+def test_messages_are_cut_by_bytes_not_only_by_events(broker, topics):
+    """Issue 33 item 5: 500 comm records of 12 ops were one ~1.3 MB message that librdkafka
+    refused with an uncaught MSG_SIZE_TOO_LARGE."""
+    import orjson
+
+    from failslow.schema.limits import MESSAGE_MAX_BYTES
+
+    events = [comm_record(i) for i in range(600)]
+    assert len(orjson.dumps(events[:500])) > 1_000_000  # one message of old: too large
+    pub = Publisher(broker.bootstrap, topics)
+    pub.publish(events)
+    assert pub.flush(20) == 0
+    pub.close()
+    assert pub.stats["delivered"] == 600 and pub.stats["failed"] == 0
+    assert pub.stats["too_large"] == 0
+    msgs = raw_messages(broker.bootstrap, topics.for_kind("comm"), expect=3)
+    assert len(msgs) >= 3 and all(len(v) <= MESSAGE_MAX_BYTES for _, v in msgs)
+    got = [ev["step"] for _, v in msgs for ev in orjson.loads(v)]
+    assert got == list(range(600))
+
+
+def test_an_event_alone_too_large_is_dead_lettered_with_the_reason(broker, topics):
+    import orjson
+
+    huge = {**host_event(1), "pad": "x" * (5 << 20)}  # a 5 MB event
+    pub = Publisher(broker.bootstrap, topics)
+    pub.publish([host_event(0), huge, host_event(2)])
+    assert pub.flush(20) == 0
+    pub.close()
+    assert pub.stats["too_large"] == 1 and pub.stats["failed"] == 0
+    assert [ev["procs_running"] for ev in read_events(broker.bootstrap, topics.for_kind("host"),
+                                                       expect_events=2)] == [0, 2]
+    [(key, value)] = raw_messages(broker.bootstrap, topics.deadletter, expect=1)
+    dead = orjson.loads(value)
+    assert key == "h0" and dead["topic"] == topics.for_kind("host")
+    assert "larger than" in dead["error"] and str(len(orjson.dumps(huge))) in dead["error"]
+
+
+def test_replay_of_large_comm_records_keeps_its_summary(broker, topics, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import orjson
+
+    trace = tmp_path / "big.jsonl"
+    lines = [orjson.dumps(comm_record(i)) for i in range(600)]
+    lines.insert(10, b'{"v": 1, "kind": "comm", "ts": "not a number"}')
+    trace.write_bytes(b"\n".join(lines) + b"\n")
+    env = {**os.environ, "FAILSLOW_BOOTSTRAP": broker.bootstrap,
+           "FAILSLOW_TOPIC_PREFIX": topics.prefix, "FAILSLOW_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-m", "failslow.cli", "replay", str(trace)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert "replayed 600 of 600 events" in out.stdout and "1 bad lines" in out.stdout
+    assert f"{trace}:11" in out.stderr

@@ -114,5 +114,7 @@ def run(args: argparse.Namespace) -> int:
     st = pub.stats
     print(f"replayed {st['delivered']} of {sent} events to {settings.bootstrap} "
           f"(prefix {settings.topic_prefix}) in {time.monotonic() - started:.1f} s; "
-          f"{len(bad)} bad lines, {left} undelivered")
+          f"{len(bad)} bad lines, {left} undelivered"
+          + (f", {st['too_large']} events too large (sent to the dead-letter topic)"
+             if st["too_large"] else ""))
     return 0 if left == 0 and st["failed"] == 0 else 1
