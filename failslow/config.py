@@ -15,6 +15,7 @@ import orjson
 
 from failslow import secrets
 from failslow.errors import ConfigError
+from failslow.home import private_home
 from failslow.schema import kafka_security
 from failslow.schema.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity, KafkaSecurityError
 
@@ -130,6 +131,7 @@ def resolve(args: argparse.Namespace | None = None, env: dict[str, str] | None =
         return value if value not in (None, "") else (env.get(var) or None)
 
     home = Path(pick("home", "FAILSLOW_HOME") or Path.home() / ".failslow").expanduser()
+    private_home(home)
     bootstrap = pick("bootstrap", "FAILSLOW_BOOTSTRAP")
     if bootstrap is None:
         state = read_stack_state(home)
@@ -191,6 +193,8 @@ def clickhouse_url(settings: Settings) -> str:
 
     url = settings.clickhouse
     if url.startswith("chdb:"):
+        if url == f"chdb://{settings.home / 'chdb'}":
+            private_home(settings.home, create=True)   # before chdb makes its folders 0755
         return url
     extra = {}
     if settings.clickhouse_password is not None:

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from failslow.config import Settings
 from failslow.embedded import PLAINTEXT_FLAGS, start_broker
 from failslow.errors import FailslowError
+from failslow.home import private_home
 from failslow.schema import Topics
 from failslow.worker_process import WorkerProcess
 
@@ -98,7 +99,8 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
     folder = home / "chdb"
     if home.exists():
         shutil.rmtree(home)
-    home.mkdir(parents=True)
+    private_home(settings.home, create=True)
+    home.mkdir(mode=0o700)
     topics = Topics(settings.topic_prefix)
     t0 = time.monotonic()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from failslow import stack
 from failslow.config import Settings, read_stack_state, state_path
+from failslow.home import private_home
 from failslow.schema import Topics, kafka_security
 from failslow.storage.url import mask
 
@@ -37,7 +38,7 @@ def start_broker(topics: Topics, partitions: int = 4, port: int | None = None,
 
 def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> dict:
     home = settings.home
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_home(home, create=True)
     broker = start_broker(Topics(settings.topic_prefix), partitions, port,
                           log_path=home / "tansu.log", detach=True)
     state: dict = {}

@@ -20,6 +20,7 @@ from typing import Any
 
 from failslow.config import read_stack_state, state_path
 from failslow.errors import FailslowError
+from failslow.home import private_home
 from failslow.schema import Topics
 from failslow.schema.kafka_security import client_conf
 
@@ -198,7 +199,7 @@ def start_broker_with_topics(topics: Topics, partitions: int = 4, port: int | No
 def write_state(home: Path, state: dict) -> None:
     import orjson
 
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_home(home, create=True)
     path = state_path(home)
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ from failslow.collectors.publisher import Publisher
 from failslow.collectors.samplers import OnChangeConfig
 from failslow.config import resolve
 from failslow.errors import FailslowError
+from failslow.home import private_home
 from failslow.metrics import COLLECT, add_metrics_flags, serve_metrics
 from failslow.schema import Topics
 
@@ -142,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     if not samplers:
         raise CollectError("no sampler to run")
     on_change = on_change_config(args)
+    if not args.spool_dir:
+        private_home(settings.home, create=True)
     spool = args.spool_dir or str(settings.home / "spool" / host)
     pub = Publisher(settings.bootstrap, Topics(settings.topic_prefix), spool_dir=spool,
                     linger_ms=args.linger_ms, spool_max_bytes=int(args.spool_max_mb * 2**20),

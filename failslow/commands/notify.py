@@ -19,6 +19,7 @@ from failslow.alerting import DEFAULT_RATES, DEFAULT_ROUTES, NotifyService, Poli
 from failslow.alerting.base import AlertingError
 from failslow.alerting.notifiers import build_notifiers
 from failslow.config import resolve
+from failslow.home import private_home
 from failslow.metrics import NOTIFY, add_metrics_flags, serve_metrics
 from failslow.schema import Topics
 
@@ -79,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         pagerduty_routing_key=settings.pagerduty_routing_key,
         pagerduty_url=settings.pagerduty_url, webhook_url=settings.webhook_url,
         console=args.console, timeout_s=args.timeout)
+    if not args.state_dir:
+        private_home(settings.home, create=True)
     service = NotifyService(
         settings.bootstrap, Topics(settings.topic_prefix), notifiers,
         args.state_dir or settings.home / "notify", policy=policy, group_id=args.group,
