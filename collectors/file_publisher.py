@@ -10,6 +10,11 @@ Every ``publish`` appends its events and flushes them to the operating system,
 so a job killed mid-way leaves a readable trace (at most the last line cut,
 which ``detect`` reports and skips).
 
+An existing file is refused (``FileExistsError``) unless ``append=True``: a rerun that
+wrote into the previous run's file would make ``failslow detect`` judge both runs as
+one, with one incident spanning them. ``collectors.runs.trace_path`` gives each run its
+own folder.
+
 >>> import tempfile, os, orjson
 >>> path = os.path.join(tempfile.mkdtemp(), "rank0.jsonl")
 >>> pub = FilePublisher(path)
@@ -33,13 +38,19 @@ import orjson
 class FilePublisher:
     """Append CONTRACT.md events to a JSON Lines file (thread-safe).
 
-    path: the file, created with its folder if missing; appended to when it exists.
+    path: the file, created with its folder if missing. append: add to the file when it
+    exists; by default an existing file raises ``FileExistsError`` (another run's trace).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, append: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+        try:
+            self._file = open(self.path, "ab" if append else "xb")  # noqa: SIM115 - close()
+        except FileExistsError:
+            raise FileExistsError(
+                f"{self.path} exists (an earlier run's trace?): give each run its own "
+                "file, or pass append=True to add to it") from None
         self._lock = threading.Lock()
         self.stats = {"published": 0}
 

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "report": "one incident or one job as a self-contained HTML page with plots",
     "status": "pipeline health at a glance; exits non-zero when unhealthy",
     "migrate": "apply the ClickHouse schema (idempotent)",
+    "run": "run a training command with the hook in every rank, no code change",
 }
 
 
