@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast install lint clickhouse-server
+.PHONY: demo test test-fast install lint clickhouse-server chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,15 @@ clickhouse-server:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clickhouse-server >/dev/null; } || \
 	  echo "clickhouse-server not installable here: its native-protocol tests will skip"
 
-test: install lint clickhouse-server
+# Chromium renders `failslow report` pages headless in tests/test_report.py (skipped, saying
+# so, when it cannot be installed).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "chromium not installable here: the report's browser tests will skip"
+
+test: install lint clickhouse-server chromium
 	$(BIN)/pytest -q -p no:cacheprovider --timeout=300 tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests ran: failing"; exit 1; fi; exit $$rc
 

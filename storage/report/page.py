@@ -153,8 +153,9 @@ def incident_page(client: Client, incident_id: str) -> str:
         f" <-> rank {last['peer_rank']}" if last.get("peer_rank") is not None else "")
     body = [f"<h1>{escape(last['fault'])} in job {escape(job)}: {escape(culprit)}</h1>",
             f"<div class=\"sub\">incident {escape(incident_id)} &middot; host "
-            f"{escape(str(host or '-'))}, GPU {escape(str(last['gpu'] if last['gpu'] is not None else '-'))}"
-            f" &middot; root cause <b>{escape(str(last['root_cause'] or 'unknown'))}</b> "
+            f"{escape(str(host or '-'))}"
+            + (f", GPU {escape(str(last['gpu']))}" if last["gpu"] is not None else "")
+            + f" &middot; root cause <b>{escape(str(last['root_cause'] or 'unknown'))}</b> "
             f"&middot; mitigation <b>{escape(str(last['mitigation'] or '-'))}</b></div>"]
     duration = end - onset
     cards = [(last["status"], "status", ""),
@@ -188,7 +189,7 @@ def incident_page(client: Client, incident_id: str) -> str:
         row = [_utc(r["ts"]), f"{r['ts'] - onset:.0f}", r["status"], r["severity"],
                f"{r['slowdown_pct']:.1f}", str(r["root_cause"] or "-"), str(r["mitigation"] or "-")]
         if "gpu_hours_lost" in r:
-            row.append(_num(r["gpu_hours_lost"], "{:.2f}"))
+            row.append(_num(r["gpu_hours_lost"], "{:.3g}"))
         trows.append(row)
     body.append(_table(cols, trows, {"+s", "slowdown %", "GPU-h lost"}))
     body.append(f"<p class=\"sub\">onset {_utc(onset)} &middot; detected "
@@ -219,14 +220,28 @@ def _telemetry(reader: Reader, inc: dict[str, Any], job: str, t0: float, t1: flo
         return ["<p class=\"sub\">The incident names no host: no device telemetry to show.</p>"]
     hosts = reader.job_hosts(job, t0, t1) or [host]
     who = f"{host} GPU {gpu}" if gpu is not None else f"{host} (all GPUs)"
-    out = [f"<p class=\"sub\">{escape(who)} against the {len(hosts)} host(s) of job "
-           f"{escape(job)}.</p>"]
     onset = float(inc["onset_ts"])
-    for s in reader.gpu_series(hosts, host, gpu, t0, t1):
-        out.append(_series_chart(s, onset, who, markers))
-    for s in reader.nic_series(hosts, host, t0, t1):
-        out.append(_series_chart(s, onset, host, markers))
+    # A measure nobody sampled (a CPU job, a host with no `failslow collect`) gets no
+    # empty chart, only its name in one line.
+    charts, missing = [], []
+    for series, name in [*((s, who) for s in reader.gpu_series(hosts, host, gpu, t0, t1)),
+                         *((s, host) for s in reader.nic_series(hosts, host, t0, t1))]:
+        if _has_data(series):
+            charts.append(_series_chart(series, onset, name, markers))
+        else:
+            missing.append(series.name)
+    out = [f"<p class=\"sub\">{escape(who)} against the {len(hosts)} host(s) of job "
+           f"{escape(job)}.</p>"] if charts else []
+    out += charts
+    if missing:
+        out.append(f"<p class=\"sub\">No samples of {escape(', '.join(missing))} for "
+                   f"{escape(host)} or its peers in this window (a CPU job, or no `failslow "
+                   "collect` on the hosts).</p>")
     return out
+
+
+def _has_data(s: Series) -> bool:
+    return bool(np.isfinite(s.mine).any() or np.isfinite(s.p50).any())
 
 
 def _timeline_chart(rows: list[dict[str, Any]], ref: float) -> str:
@@ -248,6 +263,13 @@ def _timeline_chart(rows: list[dict[str, Any]], ref: float) -> str:
     return out
 
 
+def _time_unit(span_s: float) -> tuple[float, str]:
+    """Seconds for a job of a few minutes (a test run), minutes up to a few hours."""
+    if span_s < 300:
+        return 1.0, "seconds"
+    return (60.0, "minutes") if span_s < 3 * 3600 else (3600.0, "hours")
+
+
 def job_page(client: Client, job_id: str) -> str:
     """The page of one job: its incidents and its step times, culprits highlighted."""
     reader = Reader(client)
@@ -266,15 +288,16 @@ def job_page(client: Client, job_id: str) -> str:
     known = [float(i["gpu_hours_lost"]) for i in incidents
              if i.get("gpu_hours_lost") is not None]
     if incidents and "gpu_hours_lost" in incidents[0]:
-        cards.append((f"{sum(known):.2f}" if known else "n/a", "GPU-hours lost", ""))
+        cards.append((f"{sum(known):.3g}" if known else "n/a", "GPU-hours lost", ""))
     body = [f"<h1>Job {escape(job_id)}</h1>",
             f"<div class=\"sub\">steps from {_utc(first)} to {_utc(last)} UTC</div>",
             _cards(cards), "<h2>Step times</h2>"]
-    markers = [svg.Marker((float(i["onset_ts"]) - first) / 60, f"{i['fault']} r{i['rank']}"
+    scale, unit = _time_unit(last - first)
+    markers = [svg.Marker((float(i["onset_ts"]) - first) / scale, f"{i['fault']} r{i['rank']}"
                           if i["rank"] is not None else str(i["fault"]), "#444")
                for i in worst[:6]]
-    body.append(_step_chart(steps, first, colors, markers, "minutes since the first step",
-                            scale=60.0))
+    body.append(_step_chart(steps, first, colors, markers, f"{unit} since the first step",
+                            scale=scale))
     body.append("<h2>Incidents</h2>")
     if not incidents:
         body.append("<p>No incident in this job.</p>")
@@ -291,7 +314,7 @@ def job_page(client: Client, job_id: str) -> str:
                    str(i["root_cause"] or "-"), str(i["mitigation"] or "-"),
                    f"{i['slowdown_pct']:.1f}", _utc(i["onset_ts"]), _utc(i["resolved_ts"])]
             if "gpu_hours_lost" in i:
-                row.append(_num(i["gpu_hours_lost"], "{:.2f}"))
+                row.append(_num(i["gpu_hours_lost"], "{:.3g}"))
             rows.append(row)
         body.append(_table(cols, rows, {"slowdown %", "GPU-h lost"}))
         body.append("<p class=\"sub\">One incident in detail: <code>failslow report "

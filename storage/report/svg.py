@@ -16,6 +16,8 @@ import numpy as np
 MAX_POINTS = 600
 W, H = 860, 240
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 40, 34
+CHAR_W = 6.6        # width of one 11 px tick-label character, a little over the widest digit
+Y_LABEL_X = 13      # the rotated y-axis label's centre line; its text reaches ~7 px right
 
 
 @dataclass
@@ -127,27 +129,31 @@ def render(chart: Chart, width: int = W, height: int = H) -> str:
     y0, y1 = (0.0 if y0 >= 0 and y0 - pad < 0 else y0 - pad), y1 + pad
     if x1 <= x0:
         x0, x1 = x0 - 1, x1 + 1
-    pw, ph = width - LEFT - RIGHT, height - TOP - BOTTOM
+    y_ticks = [(t, _fmt(t)) for t in _ticks(y0, y1)]
+    # Wide tick labels (0.0008, -1.5e+05) push the plot right instead of running into the
+    # rotated y-axis label.
+    left = max(LEFT, int(Y_LABEL_X + 8 + 5 + CHAR_W * max(len(t) for _, t in y_ticks)) + 1)
+    pw, ph = width - left - RIGHT, height - TOP - BOTTOM
 
     def px(v: np.ndarray) -> np.ndarray:
-        return LEFT + (v - x0) / (x1 - x0) * pw
+        return left + (v - x0) / (x1 - x0) * pw
 
     def py(v: np.ndarray) -> np.ndarray:
         return TOP + ph - (np.minimum(v, y1) - y0) / (y1 - y0) * ph
 
-    out.append(f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" class="pa"/>')
-    for t in _ticks(y0, y1):
+    out.append(f'<rect x="{left}" y="{TOP}" width="{pw}" height="{ph}" class="pa"/>')
+    for t, label in y_ticks:
         y = float(py(np.array(t)))
-        out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" class="gr"/>'
-                   f'<text x="{LEFT - 5}" y="{y + 4:.1f}" text-anchor="end" class="tk">'
-                   f'{_fmt(t)}</text>')
+        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" class="gr"/>'
+                   f'<text x="{left - 5}" y="{y + 4:.1f}" text-anchor="end" class="tk">'
+                   f'{label}</text>')
     for t in _ticks(x0, x1, 8):
         x = float(px(np.array(t)))
         out.append(f'<text x="{x:.1f}" y="{TOP + ph + 15}" text-anchor="middle" class="tk">'
                    f'{_fmt(t)}</text>')
-    out.append(f'<text x="{LEFT + pw / 2}" y="{height - 3}" text-anchor="middle" class="ax">'
+    out.append(f'<text x="{left + pw / 2}" y="{height - 3}" text-anchor="middle" class="ax">'
                f'{escape(chart.x_label)}</text>'
-               f'<text transform="translate(13 {TOP + ph / 2}) rotate(-90)" '
+               f'<text transform="translate({Y_LABEL_X} {TOP + ph / 2}) rotate(-90)" '
                f'text-anchor="middle" class="ax">{escape(chart.y_label)}</text>')
     for b in chart.bands:
         bx, lo, hi = _thin(b.x, b.low, b.high)
@@ -158,15 +164,18 @@ def render(chart: Chart, width: int = W, height: int = H) -> str:
         bottom = _points(px(bx[ok][::-1]), py(lo[ok][::-1]))
         out.append(f'<polygon points="{top} {bottom}" fill="{b.color}" fill-opacity="0.45" '
                    'stroke="none"/>')
+    labels = []
     for i, m in enumerate(sorted(chart.markers, key=lambda m: m.x)):
         x = float(px(np.array(m.x)))
         # labels step down one line each, so close markers stay readable
-        right = x > LEFT + pw - 7 * len(m.label) - 6
+        right = x > left + pw - 7 * len(m.label) - 6
         tx, anchor = (x - 3, "end") if right else (x + 3, "start")
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + ph}" '
-                   f'stroke="{m.color}" stroke-dasharray="4 3"/>'
-                   f'<text x="{tx:.1f}" y="{TOP + 11 + 12 * (i % 3)}" text-anchor="{anchor}" '
-                   f'class="mk" fill="{m.color}">{escape(m.label)}</text>')
+                   f'stroke="{m.color}" stroke-dasharray="4 3"/>')
+        # drawn after the data, on a white halo: a line crossing a label leaves it readable
+        labels.append(f'<text x="{tx:.1f}" y="{TOP + 11 + 12 * (i % 3)}" '
+                      f'text-anchor="{anchor}" class="mk" fill="{m.color}" stroke="#fff" '
+                      f'stroke-width="3" paint-order="stroke">{escape(m.label)}</text>')
     for ln in chart.lines:
         ok = np.isfinite(ln.x) & np.isfinite(ln.y)
         lx, ly = _thin(ln.x[ok], ln.y[ok])
@@ -180,6 +189,7 @@ def render(chart: Chart, width: int = W, height: int = H) -> str:
             lx, ly = np.repeat(lx, 2)[1:], np.repeat(ly, 2)[:-1]
         out.append(f'<polyline points="{_points(px(lx), py(ly))}" fill="none" '
                    f'stroke="{ln.color}" stroke-width="{ln.width}"{dash}/>')
+    out.extend(labels)
     out.append(_legend(chart, width))
     out.append("</svg>")
     return "".join(out)
