@@ -61,7 +61,7 @@ def start_stack(settings: Settings, port: int | None, partitions: int = 4) -> di
     return state
 
 
-def db_owner_problem(state: dict) -> str | None:
+def db_owner_problem(state: dict, tries: int = 3) -> str | None:
     """Why the database owner recorded in ``state`` does not serve its chdb folder, or None
     (it does, or this stack has none: a ClickHouse server)."""
     from failslow.storage.serve import find_owner
@@ -70,11 +70,14 @@ def db_owner_problem(state: dict) -> str | None:
     pid = int(state.get("db_pid") or 0)
     if not pid:
         return None
-    owner = find_owner(Path(parse(state["clickhouse"]).path or ""))
-    if owner is not None and int(owner["pid"]) == pid:
-        return None
-    if not stack.pid_alive(pid):
-        return f"the database owner (sink) pid {pid} is not running"
+    folder = Path(parse(state["clickhouse"]).path or "")
+    for _ in range(tries):
+        owner = find_owner(folder)
+        if owner is not None and int(owner["pid"]) == pid:
+            return None
+        if not stack.pid_alive(pid):
+            return f"the database owner (sink) pid {pid} is not running"
+        time.sleep(1.0)     # alive: a busy machine may answer late; a hung one never does
     return f"the database owner (sink) pid {pid} does not answer on its query endpoint"
 
 

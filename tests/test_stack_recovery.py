@@ -54,6 +54,10 @@ def test_up_restarts_a_killed_database_owner_beside_the_live_broker(tmp_path):
         while pid_alive(old["db_pid"]):
             pass
         assert owner_file(home / "chdb").exists()       # what the killed owner left behind
+        status = fs("status", "--format", "json", env=env)
+        assert status.returncode == 1
+        assert f"sink of the embedded stack (pid {old['db_pid']}) is not running (`failslow up` " \
+            "starts it again)" in orjson.loads(status.stdout)["problems"]
         again = fs("up", env=env)
         assert again.returncode == 0, again.stderr
         assert "already running" not in again.stdout
@@ -84,6 +88,26 @@ def test_up_restarts_a_killed_broker_on_the_port_it_had(tmp_path):
         assert new["port"] == old["port"] and new["pid"] != old["pid"]
         assert pid_alive(new["pid"]) and port_open(new["port"])
         assert not pid_alive(old["db_pid"]) and pid_alive(new["db_pid"])
+        assert _count_incidents(env) == 0
+    finally:
+        _cleanup(env, old, new)
+
+
+def test_up_replaces_a_hung_database_owner(tmp_path):
+    home = tmp_path / "home"
+    env = {"FAILSLOW_HOME": str(home)}
+    first = fs("up", "--port", "0", env=env)
+    assert first.returncode == 0, first.stderr
+    old = _state(home)
+    new = old
+    try:
+        os.kill(old["db_pid"], signal.SIGSTOP)           # alive, holding the folder, silent
+        again = fs("up", env=env)
+        assert again.returncode == 0, again.stderr
+        assert f"the database owner (sink) pid {old['db_pid']} does not answer on its query " \
+            "endpoint; started it again" in again.stdout
+        new = _state(home)
+        assert not pid_alive(old["db_pid"]) and find_owner(home / "chdb")["pid"] == new["db_pid"]
         assert _count_incidents(env) == 0
     finally:
         _cleanup(env, old, new)
