@@ -45,6 +45,7 @@ MODES = ("off", "suggest", "auto")
 ACTION_TYPES = ("rebalance_microbatches", "drain_host")
 ACTION_MODES = ("dry_run", "apply")
 DRAIN_CAUSES = ("migrate_node", "checkpoint_restart")  # the ladder's rungs past rebalancing
+PRUNE_EVERY = 4096  # rank-0 steps between two looks for ended jobs
 
 
 class MitigationConfigError(FailslowError):
@@ -187,7 +188,6 @@ class _Held:
     incident_id: str
     rank: int
     action: dict[str, Any]
-    baseline_step_s: float | None
     clean: int = 0
 
 
@@ -199,18 +199,24 @@ class ActionPlanner:
     step; ``on_incident(incident)`` returns the actions the incident causes (a
     ``rebalance_microbatches`` for a paged compute straggler, a ``drain_host`` on an
     escalation); ``observe`` itself returns a rollback once a held culprit recovered
-    (``recover_steps`` steps in a row back within ``min_gain`` of its peers).
+    (the median of its last ``recover_window`` steps back within ``min_gain`` of its
+    peers', ``recover_steps`` steps in a row: quick, because every step of a rebalance
+    past the recovery makes the healthy ranks do the recovered rank's work).
     Nothing is published for a job whose mode is ``off``; ``suggest`` marks every action
     ``dry_run`` (the job ignores those). ``now`` is the event time (seconds) the actions
     are stamped with: the newest event's, so replays give the same actions.
     """
 
-    def __init__(self, config: MitigationConfig | None = None, recover_steps: int = 5) -> None:
+    def __init__(self, config: MitigationConfig | None = None, recover_steps: int = 2,
+                 recover_window: int = 4, forget_s: float = 3600.0) -> None:
         self.config = config or MitigationConfig()
         self.recover_steps = recover_steps
+        self.recover_window = recover_window
+        self.forget_s = forget_s
+        self._observed = 0
         # job -> rank -> recent (compute_s / samples)
         self._per_sample: dict[str, dict[int, deque[float]]] = defaultdict(dict)
-        self._step_s: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=64))
+        self._step_s: dict[str, deque[float]] = {}
         self._newest: dict[str, tuple[int, float]] = {}
         self._world: dict[str, int] = {}
         self._held: dict[str, _Held] = {}          # job -> the action in effect
@@ -233,18 +239,28 @@ class ActionPlanner:
         old = self._newest.get(job)
         if old is None or step > old[0]:
             self._newest[job] = (step, ev["ts"])
-            if rank == 0 or old is None:
-                self._step_s[job].append(ev["duration_s"])
-        elif rank == 0:
-            self._step_s[job].append(ev["duration_s"])
+        if rank == 0:
+            self._step_s.setdefault(job, deque(maxlen=64)).append(ev["duration_s"])
+            self._observed += 1
+            if self._observed % PRUNE_EVERY == 0:
+                self._prune(ev["ts"])
         return self._maybe_rollback(job, rank)
 
-    def per_sample(self, job: str) -> dict[int, float]:
-        """Each rank's median time per sample over the last ``window_steps`` steps."""
-        return {r: median(d) for r, d in self._per_sample[job].items() if d}
+    def _prune(self, now: float) -> None:
+        """Forget jobs silent for ``forget_s`` (ended): the planner's memory stays bounded."""
+        for job in [j for j, (_, ts) in self._newest.items() if ts < now - self.forget_s]:
+            for table in (self._per_sample, self._step_s, self._newest, self._world,
+                          self._held, self._version):
+                table.pop(job, None)
 
-    def _gain(self, job: str, rank: int) -> float | None:
-        per = self.per_sample(job)
+    def per_sample(self, job: str, last: int | None = None) -> dict[int, float]:
+        """Each rank's median time per sample over its last ``window_steps`` steps (or its
+        ``last`` ones)."""
+        cut = -(last or self.config.window_steps)
+        return {r: median(list(d)[cut:]) for r, d in self._per_sample[job].items() if d}
+
+    def _gain(self, job: str, rank: int, last: int | None = None) -> float | None:
+        per = self.per_sample(job, last)
         peers = [t for r, t in per.items() if r != rank]
         if rank not in per or not peers or median(peers) <= 0:
             return None
@@ -289,17 +305,18 @@ class ActionPlanner:
         action = self._action(job, inc["incident_id"], "rebalance_microbatches",
                               "apply" if mode == "auto" else "dry_run", shares, reason)
         action["rank"] = rank
+        step_s = self._step_s.get(job)
+        if step_s:
+            action["step_s_before"] = round(median(list(step_s)[-self.config.window_steps:]), 4)
         if mode == "auto":
-            step_s = self._step_s[job]
-            self._held[job] = _Held(inc["incident_id"], rank, action,
-                                    median(step_s) if step_s else None)
+            self._held[job] = _Held(inc["incident_id"], rank, action)
         return action
 
     def _maybe_rollback(self, job: str, rank: int) -> list[dict[str, Any]]:
         held = self._held.get(job)
         if held is None or rank != held.rank:
             return []
-        gain = self._gain(job, rank)
+        gain = self._gain(job, rank, self.recover_window)
         held.clean = held.clean + 1 if gain is not None and gain < self.config.min_gain else 0
         if held.clean < self.recover_steps:
             return []

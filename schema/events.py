@@ -32,7 +32,8 @@ class SchemaError(FailslowError):
 
 # Field types: "str", "int" (64-bit), "i32" (32-bit integer), "num" (int or float,
 # finite), "time" (a number of epoch seconds in TIME_MIN..TIME_MAX), "bool" (true or
-# false), "ints" (list of int), "obj" (JSON object), "ops" (a list of at most OPS_MAX
+# false), "ints" (list of int), "nums" (list of finite numbers), "obj" (JSON object),
+# "ops" (a list of at most OPS_MAX
 # objects of the NESTED spec "ops", each checked field by field like an event), or a
 # tuple of allowed strings (an enum).
 FieldType = str | tuple[str, ...]
@@ -46,6 +47,9 @@ SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}  # severity -> its plac
 STATUSES = ("open", "resolved")
 ROOT_CAUSES = ("gpu_thermal", "gpu_power", "gpu_clock", "pcie_degraded", "gpu_errors",
                "nic_congestion", "nic_errors", "cpu_contention", "input_stall", "unknown")
+# What the mitigation planner may ask a job to do (``action`` events, issue 32), and how.
+ACTION_TYPES = ("rebalance_microbatches", "drain_host")
+ACTION_MODES = ("dry_run", "apply")
 # The escalation ladder, cheapest first (FALCON's S1-S4 plus migration): an open
 # incident's mitigation only climbs it.
 MITIGATIONS = ("ignore", "rebalance_microbatches", "adjust_pipeline", "migrate_node",
@@ -57,7 +61,7 @@ SPECS: dict[str, tuple[dict[str, FieldType], dict[str, FieldType]]] = {
         {"ts": "time", "job_id": "str", "rank": "i32", "world_size": "i32", "host": "str",
          "step": "int", "duration_s": "num"},
         {"gpu": "i32", "compute_s": "num", "comm_s": "num", "data_s": "num", "tokens": "int",
-         "dp_rank": "i32", "pp_rank": "i32", "tp_rank": "i32"},
+         "dp_rank": "i32", "pp_rank": "i32", "tp_rank": "i32", "samples": "int"},
     ),
     "collective": (
         {"ts": "time", "job_id": "str", "rank": "i32", "host": "str", "group": "str",
@@ -103,6 +107,13 @@ SPECS: dict[str, tuple[dict[str, FieldType], dict[str, FieldType]]] = {
          "resolved_ts": "time", "root_cause": ROOT_CAUSES, "mitigation": MITIGATIONS,
          "evidence": "obj", "gpu_hours_lost": "num"},
     ),
+    "action": (
+        {"ts": "time", "action_id": "str", "job_id": "str", "incident_id": "str",
+         "type": ACTION_TYPES, "mode": ACTION_MODES, "apply_at_step": "int",
+         "expires_ts": "time", "shares": "nums", "reason": "str"},
+        {"version": "int", "rank": "i32", "host": "str", "rollback": "bool",
+         "step_s_before": "num"},
+    ),
 }
 KINDS: tuple[str, ...] = tuple(SPECS)
 
@@ -147,6 +158,7 @@ class StepEvent(_Base):
     dp_rank: NotRequired[int | None]
     pp_rank: NotRequired[int | None]
     tp_rank: NotRequired[int | None]
+    samples: NotRequired[int | None]
 
 
 class CollectiveEvent(_Base):
@@ -279,7 +291,25 @@ class IncidentEvent(_Base):
     gpu_hours_lost: NotRequired[float | None]
 
 
-Event = StepEvent | CollectiveEvent | CommEvent | GpuEvent | NicEvent | HostEvent | IncidentEvent
+class ActionEvent(_Base):
+    action_id: str
+    job_id: str
+    incident_id: str
+    type: str
+    mode: str
+    apply_at_step: int
+    expires_ts: float
+    shares: list[float]
+    reason: str
+    version: NotRequired[int | None]
+    rank: NotRequired[int | None]
+    host: NotRequired[str | None]
+    rollback: NotRequired[bool | None]
+    step_s_before: NotRequired[float | None]
+
+
+Event = (StepEvent | CollectiveEvent | CommEvent | GpuEvent | NicEvent | HostEvent
+         | IncidentEvent | ActionEvent)
 
 
 def _type_error(kind: str, name: str, want: str, value: Any) -> SchemaError:
@@ -324,6 +354,11 @@ def _check(kind: str, name: str, ftype: FieldType, value: Any) -> None:
             raise _type_error(kind, name, "a list of integers", value)
         for x in value:
             _check_range(kind, name, x)
+    elif ftype == "nums":
+        if type(value) is not list:
+            raise _type_error(kind, name, "a list of numbers", value)
+        for x in value:
+            _check(kind, name, "num", x)
     elif ftype == "obj":
         if type(value) is not dict:
             raise _type_error(kind, name, "an object", value)

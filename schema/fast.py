@@ -58,6 +58,8 @@ def _bad(ftype, v: str) -> list[str]:
         return [f"type({v}) is not str"]
     if ftype == "ints":
         return [f"type({v}) is not list", f"({v} and not ints_ok({v}))"]
+    if ftype == "nums":
+        return [f"type({v}) is not list", f"({v} and not nums_ok({v}))"]
     if ftype == "obj":
         return [f"type({v}) is not dict"]
     if ftype == "bool":
@@ -90,6 +92,12 @@ def ints_ok(xs: list) -> bool:
     return all(type(x) is int for x in xs) and INT_MIN <= min(xs) and max(xs) <= INT_MAX
 
 
+def nums_ok(xs: list) -> bool:
+    """Every element of ``xs`` is a float (orjson yields only finite ones) or an int in
+    the 64-bit range."""
+    return all(type(x) is float or (type(x) is int and INT_MIN <= x <= INT_MAX) for x in xs)
+
+
 def _compile_all():
     """``all_valid(objs)``: True when every object decoded by orjson certainly
     passes ``schema.validate``. One generated function with the SPECS table
@@ -110,7 +118,7 @@ def _compile_all():
                 "  if type(o) is not dict: return False", "  g = o.get", "  try:"]
         src += _spec_lines(ftype, required, optional, "   ")
         src += ["  except KeyError:", "   return False", " return True"]
-    scope: dict = {"NUM": frozenset((int, float)), "ints_ok": ints_ok}
+    scope: dict = {"NUM": frozenset((int, float)), "ints_ok": ints_ok, "nums_ok": nums_ok}
     exec("\n".join(src), scope)  # noqa: S102 - code built from the SPECS table only
     return scope["all_valid"]
 

@@ -13,7 +13,10 @@ KIND_TOPIC = {
     "collective": "collectives",
     "comm": "collectives",
     "incident": "incidents",
+    "action": "actions",
 }
+# Topics the stream processors publish, never read as detector input.
+OUTPUTS = ("incidents", "actions")
 DEADLETTER = "deadletter"
 # topic (without prefix) -> the kinds it carries
 TOPIC_KINDS: dict[str, frozenset[str]] = {
@@ -44,12 +47,12 @@ class Topics:
 
     def inputs(self) -> list[str]:
         """The event topics the stream processors read, each once."""
-        return [self.prefix + t for t in TOPIC_KINDS if t != KIND_TOPIC["incident"]]
+        return [self.prefix + t for t in TOPIC_KINDS if t not in OUTPUTS]
 
 
 def key_for(event: Any) -> str:
     """The message key of an event: host for telemetry, job_id for steps, comm summaries
-    and incidents, ``job_id/group`` for raw collectives."""
+    incidents and actions, ``job_id/group`` for raw collectives."""
     kind = event["kind"]
     if kind in ("gpu", "nic", "host"):
         return str(event["host"])

@@ -363,6 +363,19 @@ _CREATES = re.compile(r"CREATE (?:OR REPLACE )?(?:MATERIALIZED )?(?:TABLE|VIEW) 
                       r"(?:IF NOT EXISTS )?\{db\}\.(\w+)")
 _ADDS = re.compile(r"ALTER TABLE \{db\}\.(\w+) ADD COLUMN IF NOT EXISTS (\w+)")
 
+# The mitigation planner's actions (issue 32): what was asked of which job, and why.
+_ACTIONS = f"""CREATE TABLE IF NOT EXISTS {{db}}.actions (
+    ts {_TS}, action_id String, job_id LowCardinality(String), incident_id String,
+    type LowCardinality(String), mode LowCardinality(String), apply_at_step Int64,
+    expires_ts DateTime64(3, 'UTC'), shares Array(Float64), reason String,
+    version Nullable(Int64), rank Nullable(Int32), host LowCardinality(Nullable(String)),
+    rollback Nullable(Bool), step_s_before Nullable(Float64),
+    {_INGEST}
+) ENGINE = ReplacingMergeTree ORDER BY (job_id, ts, action_id)"""
+
+# A rank's units of the global batch under an action (models.actions): time per sample.
+_STEPS_SAMPLES = "ALTER TABLE {db}.steps ADD COLUMN IF NOT EXISTS samples Nullable(Int64)"
+
 # (version, name, statements). Append new migrations; never edit an applied one.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "raw tables", [_STEPS, _COLLECTIVES, _GPU, _NIC, _HOST]),
@@ -375,6 +388,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
      [_INCIDENTS_CURRENT_COST, _GPU_HOURS_DAILY]),
     (8, "comm: the step in the sort key", [_COMM_STEP_KEY]),
     (9, "steps.own_s, gpu_clocks_1m and nic_1m (for the query presets)", _PRESET_ROLLUPS),
+    (11, "actions and steps.samples (issue 32)", [_ACTIONS, _STEPS_SAMPLES]),
 ]
 
 

@@ -319,6 +319,29 @@ GROUP BY host
 ORDER BY lost_gpu_hours DESC, host
 LIMIT {{limit:UInt32}}"""
 
+# Each action with the job's median step time over ``steps`` steps before the step it
+# applies at and as many from it on (rank 0's steps: a synchronous job's steps last as
+# long on every rank): what the mitigation did, measured.
+_MITIGATIONS = """
+SELECT a.ts AS ts, a.action_id AS action_id, a.job_id AS job_id, a.incident_id AS incident_id,
+       a.type AS type, a.mode AS mode, a.apply_at_step AS apply_at_step, a.shares AS shares,
+       a.rank AS rank, a.host AS host, ifNull(a.rollback, false) AS rollback,
+       round(medianIf(s.duration_s, s.step < a.apply_at_step), 4) AS step_s_before,
+       round(medianIf(s.duration_s, s.step >= a.apply_at_step), 4) AS step_s_after,
+       a.reason AS reason
+FROM (SELECT * FROM actions FINAL
+      WHERE ts >= toDateTime64({since:Float64}, 3, 'UTC')
+        AND ts < toDateTime64({until:Float64}, 3, 'UTC')
+        AND ({job:String} = '*' OR job_id = {job:String})) AS a
+LEFT JOIN (SELECT job_id, step, duration_s FROM steps WHERE rank = 0) AS s
+  ON s.job_id = a.job_id
+WHERE s.step >= a.apply_at_step - {steps:UInt32} AND s.step < a.apply_at_step + {steps:UInt32}
+   OR s.step IS NULL
+GROUP BY ts, action_id, job_id, incident_id, type, mode, apply_at_step, shares, rank, host,
+         rollback, reason
+ORDER BY ts, action_id
+LIMIT {limit:UInt32}"""
+
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("slowest_ranks", "a job's ranks by their own work per step (compute + input), "
            "slowest first", _SLOWEST_RANKS, (_JOB, _SINCE, _UNTIL, _LIMIT)),
@@ -339,4 +362,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            _GPU_HOURS_BY_JOB, (_SINCE, _UNTIL, _LIMIT)),
     Preset("gpu_hours_by_host", "GPU-hours lost per culprit host to incidents active "
            "in the range", _GPU_HOURS_BY_HOST, (_SINCE, _UNTIL, _LIMIT)),
+    Preset("mitigations", "actions the planner published (rebalances, rollbacks, drains) "
+           "with the job's step time before and after each", _MITIGATIONS,
+           (_SINCE, _UNTIL, Param("job", "str", "job id ('*': every job)", "*"),
+            Param("steps", "count", "steps before and after the action measured", "10"),
+            _LIMIT)),
 )}

@@ -38,7 +38,8 @@ from failslow.storage.url import check_identifier
 log = logging.getLogger(__name__)
 
 KIND_TABLE = {"step": "steps", "collective": "collectives", "comm": "comm", "gpu": "gpu",
-              "nic": "nic", "host": "host", "incident": "incidents"}
+              "nic": "nic", "host": "host", "incident": "incidents",
+              "action": "actions"}
 DEAD_LETTERS = "dead_letters"
 # ClickHouse's UNKNOWN_TABLE (code 60), as chdb and the native protocol word it.
 _MISSING_TABLE = re.compile(r"UNKNOWN_TABLE|Code: 60\b|Table \S+ does(?:n't| not) exist")
@@ -124,6 +125,9 @@ def converter_for(chtype: str) -> Converter:
     if m and m.group(1) in _INTS:
         ltype = pa.list_(_INTS[m.group(1)])
         return lambda values: pa.array([v or [] for v in values], type=ltype)
+    if m and m.group(1) in _FLOATS:
+        ftype = pa.list_(_FLOATS[m.group(1)])
+        return lambda values: pa.array([v or [] for v in values], type=ftype)
     raise ValueError(f"no converter for ClickHouse type {chtype}")
 
 

@@ -71,6 +71,8 @@ def _value(name: str, ftype: Any, i: int, full: bool = True) -> Any:
         return f"{name}-{i}"
     if ftype == "ints":
         return [13, 79 + i]
+    if ftype == "nums":
+        return [0.25, 0.75 + i]
     if ftype == "obj":
         return {"z": 2.5, "i": i}
     if ftype == "bool":

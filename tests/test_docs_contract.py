@@ -16,7 +16,7 @@ from failslow.schema.topics import KIND_TOPIC, Topics
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "contract.md"
 TYPES = {"string": "str", "int64": "int", "int32": "i32", "number": "num", "time": "time",
-         "bool": "bool", "list of int64": "ints", "object": "obj",
+         "bool": "bool", "list of int64": "ints", "list of number": "nums", "object": "obj",
          "list of ops entries": "ops"}
 
 

@@ -108,6 +108,7 @@ VALUES = {"num": finite | ints64, "int": ints64, "i32": st.integers(-(2**31), 2*
           "time": st.floats(0.0, 1e10, exclude_max=True) | st.integers(0, 10**10 - 1),
           "str": st.text(max_size=12),
           "ints": st.lists(st.integers(0, 200), max_size=3),
+          "nums": st.lists(finite, max_size=4),
           "obj": st.dictionaries(st.text(max_size=5), ints64, max_size=3),
           "bool": st.booleans()}
 

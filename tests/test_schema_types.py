@@ -14,9 +14,9 @@ from failslow.schema.events import NESTED, SPECS, CommOp
 TYPED: dict[str, Any] = {
     "step": events.StepEvent, "collective": events.CollectiveEvent, "comm": events.CommEvent,
     "gpu": events.GpuEvent, "nic": events.NicEvent, "host": events.HostEvent,
-    "incident": events.IncidentEvent}
+    "incident": events.IncidentEvent, "action": events.ActionEvent}
 PYTHON = {"str": str, "int": int, "i32": int, "num": float, "time": float, "bool": bool,
-          "ints": list[int], "obj": dict[str, Any], "ops": list[CommOp]}
+          "ints": list[int], "nums": list[float], "obj": dict[str, Any], "ops": list[CommOp]}
 
 
 def _expected(ftype: events.FieldType) -> set[Any]:

@@ -1,0 +1,263 @@
+"""Does applying the mitigation recover the slowdown (issue 32)? A real 4-rank DDP job on
+CPU (gloo), training hook on (comm grain), ``mitigate = auto``, beside an oracle.
+
+The fault multiplies one rank's per-sample compute (extra layers on its activations, as a
+throttled GPU does) from ``--onset`` to ``--recover``. Three runs per factor, one after
+another on this machine:
+
+* ``none``: nobody acts: the slowed step time;
+* ``auto``: the loop closed in this process: the ranks' event files are tailed in ts
+  order into the detector (``models.pipeline.Detector``, as ``failslow detect``), its
+  incidents and the step events into ``models.actions.ActionPlanner``, whose actions are
+  appended to the file every rank's ``FileActionSource`` tails (as the host agent does);
+* ``oracle``: shares in proportion to the ranks' true speeds (1 / factor for the
+  culprit), switched at the step ``auto`` switched and back at ``--recover``.
+
+Printed per factor: the page step, the applied step, the rollback step, step times
+(median over [applied, recover)), ``recovered``: (none - run) / (none - base) for auto and
+oracle, and ``recovered_vs_oracle``, their ratio. Results: bench/results/mitigate.json.
+
+    .venv/bin/python bench/mitigate.py [--factors 2,1.5] [--steps 200] [--onset 50]
+        [--recover 150]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from statistics import median
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from failslow.collectors.actions import FileActionSource  # noqa: E402
+from failslow.collectors.file_publisher import FilePublisher  # noqa: E402
+from failslow.collectors.torch_hook import TrainingHook  # noqa: E402
+from failslow.models.actions import ActionPlanner, MitigationConfig  # noqa: E402
+from failslow.models.pipeline import Detector  # noqa: E402
+from failslow.stack import free_port  # noqa: E402
+
+WORLD, WIDTH, LAYERS, BATCH = 4, 512, 4, 2048   # global batch of 2048 samples
+CULPRIT = 2
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS))
+        self.extra: list[torch.Tensor] = []   # the fault's extra per-sample work
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        if self.extra:
+            y = x
+            for w in self.extra:
+                y = torch.relu(y @ w)
+            x = x + 0.0 * y   # keeps the extra chain in backward too
+        return x
+
+
+def _rank(rank: int, port: int, out: str, steps: int, onset: int, recover: int,
+          factor: float, oracle_at: int | None) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    pub = FilePublisher(Path(out) / f"rank{rank}.jsonl")
+    hook = TrainingHook(pub, job_id="mitigate", host=f"host{rank}", dp_rank=rank,
+                        grain="comm").install()
+    mit = hook.enable_actions(FileActionSource(Path(out) / "actions.jsonl"))
+    net = Net()
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    hook.instrument_ddp(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g))
+            for _ in range(4)]
+    extra = [torch.randn(WIDTH, WIDTH) * 0.01 for _ in range(round((factor - 1) * LAYERS))]
+    for i in range(steps):
+        if rank == CULPRIT:
+            net.extra = extra if onset <= i < recover else []
+        part = hook.batch_share(BATCH)
+        x, y = data[i % 4]
+        with hook.step(i):
+            loss = torch.nn.functional.mse_loss(model(x[part]), y[part]) * hook.loss_scale()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    dist.barrier()
+    hook.close()
+    pub.close()
+    (Path(out) / f"switches{rank}.json").write_text(json.dumps(mit.switches))
+    dist.destroy_process_group()
+
+
+class Loop(threading.Thread):
+    """The worker's part, in-process: rank files -> detector -> planner -> actions file."""
+
+    def __init__(self, out: Path) -> None:
+        super().__init__(daemon=True)
+        self.out, self.stop = out, threading.Event()
+        self.det = Detector()
+        self.planner = ActionPlanner(MitigationConfig(mode="auto"))
+        self.incidents: list[dict] = []
+        self.actions: list[dict] = []
+        self.step_ts: dict[int, float] = {}
+
+    def run(self) -> None:
+        srcs = [FileActionSource(self.out / f"rank{r}.jsonl") for r in range(WORLD)]
+        heap: list[tuple[float, int, dict]] = []
+        newest = [0.0] * WORLD
+        n = 0
+        with open(self.out / "actions.jsonl", "ab") as sink:
+            while not self.stop.is_set():
+                for r, src in enumerate(srcs):
+                    for ev in src.poll():
+                        newest[r] = max(newest[r], ev["ts"])
+                        heapq.heappush(heap, (ev["ts"], n, ev))
+                        n += 1
+                # every rank's file is in ts order: below the oldest newest, order is final
+                mark = min(newest)
+                while heap and heap[0][0] <= mark:
+                    self._feed(heapq.heappop(heap)[2], sink)
+                time.sleep(0.02)
+
+    def _feed(self, ev: dict, sink) -> None:
+        acts = []
+        if ev["kind"] == "step":
+            if ev["rank"] == 0:
+                self.step_ts[ev["step"]] = ev["ts"]
+            acts += self.planner.observe(ev)
+        for inc in self.det.process(ev):
+            inc["_step"] = max(self.step_ts, default=0)
+            self.incidents.append(inc)
+            acts += self.planner.on_incident(inc)
+        for a in acts:
+            a["_step"] = max(self.step_ts, default=0)
+            self.actions.append(a)
+            sink.write(json.dumps({k: v for k, v in a.items() if k != "_step"}).encode() + b"\n")
+            sink.flush()
+
+
+def run(out: Path, mode: str, steps: int, onset: int, recover: int, factor: float,
+        oracle_at: int | None = None) -> dict:
+    out.mkdir(parents=True)
+    loop = Loop(out) if mode == "auto" else None
+    if mode == "oracle":
+        shares = [1.0 / factor if r == CULPRIT else 1.0 for r in range(WORLD)]
+        shares = [round(s / sum(shares), 4) for s in shares]
+        acts = [{"v": 1, "kind": "action", "ts": time.time(), "action_id": f"oracle:{v}",
+                 "job_id": "mitigate", "incident_id": "oracle", "type":
+                 "rebalance_microbatches", "mode": "apply", "apply_at_step": at,
+                 "expires_ts": time.time() + 3600, "version": v, "shares": sh,
+                 "reason": "oracle"} for v, at, sh in
+                ((1, oracle_at, shares), (2, recover, [0.25] * WORLD))]
+        (out / "actions.jsonl").write_text("".join(json.dumps(a) + "\n" for a in acts))
+    if loop:
+        loop.start()
+    t0 = time.monotonic()
+    mp.spawn(_rank, args=(free_port(), str(out), steps, onset, recover, factor, oracle_at),
+             nprocs=WORLD)
+    if loop:
+        time.sleep(0.5)
+        loop.stop.set()
+        loop.join()
+    evs = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
+    step_s = {e["step"]: e["duration_s"] for e in evs if e["kind"] == "step"}
+    switches = json.loads((out / "switches0.json").read_text())
+    res = {"mode": mode, "wall_s": round(time.monotonic() - t0, 1), "step_s": step_s,
+           "switches": [(s["step"], s["shares"]) for s in switches]}
+    if loop:
+        res["incidents"] = [{k: i.get(k) for k in ("_step", "status", "severity", "rank",
+                                                   "fault", "mitigation", "incident_id")}
+                            for i in loop.incidents]
+        res["actions"] = [{k: a.get(k) for k in ("_step", "mode", "apply_at_step", "shares",
+                                                 "reason")} for a in loop.actions]
+    return res
+
+
+def window(step_s: dict, lo: int, hi: int) -> float | None:
+    vals = [v for s, v in step_s.items() if lo <= s < hi]
+    return median(vals) if vals else None
+
+
+def factor_row(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
+    on, rec, steps = args.onset, args.recover, args.steps
+    none = run(tmp / f"none{factor}", "none", steps, on, rec, factor)
+    auto = run(tmp / f"auto{factor}", "auto", steps, on, rec, factor)
+    culprit_pages = [i for i in auto["incidents"] if i["rank"] == CULPRIT
+                     and i["severity"] in ("warning", "critical") and i["fault"] == "slow_rank"]
+    page = culprit_pages[0]["_step"] if culprit_pages else None
+    applied = auto["switches"][0][0] if auto["switches"] else None
+    rollback = auto["switches"][1][0] if len(auto["switches"]) > 1 else None
+    oracle = run(tmp / f"oracle{factor}", "oracle", steps, on, rec, factor,
+                 oracle_at=applied if applied is not None else on + 10)
+    at = applied if applied is not None else on + 10
+    base = window(none["step_s"], 10, on)
+    slowed = window(none["step_s"], at, rec)
+    t_auto, t_oracle = window(auto["step_s"], at, rec), window(oracle["step_s"], at, rec)
+    rec_auto = (slowed - t_auto) / (slowed - base) if slowed > base else None
+    rec_oracle = (slowed - t_oracle) / (slowed - base) if slowed > base else None
+    resolves = [i["_step"] for i in auto["incidents"]
+                if i["rank"] == CULPRIT and i["status"] == "resolved"]
+    after = window(auto["step_s"], rollback + 2, steps) if rollback else None
+    row = {
+        "factor": factor, "page_step": page, "applied_step": applied,
+        "applied_after_page": None if page is None or applied is None else applied - page,
+        "rollback_step": rollback,
+        "rollback_after_recover": None if rollback is None else rollback - rec,
+        "culprit_resolves": resolves,
+        "shares": auto["switches"][0][1] if auto["switches"] else None,
+        "base_s": round(base, 4), "slowed_s": round(slowed, 4),
+        "auto_s": round(t_auto, 4), "oracle_s": round(t_oracle, 4),
+        "after_rollback_s": None if after is None else round(after, 4),
+        "recovered_auto": None if rec_auto is None else round(rec_auto, 3),
+        "recovered_oracle": None if rec_oracle is None else round(rec_oracle, 3),
+        "recovered_vs_oracle": None if not rec_auto or not rec_oracle
+        else round(rec_auto / rec_oracle, 3),
+        "wall_s": [none["wall_s"], auto["wall_s"], oracle["wall_s"]],
+        "actions": auto["actions"], "incidents": auto["incidents"],
+    }
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--factors", default="2,1.5")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--onset", type=int, default=50)
+    ap.add_argument("--recover", type=int, default=150)
+    ap.add_argument("--out", default=str(ROOT / "bench/results/mitigate.json"))
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+    rows = []
+    load0 = [round(x, 1) for x in os.getloadavg()]
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in (float(x) for x in args.factors.split(",")):
+            row = factor_row(f, args, Path(tmp))
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items()
+                              if k not in ("actions", "incidents")}), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "world": WORLD, "global_batch": BATCH, "steps": args.steps, "onset": args.onset,
+        "recover": args.recover, "note": args.note, "load_start": load0,
+        "load_end": [round(x, 1) for x in os.getloadavg()], "rows": rows}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
