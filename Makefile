@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test,torch]'
+	$(BIN)/pip install --quiet -e '.[test,torch,lightning,hf]'
 
 demo: install
 	$(BIN)/failslow demo

@@ -92,6 +92,7 @@ class AutoHook:
             say(f"not instrumenting this rank: {type(exc).__name__}: {exc}")
 
     def _start(self) -> None:
+        import torch
         import torch.distributed as dist
 
         from failslow.collectors.autoddp import patch_ddp
@@ -102,7 +103,11 @@ class AutoHook:
         run_id = self._run_id(rank)
         self.path = trace_path(self.trace_dir, self.job_id, run_id, rank)
         self.publisher = FilePublisher(self.path)
-        self.hook = TrainingHook(self.publisher, job_id=self.job_id).install()
+        # the local GPU index joins the GPU sampler's telemetry; torchrun's LOCAL_RANK is
+        # the device a rank uses by convention (the process may not have picked it yet)
+        local = self.env.get("LOCAL_RANK")
+        gpu = int(local) if local and local.isdigit() and torch.cuda.is_available() else None
+        self.hook = TrainingHook(self.publisher, job_id=self.job_id, gpu=gpu).install()
         # torch is whole by now (and no DDP can be built before a process group)
         patch_ddp(lambda: _active.hook if _active is not None else None, say)
         self._handle = _optimizer_post_hook(self._after_optimizer_step)
