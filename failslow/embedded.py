@@ -158,5 +158,11 @@ def stop_stack(home: Path, timeout: float = 15.0) -> list[str]:
         if pid and stack.pid_alive(pid):
             stack.stop_pid(pid, grace)
             stopped.append(f"{name} pid {pid}")
+    if state.get("db_pid"):
+        from failslow.storage.serve import clear_stale_owner
+        from failslow.storage.url import parse
+
+        # an owner killed with -9 could not remove its record; a clean stop did already
+        clear_stale_owner(Path(parse(state["clickhouse"]).path or ""))
     state_path(home).unlink(missing_ok=True)
     return stopped

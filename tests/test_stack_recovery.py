@@ -69,6 +69,9 @@ def test_up_restarts_a_killed_database_owner_beside_the_live_broker(tmp_path):
         assert _count_incidents(env) == 0                # `query` reads through the new owner
         third = fs("up", env=env)
         assert third.returncode == 0 and "already running" in third.stdout, third.stdout
+        os.kill(new["db_pid"], signal.SIGKILL)
+        down = fs("down", env=env)
+        assert down.returncode == 0 and not owner_file(home / "chdb").exists()
     finally:
         _cleanup(env, old, new)
 
