@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from failslow.models.acting import acting_hooks
 from failslow.models.shard import ShardedDetector
 from failslow.schema import decode_lenient
 from failslow.schema.fast import all_valid
@@ -105,6 +106,8 @@ class JobStage:
                          ("late_samples", metrics.late_samples),
                          ("detector_errors", metrics.detector_errors),
                          ("jobs_ended", metrics.jobs_ended),
+                         ("clock_ahead", metrics.clock_ahead.labels("dead_lettered")),
+                         ("clock_skewed", metrics.clock_ahead.labels("judged")),
                          ("judged_rank_steps", metrics.judged))
 
     async def work(self, fn: Callable[..., T], *args: Any) -> T:
@@ -122,6 +125,8 @@ class JobStage:
                                                         job_idle_s=cfg.job_idle,
                                                         shard_ranks=cfg.shard_ranks),
             "detector_restore": ShardedDetector.from_state}
+        if cfg.mitigate is not None and not cfg.detector_factory:  # issue 32: plan actions
+            hooks = acting_hooks(hooks, cfg.mitigate)
         if cfg.detector_factory:
             hooks["detector_factory"] = cfg.detector_factory
         if cfg.detector_restore:
@@ -129,8 +134,10 @@ class JobStage:
         limits = InputLimits(cfg.max_jobs, cfg.max_hosts, cfg.max_ranks_per_job,
                              cfg.max_groups_per_job, cfg.max_hosts_per_job, partition=p,
                              max_unknown_hosts=cfg.max_unknown_hosts)
+        # issue 33: an event ahead by less than a quarter of --job-idle cannot end a job
         return JobPartition(p, lateness=cfg.lateness, idle_s=cfg.idle_s, jitter_s=cfg.jitter,
-                            limits=limits, **hooks)
+                            limits=limits, max_ahead_s=min(cfg.max_clock_ahead, cfg.job_idle / 4),
+                            **hooks)
 
     def read_back(self, p: int) -> tuple[JobPartition, dict[str, float]]:
         """Partition ``p`` as the newest snapshot left it, with the incidents already
@@ -242,6 +249,9 @@ class JobStage:
             before = dict(state.counts)
             incidents = state.ingest(events, offset, now, placed)
             self.count(state, before)
+            for why, ev in state.take_rejected():
+                if report:  # a copy sent to several partitions is dead-lettered once
+                    sends.append(("dead", why, src, key, orjson.dumps(ev)))
             if incidents:
                 sends.append(("incidents", incidents))
             if want == "step":

@@ -35,6 +35,11 @@ class Metrics:
         self.jobs_ended = Counter("failslow_stream_jobs_ended_total",
                                   "Jobs closed after --job-idle seconds without events: open "
                                   "incidents resolved (job ended), state dropped", registry=r)
+        self.clock_ahead = Counter("failslow_stream_clock_ahead_events_total",
+                                   "Events stamped ahead of the worker's clock (a producer "
+                                   "clock off, issue 33): action=judged past the warning "
+                                   "skew, action=dead_lettered past --max-clock-ahead",
+                                   ["action"], registry=r)
         self.judged = Counter("failslow_stream_judged_rank_steps_total",
                               "Ranks' steps the Detector judged (one per rank of each judged "
                               "step), all jobs", registry=r)

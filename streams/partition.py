@@ -8,9 +8,18 @@ order, so a source's ``(ts, step|seq)`` only grows: an event that does not
 advance its source's mark is a duplicate (an at-least-once producer retry) and
 is dropped, counted; a comm record at its rank's mark is dropped only when it equals
 one already taken there (a producer may send one window as several records).
+A job whose every source's mark was forgotten (``prune``: silent for 6 x lateness, so it
+ended or paused) leaves its newest ts in a bounded memory of ended jobs (``ENDED_JOBS_MAX``,
+in the snapshots): its events up to that ts are a replay (a producer's spool, ``failslow
+replay`` of its file) and are dropped as duplicates before anything else sees them,
+or they would re-create the job and page again (issue 33); newer ones are judged.
 Emitted incidents are de-duplicated on their full content,
 so a replay after a restart re-creates the same incident events and none is
 emitted twice.
+
+Producer clocks. First of all, ``ClockGuard`` (streams.clocks) takes out the events
+stamped too far ahead of the worker's clock (``take_rejected``: for the dead-letter
+topic), so one broken clock never moves the partition's time (issue 33).
 
 Input caps. Before anything is buffered, ``InputLimits`` (streams.limits) holds the
 events of new jobs on probation and drops those of jobs, hosts, ranks and groups beyond
@@ -29,17 +38,24 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
 import orjson
 
+from failslow.streams.clocks import CLOCK_MAX_AHEAD_S, CLOCK_WARN_S, ClockGuard
 from failslow.streams.detector import COUNTERS, StreamDetector
 from failslow.streams.limits import InputLimits
 from failslow.streams.ordering import SOURCE, EventOrder
 
 INPUT_KINDS = ("step", "collective", "comm", "gpu", "nic", "host")
+_JOB_KINDS = frozenset(("step", "collective", "comm"))
+# Ended jobs remembered per partition (about 100 B each): a replay of any of the last
+# ENDED_JOBS_MAX jobs that left the partition is recognized.
+ENDED_JOBS_MAX = 4096
 _EV_TS = itemgetter("ts")
 
 # kind -> (source id getter, position getter): a source's position only grows.
@@ -82,15 +98,20 @@ def _default_detector_restore(state: Any) -> StreamDetector:
 
 class JobPartition:
     """Everything one home partition needs between two messages. ``lateness``,
-    ``idle_s``, ``expect_s`` and ``jitter_s``: see ``EventOrder``."""
+    ``idle_s``, ``expect_s`` and ``jitter_s``: see ``EventOrder``; ``clock`` (the worker's
+    wall clock, epoch s), ``clock_warn_s`` and ``max_ahead_s``: see ``ClockGuard``."""
 
     def __init__(self, partition: int, lateness: float = 10.0, idle_s: float = 2.0,
                  detector_factory: Callable[[], StreamDetector] = _default_detector_factory,
                  detector_restore: Callable[[Any], StreamDetector] = _default_detector_restore,
                  expect_s: float | None = None, jitter_s: float = 0.3,
-                 limits: InputLimits | None = None) -> None:
+                 limits: InputLimits | None = None, clock: Callable[[], float] = time.time,
+                 clock_warn_s: float = CLOCK_WARN_S,
+                 max_ahead_s: float = CLOCK_MAX_AHEAD_S) -> None:
         self.partition = partition
         self.limits = limits or InputLimits(partition=partition)
+        self.clocks = ClockGuard(clock_warn_s, max_ahead_s, clock)
+        self._rejected: list[tuple[str, dict]] = []
         self.lateness = lateness
         self._restore_detector = detector_restore
         self.detector: StreamDetector = detector_factory()
@@ -99,13 +120,15 @@ class JobPartition:
         self.counts = {"events": 0, "late": 0, "duplicates": 0, "late_samples": 0,
                        "detector_errors": 0, "replay_skipped": 0, "incidents": 0,
                        "incidents_suppressed": 0, "capped": 0,
-                       "jobs_ended": 0, "judged_rank_steps": 0}
+                       "jobs_ended": 0, "judged_rank_steps": 0,
+                       "clock_ahead": 0, "clock_skewed": 0}
         self.order = EventOrder(lateness, idle_s, expect_s, jitter_s, self._delay, self.counts)
         self._marks: dict[tuple, tuple] = {}
         # comm source -> its records at the mark: a producer splits one window into several
         # records (past OPS_MAX entries, or one per step), all at the same (ts, start)
         self._at_mark: dict[tuple, list[dict]] = {}
         self._at_mark_restored: dict[tuple, set[str]] = {}  # the same, as digests, from a snapshot
+        self._ended: OrderedDict[str, float] = OrderedDict()  # ended job -> its newest ts
         self.emitted: dict[str, set[bytes]] = {}
         self.open_ids: set[str] = set()
         self._resolved: dict[str, float] = {}   # incident id -> event ts it resolved at
@@ -141,6 +164,13 @@ class JobPartition:
         # the Detector's state; they still tell which sources exist and how far they got.
         skip_ts = self._skip_ts if offset < self._skip_below else -math.inf
         self.counts["events"] += len(events)
+        events, rejected = self.clocks.screen(events)
+        if rejected or self.clocks.skewed != self.counts["clock_skewed"]:
+            self._rejected.extend(rejected)
+            self.counts["clock_ahead"] = self.clocks.ahead
+            self.counts["clock_skewed"] = self.clocks.skewed
+        if self._ended:
+            events = self._drop_replayed(events)
         events = self.limits.admit(events, placed)
         self.counts["capped"] = sum(self.limits.counts.values())
         late = self.order.add(events, offset, now, skip_ts, placed)
@@ -148,6 +178,28 @@ class JobPartition:
         ready = self.order.advance(now)
         if ready:
             out.extend(self._feed(ready))
+        return out
+
+    def _drop_replayed(self, events: list[dict]) -> list[dict]:
+        """``events`` less the ended jobs' events up to their newest ts (duplicates)."""
+        ended = self._ended
+        kept = [ev for ev in events if ev["kind"] not in _JOB_KINDS
+                or ev["ts"] > ended.get(ev["job_id"], -math.inf)]
+        self.counts["duplicates"] += len(events) - len(kept)
+        return kept
+
+    def _ended_job(self, job: str, ts: float) -> None:
+        """Remember that ``job`` left the partition after its event at ``ts``."""
+        ended = self._ended
+        if ts > ended.get(job, -math.inf):
+            ended[job] = ts
+            ended.move_to_end(job)
+        while len(ended) > ENDED_JOBS_MAX:
+            ended.popitem(last=False)
+
+    def take_rejected(self) -> list[tuple[str, dict]]:
+        """(reason, event) of the events ``ingest`` took out since the last call."""
+        out, self._rejected = self._rejected, []
         return out
 
     def runs_on(self, host: str) -> bool:
@@ -219,6 +271,8 @@ class JobPartition:
         if sig in seen:
             return False
         seen.add(sig)
+        if inc.get("kind") == "action":  # issue 32: actions share the de-duplication only
+            return True
         if inc["status"] == "open":
             self.open_ids.add(inc["incident_id"])
             self._resolved.pop(inc["incident_id"], None)
@@ -243,8 +297,20 @@ class JobPartition:
         for iid in gone:
             del self._resolved[iid]
             self.emitted.pop(iid, None)
-        self._marks = {s: p for s, p in self._marks.items()
-                       if (p[0] if isinstance(p, tuple) else p) >= horizon}
+        kept: dict[tuple, Any] = {}
+        left: dict[str, float] = {}   # job -> newest ts of its sources forgotten now
+        for src, pos in self._marks.items():
+            ts = pos[0] if isinstance(pos, tuple) else pos
+            if ts >= horizon:
+                kept[src] = pos
+            elif src[0] in _JOB_KINDS and ts > left.get(src[1], -math.inf):
+                left[src[1]] = ts
+        self._marks = kept
+        if left:
+            live = {src[1] for src in kept if src[0] in _JOB_KINDS}
+            for job, ts in left.items():
+                if job not in live:
+                    self._ended_job(job, ts)
         self._at_mark = {s: evs for s, evs in self._at_mark.items() if s in self._marks}
         self._at_mark_restored = {s: d for s, d in self._at_mark_restored.items()
                                   if s in self._marks}
@@ -257,6 +323,7 @@ class JobPartition:
                 "at_mark": [[src, sorted({*map(_digest, evs),
                                           *self._at_mark_restored.get(src, ())})]
                             for src, evs in self._at_mark.items()],
+                "ended": [[job, ts] for job, ts in self._ended.items()],
                 "detector": self.detector.state_dict()}
 
     def restore(self, snap: dict) -> None:
@@ -270,6 +337,7 @@ class JobPartition:
         for src, pos in self._marks.items():
             if src[0] in ("step", "collective", "comm"):  # its jobs skip probation
                 self.limits.track(src[1], pos[0])
+        self._ended = OrderedDict((job, ts) for job, ts in snap.get("ended", ()))
         self._at_mark = {}
         self._at_mark_restored = {tuple(src): set(digests)
                                   for src, digests in snap.get("at_mark", ())}

@@ -49,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="event-time seconds a job may send no step or collective event "
                              "before it has ended: its open incidents resolve (\"job ended\") "
                              "and its state is dropped; 20 of its step times if longer [300]")
+    parser.add_argument("--max-clock-ahead", type=float, default=60.0, metavar="S",
+                        help="an event stamped more than S seconds (at most a quarter of "
+                             "--job-idle) ahead of this worker's clock is dead-lettered, not "
+                             "judged: its producer's clock is wrong; 5 s ahead is warned "
+                             "about [60]")
     parser.add_argument("--jitter", type=float, default=0.3,
                         help="wall seconds an event of a live stream waits for late events of "
                              "other sources before it is ordered without them; 0: wait for "
@@ -101,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--telemetry-delay must be >= 0 and below --lateness")
     if args.job_idle <= 0:
         raise ConfigError("--job-idle must be > 0")
+    if args.max_clock_ahead <= 0:
+        raise ConfigError("--max-clock-ahead must be > 0")
     if min(args.max_jobs, args.max_hosts, args.max_ranks_per_job, args.max_groups_per_job,
            args.max_hosts_per_job) < 1:
         raise ConfigError("--max-* caps must be >= 1")
@@ -117,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                        metrics_addr=args.metrics_addr,
                        session_timeout=args.session_timeout,
                        telemetry_delay=args.telemetry_delay, jitter=args.jitter,
-                       job_idle=args.job_idle,
+                       job_idle=args.job_idle, max_clock_ahead=args.max_clock_ahead,
                        fetch_wait_ms=args.fetch_wait_ms,
                        internal_retention_h=args.internal_retention_h,
                        max_jobs=args.max_jobs, max_hosts=args.max_hosts,
