@@ -11,7 +11,10 @@ simulator's ground truth, and the SQL to look further.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
+import os
+import shlex
 import shutil
 import sys
 import threading
@@ -85,18 +88,7 @@ def _say(out: TextIO, text: str) -> None:
 
 
 def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) -> int:
-    from failslow.alerting.notifiers import build_notifiers
-    from failslow.alerting.service import NotifyService
-    from failslow.collectors.publisher import Publisher
-    from failslow.simulator import simulate
-    from failslow.storage.client import connect
-    from failslow.storage.embedded import ChdbClient
-    from failslow.storage.migrations import migrate
-    from failslow.storage.serve import QueryServer
-    from failslow.storage.sink import Sink
-
     home = settings.home / "demo"
-    folder = home / "chdb"
     if home.exists():
         shutil.rmtree(home)
     private_home(settings.home, create=True)
@@ -106,6 +98,28 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
 
     _say(out, "failslow demo: starting the embedded stack")
     broker = start_broker(topics, log_path=home / "tansu.log")
+    try:
+        return _run(settings, opts, out, home, broker, topics, t0)
+    finally:
+        # The Kafka clients lived in _run's frame and are gone (collected here, some sit
+        # in cycles): none is left to log "Disconnected" under the summary when the
+        # broker stops.
+        gc.collect()
+        broker.stop(timeout=2)
+
+
+def _run(settings: Settings, opts: DemoOptions, out: TextIO, home: Path, broker: Any,
+         topics: Topics, t0: float) -> int:
+    from failslow.alerting.notifiers import build_notifiers
+    from failslow.alerting.service import NotifyService
+    from failslow.simulator import simulate
+    from failslow.storage.client import connect
+    from failslow.storage.embedded import ChdbClient
+    from failslow.storage.migrations import migrate
+    from failslow.storage.serve import QueryServer
+    from failslow.storage.sink import Sink
+
+    folder = home / "chdb"
     threads = _Threads()
     worker: WorkerProcess | None = None
     client = None
@@ -146,10 +160,7 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
             _say(out, f"  benign    {b['kind']:<42} at +{b['start_ts'] - truth['start_ts']:.0f} s")
         _say(out, "\nincidents as the pipeline reports them:")
 
-        pub = Publisher(broker.bootstrap, topics, linger_ms=5)
-        published = _play(trace, pub, opts.speed, worker, out)
-        if pub.close(timeout=15):
-            raise FailslowError("the broker did not acknowledge every event")
+        published = _publish(trace, broker.bootstrap, topics, opts.speed, worker, out)
         # Let the last steps travel through worker, sink and notifier.
         _settle(sink, published, timeout=20)
         time.sleep(2.0)
@@ -179,7 +190,6 @@ def run_demo(settings: Settings, opts: DemoOptions, out: TextIO = sys.stdout) ->
             server.stop()
         if client is not None:
             client.close()
-        broker.stop(timeout=2)
 
 
 def _target(f: dict) -> str:
@@ -188,6 +198,18 @@ def _target(f: dict) -> str:
     if f.get("nic") is not None:
         return f"{f['host']} NIC {f['nic']}"
     return f"host {f['host']}"
+
+
+def _publish(trace: Any, bootstrap: str, topics: Topics, speed: float, worker: WorkerProcess,
+             out: TextIO) -> int:
+    """``_play`` through a Publisher of its own, closed (and dropped) before returning."""
+    from failslow.collectors.publisher import Publisher
+
+    pub = Publisher(bootstrap, topics, linger_ms=5)
+    published = _play(trace, pub, speed, worker, out)
+    if pub.close(timeout=15):
+        raise FailslowError("the broker did not acknowledge every event")
+    return published
 
 
 def _play(trace: Any, pub: Any, speed: float, worker: WorkerProcess, out: TextIO) -> int:
@@ -251,26 +273,54 @@ def _summary(out: TextIO, truth: dict, rows: Any, raw: Any, sink: Any, notify: A
     _say(out, f"  found {found} of {len(truth['faults'])} injected fail-slows")
     for e in errors:
         _say(out, f"  error: {e}")
-    _say(out, "\nwhere to look (the data stays in the folder):")
-    _say(out, f"  failslow query --clickhouse chdb://{folder} "
-              "\"SELECT fault, rank, host, root_cause, mitigation, slowdown_pct, "
-              "gpu_hours_lost FROM failslow.incidents_current\"")
-    # Ready-made questions (--list-presets); the simulated job's own clock, not the last 24 h.
-    span = (f"--param since={truth['start_ts']:.0f} --param until={truth['end_ts'] + 1:.0f}"
-            if "start_ts" in truth and "end_ts" in truth else "")
+    _say(out, "\nwhere to look (the data stays in the folder; each command runs as shown):")
+    for cmd in next_commands(folder, truth, incidents, bool(comm)):
+        _say(out, f"  {cmd}")
+
+
+def cli_prefix() -> str:
+    """How to run failslow again from the shell that started this one: ``failslow`` when
+    that is on PATH, else the console script's path (`make demo` runs .venv/bin/failslow
+    with no virtualenv active), else this interpreter with ``-m failslow.cli``."""
+    argv0 = sys.argv[0]
+    if Path(argv0).name == "failslow":
+        here = os.path.abspath(argv0)
+        on_path = shutil.which("failslow")
+        if on_path and os.path.samefile(on_path, here):
+            return "failslow"
+        rel = os.path.relpath(here)
+        return shlex.quote(here if rel.startswith("..") else rel)
+    return f"{shlex.quote(sys.executable)} -m failslow.cli"
+
+
+def next_commands(folder: Path, truth: dict, incidents: list[dict], comm: bool) -> list[str]:
+    """Shell commands into the demo's database (its folder named: it is not the default
+    one), quoted so each runs as printed."""
+    db = f"{cli_prefix()} query --clickhouse {shlex.quote(f'chdb://{folder}')}"
     job = (truth.get("job_ids") or ["JOB"])[0]
-    _say(out, f"  failslow query --clickhouse chdb://{folder} --preset slowest_ranks "
-              f"--param job={job} {span}")
-    _say(out, f"  failslow query --clickhouse chdb://{folder} --preset gpu_hours_by_host {span}")
-    _say(out, f"  failslow query --clickhouse chdb://{folder} "
-              "\"SELECT rank, avg(duration_s) FROM failslow.steps GROUP BY rank "
-              "ORDER BY 2 DESC LIMIT 5\"")
+    # Ready-made questions (--list-presets); the simulated job's own clock, not the last 24 h.
+    span = (f" --param since={truth['start_ts']:.0f} --param until={truth['end_ts'] + 1:.0f}"
+            if "start_ts" in truth and "end_ts" in truth else "")
+    sql = [
+        "SELECT fault, rank, host, root_cause, mitigation, slowdown_pct, gpu_hours_lost "
+        "FROM failslow.incidents_current",
+        "SELECT rank, avg(duration_s) FROM failslow.steps GROUP BY rank ORDER BY 2 DESC LIMIT 5",
+    ]
     if comm:  # whom each group waits for: its member blocked least (docs/contract.md)
-        _say(out, f"  failslow query --clickhouse chdb://{folder} "
-                  "\"SELECT \\`group\\`, argMin(rank, b) AS waited_for, min(b), max(b) FROM "
-                  "(SELECT \\`group\\`, rank, sum(blocked_s) AS b FROM failslow.comm "
-                  "WHERE n > 0 GROUP BY \\`group\\`, rank) GROUP BY \\`group\\` ORDER BY max(b) - min(b) "
-                  "DESC LIMIT 5\"")
+        sql.append("SELECT `group`, argMin(rank, b) AS waited_for, min(b), max(b) FROM "
+                   "(SELECT `group`, rank, sum(blocked_s) AS b FROM failslow.comm WHERE n > 0 "
+                   "GROUP BY `group`, rank) GROUP BY `group` ORDER BY max(b) - min(b) DESC "
+                   "LIMIT 5")
+    cmds = [f"{db} {shlex.quote(sql[0])}",
+            f"{db} --preset slowest_ranks --param job={shlex.quote(job)}{span}",
+            f"{db} --preset gpu_hours_by_host{span}",
+            *(f"{db} {shlex.quote(q)}" for q in sql[1:])]
+    report = (f"{cli_prefix()} report --clickhouse {shlex.quote(f'chdb://{folder}')}")
+    cmds.append(f"{report} --job {shlex.quote(job)}")
+    paged = [i for i in incidents if i["severity"] != "info"]
+    if paged:
+        cmds.append(f"{report} {shlex.quote(paged[0]['incident_id'])}")
+    return cmds
 
 
 def _lost(gpu_hours: float | None) -> str:

@@ -4,12 +4,15 @@ every command has --help, bad input is one line and a non-zero exit."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
 
+from failslow import demo
 from failslow.cli import COMMANDS
 from failslow.config import BROKER, CLICKHOUSE, HOME, KAFKA_SECURITY, flag_sets
 from failslow.stack import free_port, pid_alive, port_open
@@ -172,12 +175,55 @@ def test_down_keeps_what_the_broker_acknowledged(tmp_path):
 
 
 @pytest.mark.integration
-def test_demo_is_plaintext_like_up_whatever_the_kafka_settings_say(tmp_path):
+def test_demo_ends_cleanly_with_commands_that_run_as_printed(tmp_path):
     # FAILSLOW_KAFKA_* describe a real (TLS) Kafka; the demo's embedded Tansu is plaintext,
     # for the demo process and for the worker it starts, as for `failslow up`.
-    env = {"FAILSLOW_HOME": str(tmp_path / "home"), "FAILSLOW_KAFKA_SECURITY_PROTOCOL": "SSL"}
-    out = fs("demo", "--steps", "30", "--speed", "10", env=env, timeout=240)
+    env = {**os.environ, "FAILSLOW_HOME": str(tmp_path / "home"),
+           "FAILSLOW_KAFKA_SECURITY_PROTOCOL": "SSL"}
+    # the console script `make demo` runs, with no virtualenv active: not on PATH
+    script = Path(sys.executable).parent / "failslow"
+    bin_dir = str(script.parent)
+    env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep)
+                                  if d != bin_dir)
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "failslow.cli"]
+    out = subprocess.run([*cmd, "demo", "--steps", "40", "--speed", "8"], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=tmp_path)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
     assert "summary" in out.stdout and "error:" not in out.stdout
     worker_log = (tmp_path / "home" / "demo" / "worker.log").read_text(errors="replace")
     assert "SSL" not in worker_log and "ssl" not in worker_log.lower(), worker_log[-2000:]
+    # no librdkafka complaint (a client outliving the broker) anywhere, last line included
+    assert "rdkafka" not in out.stdout + out.stderr, out.stderr[-2000:]
+    lines = out.stdout.rstrip().splitlines()
+    cmds = [ln.strip() for ln in lines[lines.index(next(
+        ln for ln in lines if ln.startswith("where to look"))) + 1:]]
+    assert len(cmds) >= 6 and all(c.startswith(cmd[0]) for c in cmds), cmds
+    assert any(" report " in c and "--job" in c for c in cmds), cmds
+    for c in cmds:
+        ran = subprocess.run(["bash", "-c", c], capture_output=True, text=True, timeout=120,
+                             env=env, cwd=tmp_path)
+        assert ran.returncode == 0, (c, ran.stderr[-2000:])
+        assert ran.stdout.strip() or "wrote failslow-report-" in ran.stderr, c
+    assert (tmp_path / "failslow-report-job-llm-pretrain-7b.html").exists()
+
+
+def test_printed_commands_name_the_console_script_that_runs(monkeypatch, tmp_path):
+    # `make demo` from the clone: .venv/bin/failslow, no virtualenv active
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "failslow").write_text("#!/bin/sh\n")
+    (bin_dir / "failslow").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [".venv/bin/failslow", "demo"])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert demo.cli_prefix() == ".venv/bin/failslow"
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")      # an activated virtualenv
+    assert demo.cli_prefix() == "failslow"
+    monkeypatch.setattr(sys, "argv", ["/somewhere/failslow/cli.py"])  # python -m failslow.cli
+    assert demo.cli_prefix().endswith(" -m failslow.cli")
+    cmds = demo.next_commands(Path("/data/my demo/chdb"), {"job_ids": ["j 1"]},
+                              [{"severity": "critical", "incident_id": "j 1:slow_rank:r3:9"}],
+                              comm=True)
+    assert all(shlex.split(c)[shlex.split(c).index("--clickhouse") + 1]
+               == "chdb:///data/my demo/chdb" for c in cmds)
+    assert shlex.split(cmds[-1])[-1] == "j 1:slow_rank:r3:9"
