@@ -2,10 +2,11 @@
 or one line, each with rank 2 slow from step 28 of 44; `failslow detect` on the files
 each wrote must name rank 2 and nobody else.
 
-- the plain script (tests/instrument_jobs/plain_ddp.py, no failslow in it) under
-  `failslow run`, then again with only FAILSLOW_TRACE_DIR set, in a fresh environment
-  whose site-packages holds `failslow run --install-hook`'s .pth, with the same job id:
-  two run folders, each judged on its own;
+- the README's `train.py` (its "Instrument your job in 5 minutes" section, copied as it
+  is: no failslow in it) under `failslow run`, then the same job
+  (tests/instrument_jobs/plain_ddp.py) with only FAILSLOW_TRACE_DIR set, in a fresh
+  environment whose site-packages holds `failslow run --install-hook`'s .pth, with the
+  same job id: two run folders, each judged on its own;
 - the Lightning callback (lightning_ddp.py);
 - the Hugging Face Trainer callback (hf_ddp.py).
 """
@@ -83,14 +84,21 @@ def fresh_env_with_pth(where: Path) -> str:
     return python
 
 
+def readme_train_py() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Instrument your job in 5 minutes"):]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start:section.index("```", start)]
+
+
 def test_launcher_then_environment_with_the_same_job_id_make_two_runs(tmp_path):
     traces = tmp_path / "traces"
-    script = JOBS / "plain_ddp.py"
+    (tmp_path / "train.py").write_text(readme_train_py())
     run([str(BIN / "failslow"), "run", "--trace-dir", str(traces), "--job-id", "plain", "--",
-         *torchrun(script)], job_env())
+         *torchrun(tmp_path / "train.py")], job_env())
     python = fresh_env_with_pth(tmp_path / "venv")
-    run(torchrun(script, python), job_env(FAILSLOW_TRACE_DIR=str(traces),
-                                          FAILSLOW_JOB_ID="plain"))
+    run(torchrun(JOBS / "plain_ddp.py", python),
+        job_env(FAILSLOW_TRACE_DIR=str(traces), FAILSLOW_JOB_ID="plain"))
     runs = sorted(p for p in (traces / "plain").iterdir() if p.is_dir())
     assert len(runs) == 2, runs
     for folder in runs:

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         raise RunError("no command to run: failslow run -- torchrun ... train.py")
     trace_dir = args.trace_dir or os.environ.get(ENV_TRACE_DIR) or "failslow-traces"
     job_id = args.job_id or default_job_id(os.environ, command)
-    run_id = new_run_id()
+    run_id = os.environ.get(ENV_RUN_ID) or new_run_id()  # nodes of one job may share one
     where = run_dir(Path(trace_dir).resolve(), job_id, run_id)
     with tempfile.TemporaryDirectory(prefix="failslow-boot-") as tmp:
         env = job_env(dict(os.environ), boot_dir(Path(tmp)), trace_dir, job_id, run_id)
