@@ -2,11 +2,17 @@
 
 Prints rows/s and writes bench/results/sink_throughput.json. Sizes are flags so a
 busy machine can run a small version:  python bench/sink_throughput.py --rows 200000
+
+The writer looks up the keys already stored before each insert (storage.dedupe: raw rows
+and rollups exact under at-least-once delivery). Its cost: the writer's rows/s with the
+lookup and, alternating in the same run, without it (``--repeats``), and the rows/s of a
+redelivery (every row already stored: the lookup, the join, no insert).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import shutil
 import tempfile
@@ -19,6 +25,7 @@ import orjson
 
 from failslow.schema import Topics, encode
 from failslow.stack import create_topics, start_broker
+from failslow.storage import writer as writer_module
 from failslow.storage.client import connect
 from failslow.storage.migrations import migrate
 from failslow.storage.sink import Sink
@@ -42,15 +49,37 @@ def gpu_events(n: int) -> list[dict]:
              "ecc_sbe_total": 0, "mem_used_bytes": 60 << 30} for i in range(n)]
 
 
-def bench_writer(client, rows: int, batch: int) -> dict:
-    out = {}
-    for name, events in (("step", step_events(rows)), ("gpu", gpu_events(rows))):
+def _write_all(client, events: list[dict], batch: int, dedupe: bool) -> float:
+    """Seconds to write ``events`` in batches, with or without the dedupe lookup."""
+    saved = writer_module.fresh_rows
+    if not dedupe:
+        writer_module.fresh_rows = lambda *args: None
+    try:
         w = Writer(client)
         t0 = time.perf_counter()
-        for i in range(0, rows, batch):
+        for i in range(0, len(events), batch):
             w.write(events[i:i + batch])
-        dt = time.perf_counter() - t0
-        out[f"writer_{name}_rows_per_s"] = round(rows / dt)
+        return time.perf_counter() - t0
+    finally:
+        writer_module.fresh_rows = saved
+
+
+def bench_writer(client, rows: int, batch: int, repeats: int) -> dict:
+    out: dict = {}
+    for name, make, table in (("step", step_events, "steps"), ("gpu", gpu_events, "gpu")):
+        events = make(rows)
+        times: dict[str, list[float]] = {"dedupe": [], "no_dedupe": [], "redelivered": []}
+        for _ in range(repeats):
+            for mode in ("dedupe", "no_dedupe"):
+                client.execute(f"TRUNCATE TABLE {table}")
+                times[mode].append(_write_all(client, events, batch, mode == "dedupe"))
+            times["redelivered"].append(_write_all(client, events, batch, True))
+        best = {mode: min(ts) for mode, ts in times.items()}
+        out[f"writer_{name}_rows_per_s"] = round(rows / best["dedupe"])
+        out[f"writer_{name}_rows_per_s_without_dedupe"] = round(rows / best["no_dedupe"])
+        out[f"writer_{name}_redelivered_rows_per_s"] = round(rows / best["redelivered"])
+        out[f"writer_{name}_dedupe_cost_pct"] = round(
+            100 * (best["dedupe"] / best["no_dedupe"] - 1), 1)
     return out
 
 
@@ -85,7 +114,9 @@ def bench_sink(client, events: int, per_message: int) -> dict:
         stop.set()
         thread.join(30)
         rate = (events - n_first) / (t_done - t_first) if t_done > t_first else float("nan")
-        return {"sink_kafka_to_chdb_events_per_s": round(rate), "sink_events": events,
+        # None when the whole backlog landed between two looks (too small to time)
+        return {"sink_kafka_to_chdb_events_per_s": None if rate != rate else round(rate),
+                "sink_events": events,
                 "sink_events_per_message": per_message, "sink_stats": sink.stats.as_dict()}
     finally:
         broker.stop(timeout=2)
@@ -97,18 +128,23 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=20_000, help="rows per writer batch")
     ap.add_argument("--sink-events", type=int, default=300_000)
     ap.add_argument("--per-message", type=int, default=500, help="events per Kafka message")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="writer runs per mode (with / without the dedupe lookup); best kept")
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="failslow-bench-"))
     try:
         client = connect(f"chdb://{folder / 'chdb'}?database=bench_writer", own=True)
         migrate(client)
         result = {"machine": f"{platform.machine()} {platform.node()}", "rows": args.rows,
-                  "batch": args.batch, **bench_writer(client, args.rows, args.batch)}
+                  "batch": args.batch, "repeats": args.repeats,
+                  "load1_before": round(os.getloadavg()[0], 2),
+                  **bench_writer(client, args.rows, args.batch, args.repeats)}
         client.close()
         sink_client = connect(f"chdb://{folder / 'chdb'}?database=bench_sink", own=True)
         migrate(sink_client)
         result.update(bench_sink(sink_client, args.sink_events, args.per_message))
         sink_client.close()
+        result["load1_after"] = round(os.getloadavg()[0], 2)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())

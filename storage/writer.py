@@ -12,6 +12,10 @@ fit the columns (an integer too big for Int32, a ts outside 1970..2286) is not
 written: it comes back in `WriteResult.rejected` with the reason, for the dead
 letters, and never blocks the rest of its batch.
 
+A raw row is written once (storage.dedupe): a row whose key is earlier in the batch or
+already stored is skipped (``WriteResult.duplicates``), so the rollups that materialized
+views fill on insert count each event once under at-least-once delivery.
+
 >>> w = Writer(client)                      # doctest: +SKIP
 >>> w.add({"v": 1, "kind": "host", "ts": 1.7e9, "host": "h0"})   # doctest: +SKIP
 True
@@ -32,6 +36,7 @@ import orjson
 import pyarrow as pa
 
 from failslow.storage.client import Client
+from failslow.storage.dedupe import fresh_rows
 from failslow.storage.errors import QueryError
 from failslow.storage.url import check_identifier
 
@@ -61,10 +66,12 @@ class WriteResult:
     tables: dict[str, int] = field(default_factory=dict)
     rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     events: int = 0  # records written (a comm record is one, whatever its rows)
+    duplicates: int = 0  # rows not written again: their key was already stored
 
     def merge(self, other: WriteResult) -> None:
         self.rows += other.rows
         self.events += other.events
+        self.duplicates += other.duplicates
         for t, n in other.tables.items():
             self.tables[t] = self.tables.get(t, 0) + n
         self.rejected.extend(other.rejected)
@@ -251,11 +258,17 @@ class Writer:
                 except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
                     bad.add(id(event))
                     result.rejected.append((event, f"{table}: {' '.join(str(exc).split())}"))
-            batch = self._convert(table, [r for r in rows if id(r.get("_event", r)) not in bad])
+            rows = [r for r in rows if id(r.get("_event", r)) not in bad]
+            batch = self._convert(table, rows)
+        fresh = fresh_rows(self.client, self.database, table, batch)
+        if fresh is not None:
+            result.duplicates = batch.num_rows - len(fresh)
+            batch = batch.take(pa.array(fresh, type=pa.int64()))
+            rows = [rows[i] for i in fresh]
         if batch.num_rows:
             self.client.insert(f"{self.database}.{table}", batch)
         result.rows = batch.num_rows
         result.tables[table] = batch.num_rows
-        result.events = (len({id(r["_event"]) for r in rows}) - len(result.rejected)
+        result.events = (len({id(r["_event"]) for r in rows})
                          if table == KIND_TABLE["comm"] else batch.num_rows)
         return result
