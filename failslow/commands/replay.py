@@ -20,7 +20,7 @@ from failslow.config import resolve
 from failslow.errors import FailslowError
 from failslow.schema import SchemaError, Topics, decode
 
-HELP = "publish a JSON Lines trace to the broker in ts order (--speed)"
+HELP = "publish JSON Lines traces to the broker in ts order (--speed)"
 REORDER_WINDOW = 100_000  # events held to put a roughly-sorted trace in exact ts order
 log = logging.getLogger("failslow.replay")
 

@@ -11,11 +11,15 @@ import argparse
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from failslow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from failslow.models.pipeline import Detector
 
 HELP = "one incident or one job as a self-contained HTML page with plots"
 
@@ -155,13 +159,15 @@ def load_traces(client: Any, files: list[str], hint: bool = False) -> list[str]:
 
     with ExitStack() as stack:
         try:
-            sources = [stack.enter_context(Path(f).open("rb")) for f in files]
+            sources: list[Iterable[bytes]] = [stack.enter_context(Path(f).open("rb"))
+                                              for f in files]
         except OSError as exc:
             # `--trace` takes every word after it: an id written there reads as a file
             tip = "; an INCIDENT_ID goes before --trace" if hint else ""
             raise DetectError(f"cannot read {exc.filename}: {exc.strerror}{tip}") from None
-        n_events, n_bad, _ = detect_sources(sources, rec, lambda _inc: None, warn,
-                                            REORDER_WINDOW)
+        # the recorder answers what detect_sources asks of a Detector
+        n_events, n_bad, _ = detect_sources(sources, cast("Detector", rec), lambda _inc: None,
+                                            warn, REORDER_WINDOW)
     if n_events == 0:
         raise DetectError(f"no valid event in {', '.join(files)}")
     writer.write(rec.incidents)
