@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import sys
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -41,6 +39,8 @@ ENV_RUN_ID = "FAILSLOW_RUN_ID"
 
 
 def _is_uuid(text: str) -> bool:
+    import uuid  # here: this module loads at every armed interpreter start
+
     try:
         uuid.UUID(text)
     except ValueError:
@@ -65,7 +65,7 @@ def default_job_id(env: Mapping[str, str] | None = None,
 
 def new_run_id() -> str:
     """A fresh run id: sorts by start time, unique across reruns in the same second."""
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + os.urandom(3).hex()
 
 
 def restart_suffix(env: Mapping[str, str] | None = None) -> str:
