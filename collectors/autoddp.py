@@ -62,9 +62,9 @@ def patch_ddp(current_hook: Callable[[], Any], say: Callable[[str], None]) -> No
                  dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
         holder["user"] = (kinds[comm_hook_type], self.process_group)
 
-    DDP.__init__ = __init__
-    DDP.register_comm_hook = register_comm_hook
-    DDP._register_builtin_comm_hook = _register_builtin_comm_hook
+    DDP.__init__ = __init__  # type: ignore[method-assign]
+    DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+    DDP._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign]
 
 
 def instrument(model: Any, hook: Any) -> None:
