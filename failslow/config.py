@@ -50,6 +50,7 @@ FLAG_SETS: dict[str, tuple[str, ...]] = {
     "replay": (HOME, BROKER, KAFKA_SECURITY),       # HOME: the broker `failslow up` started
     "demo": (HOME,),                                # starts its own broker and database
     "down": (HOME,),
+    "run": (),                                      # starts a job that writes files
 }
 
 

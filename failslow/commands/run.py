@@ -42,7 +42,6 @@ from failslow.collectors.runs import (
 from failslow.errors import FailslowError
 
 HELP = "run a training command with the hook in every rank, no code change; traces to files"
-CONNECTION_FLAGS: tuple[str, ...] = ()  # writes files: no broker, no database
 
 # Python runs the first ``sitecustomize`` on sys.path and no other: this one arms the
 # hook, then finds and runs the one it shadows.
