@@ -206,10 +206,17 @@ def activate(trace_dir: str | Path | None = None, job_id: str | None = None,
     return _active
 
 
-def start_if_up() -> None:
+def start_if_up(say_why_not: bool = False) -> None:
+    """Start the hook when the process group is up; else, with ``say_why_not``, say once
+    that this process is not instrumented (a trainer running a single process)."""
     c10d = sys.modules.get(_C10D)
-    if _active is not None and c10d is not None and c10d.is_initialized():
+    if _active is None:
+        return
+    if c10d is not None and c10d.is_initialized():
         _active.start()
+    elif say_why_not and not _active.failed:
+        _active.failed = True
+        say("not instrumenting: torch.distributed is not initialized (a single-process run)")
 
 
 def boot(env: Mapping[str, str] | None = None) -> None:

@@ -32,7 +32,7 @@ class FailslowCallback(TrainerCallback):
         self.auto = activate(trace_dir, job_id, steps_from="callback")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        start_if_up()
+        start_if_up(say_why_not=True)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.auto.begin_step()

@@ -29,7 +29,7 @@ class FailslowCallback(Callback):
         self.auto = activate(trace_dir, job_id, steps_from="callback")
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        start_if_up()  # the process group is up by now (Lightning starts it before setup)
+        start_if_up(say_why_not=True)  # Lightning starts the process group before setup
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:

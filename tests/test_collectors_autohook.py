@@ -152,3 +152,36 @@ def test_a_rerun_into_the_same_files_is_refused_and_the_job_runs_on(tmp_path):
     assert events_after == events  # the earlier run's trace is untouched
     said = [ln for ln in again.stderr.splitlines() if ln.startswith("failslow:")]
     assert len(said) == 1 and "not instrumenting this rank: FileExistsError" in said[0]
+
+
+LIGHTNING_ALONE = """
+import lightning as L, torch
+from failslow.collectors.lightning import FailslowCallback
+
+class Net(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+    def training_step(self, batch, batch_idx):
+        return self.lin(batch[0]).sum()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+data = torch.utils.data.TensorDataset(torch.randn(8, 4))
+L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+          enable_progress_bar=False, enable_model_summary=False,
+          callbacks=[FailslowCallback(TRACES)]).fit(Net(), torch.utils.data.DataLoader(data))
+print("trained")
+"""
+
+
+def test_a_single_process_trainer_trains_and_the_callback_says_why_it_traces_nothing(tmp_path):
+    pytest.importorskip("lightning", reason="lightning is not installed (failslow[lightning])")
+    code = f"TRACES = {str(tmp_path)!r}\n" + LIGHTNING_ALONE
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and p.stdout.strip().endswith("trained"), p.stderr[-2000:]
+    said = [ln for ln in p.stderr.splitlines() if ln.startswith("failslow:")]
+    assert said == ["failslow: not instrumenting: torch.distributed is not initialized "
+                    "(a single-process run)"]
+    assert not list(tmp_path.rglob("*.jsonl"))
