@@ -128,7 +128,7 @@ class AutoHook:
         if rank == 0:
             store.set(key, new_run_id())
         store.wait([key], timedelta(seconds=_STORE_WAIT_S))
-        return store.get(key).decode()
+        return store.get(key).decode() + restart_suffix(self.env)
 
     # -- steps -------------------------------------------------------------------------------------
 
