@@ -15,6 +15,8 @@ still knows which actions hold and rolls them back. Pure, no I/O.
 
 from __future__ import annotations
 
+import base64
+import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -54,7 +56,10 @@ class ActingDetector:
         return [*incidents, *actions]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"acting": 1, "inner": self.inner.state_dict(), "planner": self.planner}
+        """JSON-able, like the wrapped detector's: the planner pickled, base64."""
+        blob = pickle.dumps(self.planner, protocol=pickle.HIGHEST_PROTOCOL)
+        return {"acting": 1, "inner": self.inner.state_dict(),
+                "planner": base64.b64encode(blob).decode("ascii")}
 
     @classmethod
     def restore(cls, state: Any, inner_restore: Callable[[Any], Any],
@@ -62,7 +67,7 @@ class ActingDetector:
         """From ``state_dict()``, or from a bare detector state (a snapshot taken before
         the worker acted: a fresh planner). The planner takes ``config``, the current one."""
         if isinstance(state, dict) and state.get("acting") == 1:
-            planner = state["planner"]
+            planner = pickle.loads(base64.b64decode(state["planner"]))
             planner.config = config
             return cls(inner_restore(state["inner"]), planner)
         return cls(inner_restore(state), ActionPlanner(config))

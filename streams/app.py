@@ -91,7 +91,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                   incidents=sends.track(app.topic(t.for_kind("incident"), value_serializer="raw")),
                   dead=sends.track(app.topic(t.deadletter, value_serializer="raw")),
                   hostmap=sends.track(app.topic(cfg.internal("hostmap"), value_serializer="raw")),
-                  partitions=nparts)
+                  partitions=nparts,
+                  actions=sends.track(app.topic(t.for_kind("action"), value_serializer="raw")))
     hostmap = HostMap()
     reader = HostMapReader(cfg.bootstrap, cfg.internal("hostmap"), nparts, hostmap)
     router = RouteStage(cfg, nparts, out, metrics, hostmap)

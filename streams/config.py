@@ -4,6 +4,7 @@ with a retention by ``ensure_internal_topics``) and which kind each input topic 
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from failslow.models.actions import MODES, MitigationConfig, MitigationConfigError
 from failslow.models.shard import SHARD_RANKS
 from failslow.schema import Topics
 from failslow.schema.kafka_security import client_conf, refused
@@ -18,6 +20,24 @@ from failslow.schema.topics import KIND_TOPIC
 from failslow.streams import quiet
 from failslow.streams.partition import INPUT_KINDS
 from failslow.streams.routing import HOSTMAP_TTL_S
+
+
+def mitigate_from_env(env: Any) -> MitigationConfig | None:
+    """``FAILSLOW_MITIGATE``: ``off`` | ``suggest`` | ``auto`` (every job), or the path of a
+    TOML file whose ``[mitigate]`` table is the policy; unset: ``suggest`` (dry runs);
+    None for ``off`` (no planner at all). MitigationConfigError (one line) on a file that
+    cannot be read or a bad table."""
+    value = (env.get("FAILSLOW_MITIGATE") or "suggest").strip()
+    if value == "off":
+        return None
+    if value in MODES:
+        return MitigationConfig(mode=value)
+    try:
+        with open(value, "rb") as f:
+            table = tomllib.load(f).get("mitigate", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise MitigationConfigError(f"FAILSLOW_MITIGATE={value}: {exc}") from None
+    return MitigationConfig.from_mapping(table)
 
 
 @dataclass
@@ -52,6 +72,10 @@ class WorkerConfig:
     # be the same as failslow detect's to take the same decisions
     shard_ranks: int = SHARD_RANKS
     detector_factory: Callable[[], Any] | None = None
+    # issue 32: the mitigation policy (models.actions.MitigationConfig; FAILSLOW_MITIGATE):
+    # the default detector also plans actions, sent to the actions topic; None: it does not
+    mitigate: MitigationConfig | None = field(
+        default_factory=lambda: mitigate_from_env(os.environ))
     detector_restore: Callable[[Any], Any] | None = None
 
     def internal(self, name: str) -> str:
@@ -110,6 +134,9 @@ def ensure_internal_topics(cfg: WorkerConfig) -> int:
     configs = internal_topic_configs(cfg)
     new = [NewTopic(t, num_partitions=n, replication_factor=1, config=c)
            for t, c in configs.items() if t not in meta.topics]
+    actions = cfg.topics.for_kind("action")  # issue 32: stacks set up before it existed
+    if actions not in meta.topics:
+        new.append(NewTopic(actions, num_partitions=n, replication_factor=1))
     for fut in (admin.create_topics(new, operation_timeout=10).values() if new else []):
         try:
             fut.result()

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from failslow.models.acting import acting_hooks
 from failslow.models.shard import ShardedDetector
 from failslow.schema import decode_lenient
 from failslow.schema.fast import all_valid
@@ -124,6 +125,8 @@ class JobStage:
                                                         job_idle_s=cfg.job_idle,
                                                         shard_ranks=cfg.shard_ranks),
             "detector_restore": ShardedDetector.from_state}
+        if cfg.mitigate is not None and not cfg.detector_factory:  # issue 32: plan actions
+            hooks = acting_hooks(hooks, cfg.mitigate)
         if cfg.detector_factory:
             hooks["detector_factory"] = cfg.detector_factory
         if cfg.detector_restore:

@@ -18,10 +18,11 @@ PACK_BYTES = 512 * 1024
 
 class Outputs:
     def __init__(self, metrics: Metrics, job: Any, incidents: Any, dead: Any, hostmap: Any,
-                 partitions: int) -> None:
+                 partitions: int, actions: Any = None) -> None:
         self.metrics = metrics
         self.job_topic = job
         self.incidents_topic = incidents
+        self.actions_topic = actions  # issue 32: None drops the planner's actions
         self.dead_topic = dead
         self.hostmap_topic = hostmap
         self.partitions = partitions
@@ -49,6 +50,11 @@ class Outputs:
 
     async def incidents(self, p: int, incidents: list[dict]) -> None:
         for inc in incidents:
+            if inc.get("kind") == "action":
+                if self.actions_topic is not None:
+                    await self.actions_topic.send(key=inc["job_id"].encode(),
+                                                  value=encode(inc), partition=p)
+                continue
             self.metrics.incidents.labels(inc["status"]).inc()
             await self.incidents_topic.send(key=inc["job_id"].encode(), value=encode(inc),
                                             partition=p)

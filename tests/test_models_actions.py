@@ -4,8 +4,7 @@ when the culprit recovers, drains once per escalation; the ``[mitigate]`` table'
 
 from __future__ import annotations
 
-import pickle
-
+import orjson
 import pytest
 
 from failslow.models.acting import ActingDetector
@@ -148,7 +147,7 @@ def test_acting_detector_state_survives_a_snapshot():
     det.planner.on_incident(incident())
     det.telemetry_delay_s = 3.0
     assert det.inner.telemetry_delay_s == 3.0
-    state = pickle.loads(pickle.dumps(det.state_dict()))
+    state = orjson.loads(orjson.dumps(det.state_dict()))   # snapshots are JSON
     back = ActingDetector.restore(state, Detector.from_state, cfg)
     assert back.planner.held(JOB)["rank"] == 2
     bare = ActingDetector.restore(Detector().state_dict(), Detector.from_state, cfg)
