@@ -15,9 +15,9 @@ INTO OUTFILE / FROM INFILE, no BACKUP / RESTORE, and no SET / USE (on the embedd
 database they would change the session the sink writes through).
 
 The tokenizer knows ClickHouse's strings ('...', with backslash escapes and ''), quoted
-identifiers ("..." and `...`), comments (-- and /* */). Where ClickHouse versions read
-text differently it refuses rather than guess: nested /* comments, # comments, $ (heredoc
-strings) and non-ASCII characters outside quotes.
+identifiers ("..." and `...`), comments (-- to the end of the line, \r or \n, and /* */).
+Where ClickHouse versions read text differently it refuses rather than guess: nested /*
+comments, # comments, $ (heredoc strings) and non-ASCII characters outside quotes.
 
 >>> one_statement("SELECT 1;  ")
 'SELECT 1'
@@ -76,8 +76,8 @@ _CLAUSES = frozenset({"select", "from", "join", "where", "prewhere", "group", "o
                       "using", "window", "qualify", "into", "except", "intersect", "array"})
 
 _TOKEN = re.compile(r"""
-    (?P<ws>\s+)
-  | (?P<comment>--[^\n]*|/\*.*?\*/)
+    (?P<ws>[ \t\n\r\f\v]+)
+  | (?P<comment>--[^\r\n]*|/\*.*?\*/)
   | (?P<str>'(?:[^'\\]|\\.|'')*')
   | (?P<qid>"(?:[^"\\]|\\.|"")*"|`(?:[^`\\]|\\.|``)*`)
   | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
@@ -107,10 +107,11 @@ def tokens(sql: str) -> list[Token]:
     pos = 0
     while pos < len(sql):
         m = _TOKEN.match(sql, pos)
+        ch = sql[pos]
+        if (m is None and ch in "'\"`") or (sql.startswith("/*", pos)
+                                            and m is not None and m.lastgroup != "comment"):
+            raise QueryError("unterminated quote or comment in SQL")
         if m is None:
-            ch = sql[pos]
-            if ch in "'\"`" or sql.startswith("/*", pos):
-                raise QueryError("unterminated quote or comment in SQL")
             raise QueryError(f"character {ch!r} outside quotes is not allowed here "
                              "(# comments, $ heredocs and non-ASCII text are refused)")
         kind = m.lastgroup or "other"

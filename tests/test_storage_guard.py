@@ -36,6 +36,7 @@ REFUSED_READONLY = [
     ("SELECT 1; SELECT 2", "one SQL statement"),
     ("SELECT 1 /* /* */ 'x */ , file('/etc/passwd') -- '", "nested"),
     ("SELECT 1 # comment", "'#'"),
+    ("SELECT 1 -- a line comment ends at a carriage return too\r, file('/etc/passwd')", "file()"),
     ("SELECT $$abc$$", "'$'"),
     ("SELECT 1\u00a0", "non-ascii"),
     ("SELECT 'unterminated", "unterminated"),
