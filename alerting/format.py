@@ -11,6 +11,9 @@ same words everywhere.
 '[CRITICAL] slow_rank in job0: rank 5 (host h0, GPU 5), cause gpu_thermal, job +31.2%'
 >>> headline({**ev, "gpu_hours_lost": 3.456}, "open")[-38:]
 'job +31.2%, 3.46 GPU-hours lost so far'
+>>> ev["evidence"] = {"rule": "step-peers", "policy": "persisted 4 steps (4.0 s) -> critical"}
+>>> headline(ev, "open")[-68:]
+'job +31.2% -- rule step-peers; persisted 4 steps (4.0 s) -> critical'
 """
 
 from __future__ import annotations
@@ -92,6 +95,14 @@ def cost(ev: dict[str, Any]) -> str | None:
     return f"{shown} GPU-hours lost{'' if ev.get('status') == 'resolved' else ' so far'}"
 
 
+def acted(ev: dict[str, Any]) -> str | None:
+    """What failslow did about it (issue 32, ``evidence.action``): ``apply
+    rebalance_microbatches: rank 2 takes 31% less ...`` when it acted, later ``rebalanced:
+    rank 2 takes 31% less; job step 0.41 s -> 0.27 s``; None when nothing was done."""
+    done = (ev.get("evidence") or {}).get("action")
+    return str(done) if done else None
+
+
 def headline(ev: dict[str, Any], action: str) -> str:
     """One line: state, fault, job, culprit, cause, slowdown, cost."""
     if action == RESOLVE or ev.get("status") == "resolved":
@@ -104,7 +115,19 @@ def headline(ev: dict[str, Any], action: str) -> str:
     text = (f"[{tag}] {ev.get('fault')} in {ev.get('job_id')}: {where(ev)}, cause {cause}, "
             f"job +{float(ev.get('slowdown_pct') or 0.0):.1f}%")
     priced = cost(ev)
-    return f"{text}, {priced}" if priced else text
+    text = f"{text}, {priced}" if priced else text
+    why = reason(ev)
+    return f"{text} -- {why}" if why else text
+
+
+def reason(ev: dict[str, Any]) -> str | None:
+    """Why it pages (CONTRACT.md ``evidence.rule`` / ``evidence.policy``): ``rule
+    step-peers; persisted 4 steps (4.2 s), 0.01 GPU-h lost -> warning``."""
+    evidence = ev.get("evidence") or {}
+    rule, policy = evidence.get("rule"), evidence.get("policy")
+    if not rule and not policy:
+        return None
+    return "; ".join(x for x in (f"rule {rule}" if rule else "", policy or "") if x)
 
 
 def timeline(ev: dict[str, Any]) -> str:
@@ -138,5 +161,8 @@ def console_line(action: str, ev: dict[str, Any]) -> str:
     fix = mitigation(ev)
     if fix and action != RESOLVE:
         parts.append(f"mitigation {fix}")
+    done = acted(ev)
+    if done:
+        parts.append(f"done: {done}")
     parts.append(f"id {ev.get('incident_id')}")
     return " | ".join(parts)

@@ -110,6 +110,7 @@ def run_one(name: str, seed: int, grain: str = "comm", hook: bool = False) -> di
                             and e["severity"] != "info"), None)
             page = page_ev["ts"] if page_ev is not None else None
             res["rule"] = _rule(first[inc["incident_id"]])
+            res["both_ends"] = bool(inc.get("host") and inc.get("peer_host"))
             if page_ev is not None:
                 res["page_rule"] = _rule(page_ev)
             first_op = _first_slowed_op(f, step_start)
@@ -122,6 +123,10 @@ def run_one(name: str, seed: int, grain: str = "comm", hook: bool = False) -> di
                                                 if j == f["job_id"] and f["onset_ts"] < ts <= page)
                 if first_op is not None:
                     res["page_s"] = round(page - first_op, 3)
+        if hits:
+            _after(res, f, [e for e in incidents if e["incident_id"] == hits[0]["incident_id"]],
+                   step_end)
+            res["incidents"] = len({i["incident_id"] for i in hits})
         results.append(res)
     # Loud: any of its events above info (one that opens as info and pages later too).
     loud = {i["incident_id"] for i in incidents if i["severity"] != "info"}
@@ -135,21 +140,25 @@ def run_one(name: str, seed: int, grain: str = "comm", hook: bool = False) -> di
 
 
 def _rule(ev: dict) -> str:
-    """Which evidence an incident event rests on (``--explain``): sub-step windows of a
-    group, windows of a point-to-point pair, a pair judged per step, collective groups, or
-    the rank's step evidence (peers / own past, its z)."""
-    e = ev.get("evidence") or {}
-    if e.get("substep"):
-        return f"substep:{e.get('evidence')}:{e.get('sustained_s')}s"
-    if e.get("p2p_windows"):
-        return f"p2p-windows:{e.get('sustained_s')}s"
-    if "slow_groups" in e:
-        return "link-groups"
-    if "transfer_rel_slowdown" in e:
-        return f"p2p-steps:z{e.get('evidence_z')}"
-    if "ranks" in e:
-        return "host-ranks"
-    return f"step:{e.get('evidence', '?')}:z{e.get('z_to_peers', e.get('evidence_z', '?'))}"
+    """The signal an incident event names (CONTRACT.md ``evidence.rule``)."""
+    return str((ev.get("evidence") or {}).get("rule") or "?")
+
+
+def _after(res: dict, f: dict, events: list[dict], step_end: dict) -> None:
+    """Once the fault ended: job steps until its incident resolved, and whether a
+    severity rose after the end (a page about a culprit already back)."""
+    if f["end_ts"] is None:
+        return
+    end = f["end_ts"]
+    resolved = next((e["ts"] for e in events if e["status"] == "resolved"
+                     and e.get("resolved_reason") != "job ended"), None)
+    if resolved is not None:
+        res["resolve_steps"] = sum(1 for (j, _), ts in step_end.items()
+                                   if j == f["job_id"] and end < ts <= resolved)
+    rank = {"info": 0, "warning": 1, "critical": 2}
+    sev = [(e["ts"], rank[e["severity"]]) for e in events]
+    res["louder_after_end"] = any(t > end and s > p
+                                  for (_, p), (t, s) in zip(sev, sev[1:], strict=False))
 
 
 def explain(runs: list[dict]) -> None:
@@ -185,6 +194,23 @@ def _first_slowed_op(f: dict, step_start: dict[tuple[str, int], dict[int, float]
     if f["rank"] is not None and f["rank"] in starts:
         return starts[f["rank"]]
     return min(starts.values())
+
+
+def policy_table(runs: list[dict]) -> dict:
+    """The paging policy's targets (issue 30) over the runs."""
+    fs = [f for r in runs for f in r["faults"]]
+    ended = [f for f in fs if "louder_after_end" in f]
+    steps = sorted(f["resolve_steps"] for f in ended if "resolve_steps" in f)
+    links = [f for f in fs if f["fault"] == "slow_link" and f["localized"]]
+    return {"benign_loud": sum(len(r["false_incidents"]) for r in runs if r["benign_only"]),
+            "ended": len(ended), "resolved": len(steps),
+            "resolved_within_10": sum(1 for x in steps if x <= 10),
+            "resolve_p50": statistics.median(steps) if steps else None,
+            "resolve_max": steps[-1] if steps else None,
+            "louder_after_end": sum(1 for f in ended if f["louder_after_end"]),
+            "split": sum(1 for f in fs if f.get("incidents", 1) > 1),
+            "links": len(links),
+            "links_both_ends": sum(1 for f in links if f.get("both_ends"))}
 
 
 def pct(a: int, b: int) -> str:
@@ -282,8 +308,12 @@ def main() -> int:
                     "which evidence")
     ap.add_argument("--out", help="results file (default bench/results/detect_quality"
                     "[_grain].json)")
+    ap.add_argument("--policy", action="store_true",
+                    help="the paging policy's scenarios (simulator/scenarios_policy.py: "
+                    "transients, the layout, ramps, flaps) instead of the quality set")
     args = ap.parse_args()
-    names = args.only or [n for n, s in SCENARIOS.items() if not s.large]
+    names = args.only or [n for n, s in SCENARIOS.items() if not s.large
+                          and ("policy" in s.tags) == args.policy]
     runs = []
     for name in names:
         for seed in range(args.seeds):
@@ -323,14 +353,21 @@ def main() -> int:
               f"({t['page_p50_steps']} / {t['page_p95_steps']} steps){extra}")
     if args.explain:
         explain(runs)
+    policy = policy_table(runs)
+    print(f"\npolicy: loud incidents in benign-only runs {policy['benign_loud']}; faults "
+          f"resolved {policy['resolved']}/{policy['ended']} of those that ended, within 10 "
+          f"steps {policy['resolved_within_10']}, resolve steps p50 {policy['resolve_p50']} "
+          f"max {policy['resolve_max']}; louder after the end {policy['louder_after_end']}; "
+          f"faults with more than one incident {policy['split']}; slow_link incidents "
+          f"naming both ends {policy['links_both_ends']}/{policy['links']}")
     print(f"grain: {args.grain}" + ("  (sub-step hook)" if args.substep_hook else ""))
     suffix = ("" if args.grain == "comm" else f"_{args.grain}") + (
-        "_substep" if args.substep_hook else "")
+        "_substep" if args.substep_hook else "") + ("_policy" if args.policy else "")
     out = Path(args.out).resolve() if args.out else \
         ROOT / "bench" / "results" / f"detect_quality{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps({"seeds": args.seeds, "grain": args.grain, "table": table,
-                                  "seconds": secs, "runs": runs},
+                                  "seconds": secs, "policy": policy, "runs": runs},
                                  option=orjson.OPT_INDENT_2))
     print(f"wrote {out}")
     return 0

@@ -14,7 +14,7 @@ from collections import deque
 from typing import Any
 
 from failslow.models.config import JobConfig
-from failslow.models.localize import _pct
+from failslow.models.findings import job_pct
 from failslow.models.ranks import RankState
 from failslow.models.stats import RollingMedian
 
@@ -83,7 +83,7 @@ class Attribution:
         if st.kind == "change" and st.base_job_s > 0 and now > 0:
             return 100.0 * min(max(now / st.base_job_s - 1.0, 0.0),
                                max(st.excess_s, 0.0) * self._reach(st) / st.base_job_s)
-        return _pct(st.excess_s, now)
+        return job_pct(st.excess_s, now)
 
     def _imbalance(self, st: RankState, s: int, ev: Any, i: int, work: float, job_s: float,
                    start_ts: float) -> None:
@@ -102,7 +102,7 @@ class Attribution:
             st.imb, st.imb_quiet = True, 0
             st.imb_rel = float(ev.peer_mean[i])
             st.imb_excess_s = st.recent * st.imb_rel / (1.0 + st.imb_rel)
-            st.imb_onset_step = s - int(ev.peer_n[i]) + 1
+            st.imb_onset_step = max(s - int(ev.peer_n[i]) + 1, 0)
             st.imb_onset_ts = self.step_start.get(st.imb_onset_step, start_ts)
             st.imb_lost_s = st.imb_excess_s * int(ev.peer_n[i])
 

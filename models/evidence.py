@@ -593,6 +593,15 @@ class WaitedFor:
         self.other[rows, -1] = other
         self.job[-1] = job_s
 
+    def now(self, rank: int) -> float:
+        """The lag charged to ``rank`` in the newest judged step (fraction of the job's
+        step), 0 when its group did not wait for it then: the step's own excess, where
+        ``judge``'s mean spans WAIT_N steps."""
+        row = self.rows.get(rank)
+        if row is None or self.top[row, -1] != 1.0:
+            return 0.0
+        return float(self.lag[row, -1])
+
     def judge(self, rows: np.ndarray, min_rel: float) -> tuple[np.ndarray, ...]:
         """Per row: (confirmed, present, share of the last WAIT_N steps, mean lag charged
         over them as a fraction of the job's step, steps back to the onset, steady: as

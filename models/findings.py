@@ -6,6 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# The signals a finding can come from (``Finding.rule``; docs/detection.md says what each
+# sees): a rank's step evidence (against its peers, or its own past), its group waiting for it, windows inside a long step, a host's ranks
+# together, collective groups of a link, pipeline pairs per step or per window, a steady
+# imbalance (the layout), the job's own change point.
+RULES = ("step-peers", "step-own-past", "step-waited", "substep-windows",
+         "host-ranks", "link-groups", "p2p-steps", "p2p-windows", "imbalance",
+         "job-changepoint")
+
 
 @dataclass
 class Finding:
@@ -20,7 +28,8 @@ class Finding:
     past), percent; ``lost_s`` the job's extra elapsed time attributed to it so far
     (seconds, from measured step durations; None where not tracked), so
     ``world * lost_s / 3600`` is the GPU-hours lost; ``imbalance`` marks a steady
-    offset from the start (the layout: recorded, never paged).
+    offset from the start (the layout: recorded, never paged); ``rule`` names the signal
+    that produced it (the incident carries it as ``evidence.rule``: ``RULES``).
     """
 
     key: str
@@ -41,4 +50,11 @@ class Finding:
     lost_s: float | None = None
     world: int = 0
     imbalance: bool = False
+    rule: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def job_pct(excess_s: float, job_s: float) -> float:
+    """Job step-time increase caused by ``excess_s`` extra seconds on the critical path."""
+    base = job_s - excess_s
+    return 100.0 * excess_s / base if base > 0 and excess_s > 0 else 0.0

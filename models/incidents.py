@@ -1,52 +1,35 @@
-"""Incident tracker: turns per-step findings into CONTRACT ``incident`` events.
+"""The arbiter: turns the signals of each judged step (``Finding``) into CONTRACT
+``incident`` events, in one place (docs/detection.md, "The paging policy").
 
-An incident opens once, when its finding is confirmed, with a stable id
-``{job_id}:{fault}:{culprit}:{onset_step}`` (replays and restarts give the
-same id); it is updated only when something an operator cares about changes
-(severity, root cause, an escalated mitigation, or the slowdown by half or 5 points); it resolves
-after its culprit has been absent (back within its baseline and its peers)
-for ``resolve_steps`` consecutive steps of the job, so it does not flap. A
-culprit less than ``open_min_pct`` percent slower than its reference (its
-peers, its own past) opens nothing, whatever the noise says; nor does a link
-that no NIC counter explains and that costs the job less than that.
-If the same culprit comes back with the same estimated onset after a resolve,
-the new incident's id gets a ``.N`` suffix (still deterministic on replay).
-An incident opens as ``info`` and pages (warning / critical) only once its
-culprit has stayed confirmed ``page_after_steps`` more steps, so a two-step
-blip is recorded but wakes nobody; or at once, when its finding's evidence is
-consistent across windows spanning at least ``page_after_s`` seconds (evidence
-``sustained_s``: a member its group waited for window after window inside a long
-step, ``models.substep``, or a pipeline pair slow in every window, ``models.p2p``): a
-stall shorter than that never confirms there, so
-waiting for steps to end would only delay the page by steps that last many
-seconds. The step-level analogue (``steady``): a confirmation that rests on
-evidence spanning at least ``STEADY_MIN_STEPS`` (2, never one) of the job's steps,
-whose latest step is still clearly outside the noise (``STEADY_Z`` sigmas from its
-peers, at least ``open_min_pct`` slower) and not fading (at least ``STEADY_RATIO`` of
-the mean excess of the earlier evidence steps) pages at once. The physics: a
-fail-slow is a rate, every step of work takes longer by about the same share, so
-the step that confirms it is as slow as the ones before (or slower: the fault
-began inside the first); a stall is a lump of lost time, and what spills past
-a step boundary is the smaller remainder, so a pause that straddles two short
-steps fades on the second and keeps ``page_after_steps``. Two unrelated lumps on
-consecutive steps, the second larger, look like a rate for two steps (one in 84
-fault runs of the quality table: a compute hiccup then a loader stall); today's
-rule pages those two steps later too. Findings with no
-windowed evidence (hosts, links) page on their second confirmation when it is
-as slow as the first. The span is counted in the job's own steps: those handed
-to ``step`` that ended after the finding's onset. Severity never goes down while an incident is open: ``job_slowdown`` is always
-``info``, and so is a ``slow_link`` that no NIC counter explains (root cause
-``unknown``: seen only in collective timings); otherwise ``critical`` from ``critical_pct`` percent of job slowdown,
-else ``warning``.
+- **Open**: a confirmed signal about a culprit at least ``open_min_pct`` slower than its
+  reference, in a step where it is that slow (a link no NIC counter explains also needs
+  to cost the job that much). Id ``{job_id}:{fault}:{culprit}:{onset_step}`` (replays
+  and restarts give the same id; ``.N`` when the same culprit and onset come back after
+  a resolve). Two signals about one culprit (a steady-imbalance record and a rank
+  verdict on the same rank, two rules at once) are one incident (``culprit_key``).
+- **Severity**: ``models.policy.PagingPolicy``, from persistence (slowed steps and their
+  seconds, or in-step evidence in long steps) and cost (GPU-hours lost, or the
+  slowdown times how long it lasted), never from the size of the first excess; it never
+  goes down while open. Every event says why: ``evidence.rule`` (the signal that
+  confirmed it, or made it loud), ``evidence.policy`` (the reason for its severity),
+  ``evidence.signals`` (every signal seen about it).
+- **Update**: a new severity at once; otherwise at most once per ``min_update_s`` a new
+  cause, mitigation, slowdown, or cost grown ``cost_update_ratio`` times (never a page:
+  the router notifies severity rises only).
+- **Resolve**: after ``resolve_steps`` steps in a row with the culprit back among its
+  peers (absent, unconfirmed, or below ``back_pct``), plus ``flap_steps`` per time it
+  came back, at most ``resolve_max_steps``: a flapping culprit stays one incident.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from failslow.models.config import JobConfig
 from failslow.models.findings import Finding
+from failslow.models.policy import PagingPolicy, Persistence, PolicyConfig
 from failslow.models.rootcause import attribute
 from failslow.models.telemetry import TelemetryStore
 from failslow.schema.events import FAULTS, MITIGATIONS, SEVERITY_RANK
@@ -59,17 +42,10 @@ RECHECK_S = 1.0
 # Resolved incidents still waiting for late telemetry to explain them, at most (oldest go).
 UNEXPLAINED_MAX = 1024
 LATE_FAULTS = ("slow_rank", "slow_host")
-# Step-level paging at once (``IncidentTracker.steady``): evidence steps at least, the
-# confirming step's share of the earlier evidence steps' mean excess at least (a fading
-# excess is a stall's remainder), and its z to its peers at least (a full step of
-# CUSUM evidence, 1.5 x z_min: the step alone is far outside the noise).
-STEADY_MIN_STEPS = 2
+# The sub-step far-from-peers verdict (``JobState._substep_judge``): a step's z to its peers
+# at least 1.5 x z_min (a full step of CUSUM evidence), not fading below this share.
 STEADY_RATIO = 0.75
 STEADY_Z = 1.5 * JobConfig().z_min
-# Evidence that says the finding was weighed against its noise: a rank's z to its peers
-# (this step), a z-CUSUM (point-to-point pairs), a host's ranks or a link's collective
-# groups each confirmed by their own z-CUSUM.
-NOISE_KEYS = ("z_to_peers", "evidence_z", "ranks", "slow_groups")
 PERIOD_N = 5               # step gaps whose median is a job's step period
 ENDS_N = 33                # step ends kept per job (evidence windows span at most 32)
 
@@ -78,7 +54,8 @@ class Incident:
     """An open incident: its last emitted event and what drives its updates."""
 
     __slots__ = ("event", "absent", "age", "causes", "emitted", "lost_s", "lost_ts", "where",
-                 "recheck", "last_rel")
+                 "recheck", "last_rel", "steps", "seconds", "rule", "signals", "returns",
+                 "cost_sent")
 
     def __init__(self, event: dict[str, Any]) -> None:
         self.event = event
@@ -88,26 +65,51 @@ class Incident:
         # re-attributes with (``IncidentTracker.late_sample``)
         self.where: tuple[list[str], list[tuple[str, int]], float] = ([], [], 0.0)
         self.recheck = -1e300     # a late sample before this ts re-attributes nothing
-        self.absent = 0
+        self.absent = 0           # steps in a row the culprit was back among its peers
         self.age = 0              # steps the culprit was present since the incident opened
         self.causes: dict[str, int] = {}
         self.emitted: dict[str, Any] = {}
         self.last_rel = 0.0       # the culprit's step excess at its last confirmation
+        self.steps = 0            # slowed steps so far (``models.policy.Persistence``)
+        self.seconds = 0.0        # and their seconds
+        self.rule = ""            # the signal that confirmed it (or made it loud)
+        self.signals: set[str] = set()   # every signal seen about the culprit
+        self.returns = 0          # times it came back after being back among its peers
+        self.cost_sent = 0.0      # gpu_hours_lost in the last emitted event
+
+
+def _period(ends: list[float]) -> float:
+    """A job's step period: the median gap between its last step ends (0 while unknown)."""
+    last = ends[-PERIOD_N - 1:]
+    gaps = sorted(b - a for a, b in zip(last[:-1], last[1:], strict=True))
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def culprit_key(f: Finding) -> str:
+    """One incident per culprit: a steady imbalance of a rank and a rank verdict about the
+    same rank are two signals about one culprit."""
+    if f.imbalance and f.key.startswith("imbalance:"):
+        return f"{f.fault}:{f.key.split(':', 1)[1]}"
+    return f.key
 
 
 class IncidentTracker:
-    """Open / update / resolve incidents of every job from their findings."""
+    """The arbiter: opens, grades, updates and resolves the incidents of every job from
+    their findings (signals), by ``models.policy.PagingPolicy``.
 
-    def __init__(self, resolve_steps: int = 5, critical_pct: float = 20.0,
-                 open_min_pct: float = 5.0, page_after_steps: int = 2,
-                 min_update_s: float = 5.0, page_after_s: float = 2.0) -> None:
-        self.resolve_steps = resolve_steps
-        self.min_update_s = min_update_s
-        self.page_after_steps = page_after_steps
-        # (the default is JobConfig's sustain_s: a sub-step confirmation spans it)
-        self.page_after_s = page_after_s
-        self.critical_pct = critical_pct
-        self.open_min_pct = open_min_pct
+    ``policy``: the default ``PolicyConfig``; ``policy_for(job_id)``: a job's own (per-job
+    overrides, ``models.detection_config``); keyword overrides set fields of the default
+    (``IncidentTracker(resolve_steps=3)``)."""
+
+    def __init__(self, policy: PolicyConfig | None = None,
+                 policy_for: Callable[[str], PolicyConfig] | None = None,
+                 **overrides: Any) -> None:
+        base = policy or PolicyConfig()
+        if overrides:
+            base = replace(base, **overrides)
+        base.check()
+        self.policy = base
+        self.policy_for = policy_for
         self.open: dict[tuple[str, str], Incident] = {}
         self.reopened: dict[str, int] = {}    # incident id -> times it was opened again
         # incident id -> (job, incident as resolved): resolved with root cause unknown, whose
@@ -115,70 +117,21 @@ class IncidentTracker:
         self.unexplained: dict[str, tuple[str, Incident]] = {}
         # job -> the ends (ts) of its last ENDS_N steps: how many steps evidence spans
         self.ends: dict[str, list[float]] = {}
+        # (job, culprit) -> its gap to its peers when first recorded as steady imbalance
+        self.steady_gap: dict[tuple[str, str], float] = {}
+
+    def cfg(self, job_id: str) -> PolicyConfig:
+        return self.policy_for(job_id) if self.policy_for is not None else self.policy
 
     def period(self, job_id: str, ts: float) -> tuple[float, list[float]]:
         """Record a step of the job ending at ``ts``; returns its step period (the median
         gap between its last steps, 0 while unknown) and the ends of its last steps."""
-        kept = getattr(self, "ends", None)
-        if kept is None:                  # a tracker restored from an older snapshot
-            kept = self.ends = {}
+        kept = self.ends
         ends = kept.get(job_id) or []
         if not ends or ts > ends[-1]:
             ends = (ends + [ts])[-ENDS_N:]
             kept[job_id] = ends
-        last = ends[-PERIOD_N - 1:]
-        gaps = sorted(b - a for a, b in zip(last[:-1], last[1:], strict=True))
-        return (gaps[len(gaps) // 2] if gaps else 0.0), ends
-
-    def steady(self, inc: Incident | None, f: Finding,
-               period: tuple[float, list[float]]) -> bool:
-        """Whether a confirmation pages at once, without ``page_after_steps`` more: its
-        evidence spans ``STEADY_MIN_STEPS`` steps or more and its latest step is clearly
-        outside the noise and not fading (module doc)."""
-        gap, ends = period
-        if not f.confirmed or f.imbalance or gap <= 0:
-            return False
-        ev = f.evidence
-        if ev.get("evidence") == "change" and float(ev.get("evidence_z", 0.0)) < STEADY_Z / 2:
-            # A change against the rank's own past confirmed by its window mean alone
-            # (its per-step CUSUM, ``evidence_z``, still low: no step far outside the
-            # noise) rests on a baseline of a few dozen noisy steps: it pages only once
-            # it persists (today's rule).
-            return False
-        cur = self._step_rel(f)
-        # Clearly outside the noise: its step's z to its peers; a rank with no peer doing
-        # the same work (alone in its pipeline stage) has none, and its own-past evidence
-        # stands in: its window's mean-excess z (one step against a baseline of a few
-        # dozen noisy steps is no measure; a lump in one step does not lift a window).
-        z = ev.get("z_to_peers")
-        if z is None and ev.get("evidence") == "change":
-            z = ev.get("mean_excess_z")
-        if cur < self.open_min_pct / 100.0 or not any(k in ev for k in NOISE_KEYS) \
-                or float(z if z is not None else STEADY_Z) < STEADY_Z:
-            # Too small, or no word on the noise (a finding carrying no z-scored evidence):
-            # today's rule.
-            return False
-        if inc is not None and inc.age >= 1 and getattr(inc, "last_rel", 0.0) > 0:
-            # a second confirmation: as slow as the first (an incident's own memory)
-            return cur >= STEADY_RATIO * inc.last_rel
-        if float(ev.get("step_z", STEADY_Z)) < STEADY_Z:
-            # a link group's step inside the noise (its z to the other groups and its own
-            # past): its first confirmation waits for a second
-            return False
-        mean, n = ev.get("mean_excess"), ev.get("mean_excess_steps")
-        # Steps of evidence: the job's steps that ended after the onset (the start of the
-        # culprit's first step under it; the step before ends there, give or take the
-        # ranks' skew, a small share of a step).
-        since = float(f.onset_ts) + 0.25 * gap
-        k = sum(1 for e in ends if e > since)
-        if mean is None or not n or k < STEADY_MIN_STEPS:
-            return False
-        # The window holds the log excess of its last n steps, the confirming one
-        # included: the rest of its sum is the earlier evidence steps' (k - 1 of them;
-        # steps before the onset add only noise).
-        cur_l = math.log1p(cur)
-        prior = (float(mean) * int(n) - cur_l) / (min(k, int(n)) - 1)
-        return cur_l >= STEADY_RATIO * prior
+        return _period(ends), ends
 
     @staticmethod
     def _step_rel(f: Finding) -> float:
@@ -186,21 +139,32 @@ class IncidentTracker:
         ev = f.evidence
         if "transfer_rel_slowdown" in ev:
             return float(ev["transfer_rel_slowdown"])
+        if "rel_to_group" in ev:
+            return float(ev["rel_to_group"])
         if "rel_to_peers" in ev or "rel_to_own_past" in ev:
+            # a rank its group waits for: the lag charged to it (a share of the job's
+            # step) is its excess, whatever its own work says (noisy under overlap)
+            lag = min(float(ev.get("waited_lag_now") or 0.0), 0.9)
             return max(float(ev.get("rel_to_peers") or 0.0),
-                       float(ev.get("rel_to_own_past") or 0.0))
+                       float(ev.get("rel_to_own_past") or 0.0), lag / (1.0 - lag))
         return f.own_pct / 100.0
 
-    def severity(self, fault: str, pct: float, cause: str = "unknown") -> str:
-        if fault == "job_slowdown" or (fault == "slow_link" and cause == "unknown"):
-            # A link seen slower only in collective timings, with no NIC counter
-            # behind it, is a suspicion: paths differ and queueing varies.
-            return "info"
-        return "critical" if pct >= self.critical_pct else "warning"
+    @classmethod
+    def _back_rel(cls, f: Finding) -> float:
+        """The culprit's excess as judged for resolving: against the nearer of its
+        references (its peers, its own past), so a rank back at its own usual resolves
+        even when it always ran a little apart from its peers; a group still waiting for
+        it keeps it."""
+        ev = f.evidence
+        if "rel_to_peers" in ev and "rel_to_own_past" in ev and "transfer_rel_slowdown" not in ev:
+            lag = min(float(ev.get("waited_lag_now") or 0.0), 0.9)
+            return max(min(float(ev["rel_to_peers"] or 0.0), float(ev["rel_to_own_past"] or 0.0)),
+                       lag / (1.0 - lag))
+        return cls._step_rel(f)
 
     def vote_cause(self, job_id: str, key: str, cause: str) -> str:
         """Record this step's root cause; return the incident's most supported one."""
-        inc = self.open.get((job_id, key))
+        inc = self.open.get((job_id, key.replace("imbalance:", "slow_rank:", 1)))
         if inc is None:
             return cause
         inc.causes[cause] = inc.causes.get(cause, 0) + 1
@@ -208,63 +172,128 @@ class IncidentTracker:
         pool = known or inc.causes
         return max(pool, key=lambda c: pool[c])
 
-    def step(self, job_id: str, ts: float, found: list[tuple[Finding, str, str, str, dict]]
-             ) -> list[dict[str, Any]]:
+    def _signals(self, job_id: str, found: list[tuple[Finding, str, str, str, dict]]
+                 ) -> dict[str, tuple[tuple[Finding, str, str, str, dict], set[str]]]:
+        """The step's signals by culprit: the one that speaks for it (a confirmed verdict
+        over a steady-imbalance record), and the names of all of them. Records the steady
+        gap of a culprit the first time it is seen as imbalance."""
+        by: dict[str, tuple[tuple[Finding, str, str, str, dict], set[str]]] = {}
+        for item in found:
+            f = item[0]
+            key = culprit_key(f)
+            if f.imbalance:
+                self.steady_gap.setdefault((job_id, key), max(f.own_pct, 0.0) / 100.0)
+            prev = by.get(key)
+            rule = f.rule or f.fault
+            if prev is None:
+                by[key] = (item, {rule})
+                continue
+            prev[1].add(rule)
+            g = prev[0][0]
+            if (g.imbalance and not f.imbalance) or (not g.confirmed and f.confirmed):
+                by[key] = (item, prev[1])
+        return by
+
+    def step(self, job_id: str, ts: float, found: list[tuple[Finding, str, str, str, dict]],
+             sub: bool = False, step_s: float = 0.0) -> list[dict[str, Any]]:
         """Apply one evaluated step of a job. ``found`` holds (finding, root_cause,
         mitigation, mitigation reason, root-cause evidence); ``ts`` is the time of the
-        newest event of the step. Returns the incident events to publish."""
+        newest event of the step. ``sub``: a judgement from windows inside a step that has
+        not ended (``models.substep``): it opens and grades, but counts no step (neither
+        slowed nor back among its peers). ``step_s``: the job's step time as its judge
+        knows it, used until the tracker saw enough step ends to know the period itself.
+        Returns the incident events to publish."""
         out: list[dict[str, Any]] = []
         seen = set()
         ts = float(ts)
-        period = self.period(job_id, ts)
-        for f, cause, action, why, rc_ev in found:
-            k = (job_id, f.key)
+        cfg = self.cfg(job_id)
+        if sub:
+            ends = self.ends.get(job_id) or []
+            gap = _period(ends)
+        else:
+            gap, ends = self.period(job_id, ts)
+        gap = gap or max(float(step_s), 0.0)
+        for key, (item, rules) in sorted(self._signals(job_id, found).items()):
+            f, cause, action, why, rc_ev = item
+            k = (job_id, key)
             inc = self.open.get(k)
-            if inc is None and (not f.confirmed or f.own_pct < self.open_min_pct
+            rel = self._step_rel(f)
+            slowed = f.confirmed and rel >= cfg.open_min_pct / 100.0
+            if inc is None and (not slowed or f.own_pct < cfg.open_min_pct
                                 or (f.fault == "slow_link" and cause == "unknown"
-                                    and f.slowdown_pct < self.open_min_pct)):
+                                    and f.slowdown_pct < cfg.open_min_pct)):
                 continue
             seen.add(k)
             pct = round(float(f.slowdown_pct), 2)
+            fresh = inc is None
             if inc is None:
-                culprit = f.key.split(":", 1)[1]
-                iid = f"{job_id}:{f.fault}:{culprit}:{f.onset_step}"
-                again = self.reopened.get(iid)
-                self.reopened[iid] = (again or 0) + 1
-                if again:          # same culprit and onset, after a resolve: a new incident
-                    iid = f"{iid}.{again}"
-                ev = {"v": 1, "kind": "incident", "ts": ts, "incident_id": iid,
-                      "job_id": job_id, "status": "open", "fault": f.fault,
-                      "severity": "info", "onset_ts": float(f.onset_ts),
-                      "detected_ts": ts, "slowdown_pct": pct}
-                for name in ("rank", "host", "gpu", "peer_rank", "peer_host"):
-                    value = getattr(f, name)
-                    if value is not None:
-                        ev[name] = value
-                fast = self.steady(None, f, period)
-                inc = self.open[k] = Incident(ev)
-                inc.causes[cause] = 1
-                inc.last_rel = self._step_rel(f)
-                self._fill(inc, f, cause, action, why, rc_ev, pct, ts, fast)
-                out.append(dict(ev))
-                continue
-            inc.absent = 0
-            fast = False
-            if f.confirmed:          # only a culprit still standing out counts toward paging
+                inc = self._open(job_id, key, f, cause, ts, pct)
+                # The confirmation rests on the steps since the onset, two at most (a
+                # confirmation needs two steps of evidence; an onset estimated early must
+                # not make a transient look persistent).
+                since = float(f.onset_ts) + 0.25 * gap
+                inc.steps = max(1, min(sum(1 for e in ends if e > since), 2))
+                inc.seconds = inc.steps * gap
+                inc.rule = f.rule or f.fault
+            elif sub:
+                inc.absent = 0 if slowed else inc.absent
+            else:
                 inc.age += 1
-                fast = self.steady(inc, f, period)
-                inc.last_rel = self._step_rel(f)
-            if self._fill(inc, f, cause, action, why, rc_ev, pct, ts, fast):
+                steady = self.steady_gap.get(k)
+                if slowed and steady is not None and (
+                        f.imbalance or f.own_pct / 100.0 < PagingPolicy(cfg).need(steady)):
+                    # the layout, as known since the start: present, not a slowdown that
+                    # persists (until its gap grows past the margin)
+                    inc.absent = 0
+                elif slowed:
+                    if inc.absent >= 2:
+                        inc.returns += 1
+                    inc.absent = 0
+                    inc.steps += 1
+                    inc.seconds += gap
+                elif self._back_rel(f) < cfg.back_pct / 100.0:
+                    inc.absent += 1
+                else:                # weakly present, still slow: kept, not counted
+                    inc.absent = 0
+            inc.signals |= rules
+            inc.last_rel = rel
+            in_step = not any(e > float(f.onset_ts) for e in ends) if sub else False
+            if self._fill(job_id, key, inc, f, cause, action, why, rc_ev, pct, ts, cfg,
+                          gap, in_step) or fresh:
                 out.append(dict(inc.event))
+        if sub:
+            return out
         for k in [k for k in self.open if k[0] == job_id and k not in seen]:
+            self.open[k].absent += 1
+        for k in [k for k in self.open if k[0] == job_id]:
             inc = self.open[k]
-            inc.absent += 1
-            if inc.absent >= self.resolve_steps:
+            need = min(cfg.resolve_steps + cfg.flap_steps * inc.returns, cfg.resolve_max_steps)
+            if inc.absent >= need:
                 del self.open[k]
                 ev = dict(inc.event, ts=ts, status="resolved", resolved_ts=ts)
                 self._unexplained(job_id, inc, ev)
                 out.append(ev)
         return out
+
+    def _open(self, job_id: str, key: str, f: Finding, cause: str, ts: float,
+              pct: float) -> Incident:
+        culprit = key.split(":", 1)[1]
+        iid = f"{job_id}:{f.fault}:{culprit}:{f.onset_step}"
+        again = self.reopened.get(iid)
+        self.reopened[iid] = (again or 0) + 1
+        if again:          # same culprit and onset, after a resolve: a new incident
+            iid = f"{iid}.{again}"
+        ev = {"v": 1, "kind": "incident", "ts": ts, "incident_id": iid,
+              "job_id": job_id, "status": "open", "fault": f.fault,
+              "severity": "info", "onset_ts": float(f.onset_ts),
+              "detected_ts": ts, "slowdown_pct": pct}
+        for name in ("rank", "host", "gpu", "peer_rank", "peer_host"):
+            value = getattr(f, name)
+            if value is not None:
+                ev[name] = value
+        inc = self.open[(job_id, key)] = Incident(ev)
+        inc.causes[cause] = 1
+        return inc
 
     def late_pending(self) -> bool:
         """Whether a late device sample may change an incident (``late_sample``)."""
@@ -346,47 +375,71 @@ class IncidentTracker:
         getattr(self, "ends", {}).pop(job_id, None)
         return out
 
-    def _fill(self, inc: Incident, f: Finding, cause: str, action: str, why: str,
-              rc_ev: dict, pct: float, ts: float, fast: bool = False) -> bool:
-        """Refresh the incident's fields; True when the change deserves an update event."""
+    def _fill(self, job_id: str, key: str, inc: Incident, f: Finding, cause: str,
+              action: str, why: str, rc_ev: dict, pct: float, ts: float, cfg: PolicyConfig,
+              period_s: float, in_step: bool = False) -> bool:
+        """Refresh the incident's fields and grade it (``PagingPolicy``); True when the
+        change deserves an update event: a new severity (a page goes out at once), else at
+        most once per ``min_update_s`` a new cause, mitigation, slowdown (by half or 5
+        points) or cost (grown ``cost_update_ratio`` times; silent for the router)."""
         ev = inc.event
         last = inc.emitted
         # Escalation only: a mitigation once recommended stays until a stronger one.
         if last and LADDER.index(action) < LADDER.index(last["mitigation"]):
             action = last["mitigation"]
-        sustained = f.evidence.get("sustained_s", 0.0) >= getattr(self, "page_after_s", 2.0)
-        sev = self.severity(f.fault, pct, cause) \
-            if inc.age >= self.page_after_steps or sustained or fast else "info"
-        if f.imbalance or pct < self.open_min_pct or action == "ignore":
-            # The layout, or a slowdown the planner would ignore: recorded, never paged.
-            # (A paged incident's mitigation never falls back to ignore: the ladder above.)
-            sev = "info"
-        if SEVERITY_RANK[sev] < SEVERITY_RANK[ev["severity"]]:
-            sev = ev["severity"]
-        prev = last.get("slowdown_pct", pct)
-        # A page (a new severity) goes out at once; other changes at most once per
-        # min_update_s of event time, so a noisy estimate does not flood the channel.
-        changed = (not last or sev != last.get("severity")
-                   or ts - last.get("ts", -1e300) >= self.min_update_s
-                   and (cause != last.get("root_cause") or action != last.get("mitigation")
-                        or abs(pct - prev) > max(0.5 * prev, 5.0)))
         extra: dict[str, Any] = {"root_cause": rc_ev, "mitigation_reason": why}
         lost_s = f.lost_s
         if lost_s is None and f.fault == "slow_link":
             lost_s = self._link_lost(inc, f, ts)
         world = f.world or int(f.evidence.get("world_size") or 0)
+        gpu_h = 0.0
         if lost_s is not None:
             extra["lost_s"] = round(lost_s, 3)
             if world:
-                extra["gpu_hours_lost"] = round(world * lost_s / 3600.0, 6)
+                gpu_h = extra["gpu_hours_lost"] = round(world * lost_s / 3600.0, 6)
+        quiet = None
+        if f.fault == "job_slowdown":
+            quiet = "no single culprit: never paged"
+        elif f.fault == "slow_link" and cause == "unknown":
+            # A link seen slower only in collective timings, with no NIC counter behind
+            # it, is a suspicion: paths differ and queueing varies.
+            quiet = "link slower in collective timings only, no NIC counter: a suspicion"
+        elif pct < cfg.open_min_pct or action == "ignore":
+            quiet = f"job +{pct:.1f}%: the planner would not act"
+        gap_now = max(f.own_pct, 0.0) / 100.0
+        steady = self.steady_gap.get((job_id, key))
+        if f.imbalance:
+            gap_now = steady if steady is not None else gap_now
+        p = Persistence(inc.steps, inc.seconds, gpu_h, pct, period_s,
+                        float(f.evidence.get("sustained_s") or 0.0), in_step, steady, gap_now)
+        policy = PagingPolicy(cfg)
+        sev, reason = policy.decide(p, quiet)
+        if SEVERITY_RANK[sev] < SEVERITY_RANK[ev["severity"]]:
+            sev, reason = ev["severity"], f"{reason}; kept {ev['severity']} while open"
+        elif sev != ev["severity"] and not f.imbalance:
+            inc.rule = f.rule or inc.rule      # the signal that made it loud
+        prev = last.get("slowdown_pct", pct)
+        changed = (not last or sev != last.get("severity")
+                   or ts - last.get("ts", -1e300) >= cfg.min_update_s
+                   and (cause != last.get("root_cause") or action != last.get("mitigation")
+                        or abs(pct - prev) > max(0.5 * prev, 5.0)
+                        or gpu_h > 0 and gpu_h >= cfg.cost_update_ratio * inc.cost_sent))
+        extra["rule"] = inc.rule
+        extra["policy"] = reason
+        extra["signals"] = sorted(inc.signals)
         ev.update(ts=ts, severity=sev, slowdown_pct=pct, root_cause=cause, mitigation=action,
                   evidence={**f.evidence, **extra})
         inc.where = (list(f.hosts), list(f.gpus), float(f.data_share))
         if "gpu_hours_lost" in extra:      # CONTRACT.md: top-level, current with every change
             ev["gpu_hours_lost"] = extra["gpu_hours_lost"]
+        for name in ("host", "peer_host", "peer_rank"):
+            value = getattr(f, name)
+            if value is not None and f.fault == "slow_link":
+                ev[name] = value
         if changed:
             inc.emitted = {"severity": sev, "root_cause": cause, "mitigation": action,
                            "slowdown_pct": pct, "ts": ts}
+            inc.cost_sent = gpu_h
         return changed
 
     @staticmethod

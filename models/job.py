@@ -377,7 +377,8 @@ class JobState(Attribution):
             lost_s=share * max(ts - float(hit["onset_ts"]), 0.0), world=self.world,
             evidence={"substep": True, "group": group, "rel_to_group": round(hit["rel"], 3),
                       "wait_share": round(share, 3), "windows": hit["ticks"],
-                      "sustained_s": round(float(hit["span"]), 1), "evidence": hit["kind"]})
+                      "sustained_s": round(float(hit["span"]), 1), "evidence": hit["kind"]},
+            rule="substep-windows")
 
     def _synth_step(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
         """Steps from collectives alone: the job's widest group (by size) syncs
@@ -724,7 +725,7 @@ class JobState(Attribution):
         return [Finding(key="job_slowdown:job", fault="job_slowdown",
                         confirmed=cpd.drift_detected, onset_ts=self.job_onset[0],
                         onset_step=self.job_onset[1], slowdown_pct=max(pct, 0.0),
-                        own_pct=max(pct, 0.0),
+                        own_pct=max(pct, 0.0), rule="job-changepoint",
                         evidence={"step_s": round(job_s, 4),
                                   "baseline_step_s": round(self.job_step_s, 4),
                                   "change_prob": round(cpd.change_prob, 3)})]

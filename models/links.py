@@ -295,7 +295,8 @@ class LinkMonitor:
         f = Finding(key="", fault="slow_link", confirmed=confirmed,
                     onset_ts=min(st.onset_ts for st in sts),
                     onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
-                    own_pct=100.0 * float(max(st.rel for st in sts)), evidence=evidence)
+                    own_pct=100.0 * float(max(st.rel for st in sts)), evidence=evidence,
+                    rule="link-groups")
         if best.kind == "pair":
             a, b = best.target
             ha, hb = rank_host[a], rank_host[b]
@@ -304,6 +305,27 @@ class LinkMonitor:
         else:
             f.key, f.host, f.hosts = f"slow_link:{best.target}", best.target, [best.target]
         return f
+
+
+def far_end(f: Finding, members: Sequence[tuple[int, ...]], rank_host: dict[int, str]) -> None:
+    """Give a host-level ``slow_link`` its other end (``peer_host``): the host most of its
+    slow pairs (``evidence.slow_pairs``), else of its slow groups' members, reach beyond
+    it; every such host goes to ``evidence.peer_hosts``. A page must name both ends."""
+    if f.fault != "slow_link" or f.peer_host is not None or f.host is None:
+        return
+    count: dict[str, int] = {}
+    pairs = [p.split("-") for p in f.evidence.get("slow_pairs") or []]
+    ranks = [int(x[1:]) for pair in pairs for x in pair if x[1:].isdigit()]
+    if not ranks:
+        ranks = [r for group in members for r in group]
+    for r in ranks:
+        h = rank_host.get(r)
+        if h is not None and h != f.host:
+            count[h] = count.get(h, 0) + 1
+    if count:
+        ranked = sorted(count, key=lambda h: (-count[h], h))
+        f.peer_host = ranked[0]
+        f.evidence["peer_hosts"] = ranked[:16]
 
 
 def refine_with_nics(f: Finding, slow_members: Sequence[tuple[int, ...]], store: TelemetryStore,
@@ -409,5 +431,5 @@ def _retarget(f: Finding, key: str, nic: str | None, **where: Any) -> Finding:
     fields = {"rank": None, "peer_rank": None, "host": None, "peer_host": None, **where}
     return Finding(key=key, fault=f.fault, confirmed=f.confirmed, onset_ts=f.onset_ts,
                    onset_step=f.onset_step, slowdown_pct=f.slowdown_pct, own_pct=f.own_pct,
-                   lost_s=f.lost_s, world=f.world, evidence=evidence,
+                   lost_s=f.lost_s, world=f.world, evidence=evidence, rule=f.rule,
                    **fields)

@@ -5,17 +5,31 @@ from the start is the layout, not a fail-slow)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from failslow.models.alignment import Collective, lags
-from failslow.models.evidence import WAIT_K, WAIT_N
-from failslow.models.findings import Finding
+from failslow.models.evidence import WAIT_K, WAIT_N, RankEvidence
+from failslow.models.findings import Finding, job_pct
+from failslow.models.ranks import RankState
 from failslow.models.stats import median
 
-if TYPE_CHECKING:
-    from failslow.models.job import JobState
+
+class JobState(Protocol):
+    """What localization reads of a job (``models.job.JobState``): a protocol, so this
+    module does not import the job that calls it."""
+
+    rank_host: dict[int, str]
+    rank_gpu: dict[int, int]
+    ranks: dict[int, RankState]
+    host_seen: dict[str, int]
+    host_firm: dict[str, int]
+    alone: set[int]
+    world: int
+    evidence: RankEvidence
+
+    def slowdown_pct(self, st: RankState) -> float: ...
 
 HOLD_STEPS = 4     # how long a possible host fault may hold single-rank verdicts
 IMBALANCE_ADVICE = ("steady since the job's first steps: the layout, not a fail-slow; "
@@ -78,7 +92,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                 onset_ts=min(st.onset_ts or st.c_onset_ts for st in sts),
                 onset_step=min(st.onset_step if st.onset_ts else st.c_onset_step
                                for st in sts),
-                slowdown_pct=_pct(excess, job_s), host=h, hosts=[h],
+                slowdown_pct=job_pct(excess, job_s), host=h, hosts=[h], rule="host-ranks",
                 own_pct=100.0 * median([st.own_rel for st in sts]),
                 gpus=[(h, job.rank_gpu[m]) for m in members if m in job.rank_gpu],
                 data_share=_share(data_ex, excess),
@@ -116,7 +130,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
             hosts=[rh] if rh else [],
             gpus=[(rh, g)] if rh is not None and g is not None else [],
             data_share=_share(st.data_excess_s, st.excess_s),
-            lost_s=st.lost_s, world=job.world,
+            lost_s=st.lost_s, world=job.world, rule=_rank_rule(st),
             evidence={"work_excess_s": round(st.excess_s, 4),
                       "rel_to_peers": round(st.rel, 3),
                       "rel_to_own_past": round(st.self_rel, 3),
@@ -128,6 +142,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                       # charged to it then (fraction of the job's step): models.evidence
                       "waited_share": round(getattr(st, "waited_share", 0.0), 3),
                       "waited_lag_rel": round(getattr(st, "waited_lag", 0.0), 3),
+                      "waited_lag_now": round(job.evidence.waited.now(r), 3),
                       "baseline_step_s": round(st.base_job_s, 4),
                       "perf_vs_best": round(float(perf[i]), 3) if i is not None else None,
                       "arrival_lag_s": round(late.get(r, 0.0), 4) if i is not None else None,
@@ -150,23 +165,25 @@ def imbalances(job: JobState, ranks: list[int], job_s: float) -> list[Finding]:
             continue
         rh = job.rank_host.get(r)
         g = job.rank_gpu.get(r)
-        cost = _pct(st.imb_excess_s, job_s)
+        cost = job_pct(st.imb_excess_s, job_s)
         out.append(Finding(
             key=f"imbalance:r{r}", fault="slow_rank", confirmed=True,
             onset_ts=st.imb_onset_ts, onset_step=st.imb_onset_step,
             slowdown_pct=cost, own_pct=100.0 * st.imb_rel, rank=r, host=rh, gpu=g,
             hosts=[rh] if rh else [], gpus=[(rh, g)] if rh is not None and g is not None else [],
-            lost_s=st.imb_lost_s, world=job.world, imbalance=True,
+            lost_s=st.imb_lost_s, world=job.world, imbalance=True, rule="imbalance",
             evidence={"imbalance": True, "rel_to_peers": round(st.imb_rel, 3),
                       "work_excess_s": round(st.imb_excess_s, 4),
                       "cost_pct": round(cost, 2), "advice": IMBALANCE_ADVICE}))
     return out
 
 
-def _pct(excess_s: float, job_s: float) -> float:
-    """Job step-time increase caused by ``excess_s`` extra seconds on the critical path."""
-    base = job_s - excess_s
-    return 100.0 * excess_s / base if base > 0 and excess_s > 0 else 0.0
+def _rank_rule(st: RankState) -> str:
+    """The signal behind a rank's finding: its group waiting for it in most of its last
+    steps, else what confirmed it (a change against its own past, or its peers)."""
+    if st.waited_share >= WAIT_K / WAIT_N:
+        return "step-waited"
+    return "step-own-past" if st.kind == "change" else "step-peers"
 
 
 def _share(part: float, whole: float) -> float:

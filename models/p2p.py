@@ -328,7 +328,7 @@ class P2PMonitor:
         return Finding(key=f"slow_link:r{a}-r{b}", fault="slow_link", confirmed=True,
                        onset_ts=run[0], onset_step=int(run[1]), slowdown_pct=pct,
                        own_pct=100.0 * run[3], lost_s=run[4], world=self.world,
-                       evidence=evidence, rank=a, peer_rank=b, host=host[a],
+                       evidence=evidence, rank=a, peer_rank=b, host=host[a], rule="p2p-windows",
                        peer_host=host[b], hosts=[host[a], host[b]])
 
     # -- once per judged step -----------------------------------------------------------
@@ -576,4 +576,4 @@ class P2PMonitor:
                        onset_ts=min(st.onset_ts for st in sts),
                        onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
                        own_pct=100.0 * rel, lost_s=lost, world=world, evidence=evidence,
-                       **where)
+                       rule="p2p-steps", **where)

@@ -46,10 +46,11 @@ from failslow.models.alignment import HEAD, CollectiveAligner
 from failslow.models.findings import Finding
 from failslow.models.incidents import IncidentTracker
 from failslow.models.job import JobConfig, JobState
-from failslow.models.links import nic_slots, refine_with_nics
+from failslow.models.links import far_end, nic_slots, refine_with_nics
 from failslow.models.mitigation import Planner
 from failslow.models.p2p import P2P_OPS, P2PMonitor
 from failslow.models.rootcause import attribute
+from failslow.models.settings import DetectionConfig
 from failslow.models.telemetry import TelemetryStore
 
 STATE_VERSION = 7     # 7: sub-step evidence and p2p pairs per job; 6: comm windows per job; 5: windowed evidence; 4: queued telemetry; 3: slotted objects pickled natively
@@ -109,7 +110,8 @@ class Detector:
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  resolve_steps: int = 5, critical_pct: float = 20.0,
                  planner: Planner | None = None, telemetry_delay_s: float = 1.0,
-                 job_idle_s: float = JOB_IDLE_S) -> None:
+                 job_idle_s: float = JOB_IDLE_S, config: DetectionConfig | None = None
+                 ) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
@@ -117,11 +119,17 @@ class Detector:
         self.critical_pct = critical_pct
         self.telemetry_delay_s = telemetry_delay_s
         self.job_idle_s = job_idle_s
-        self.planner = planner or Planner()
-        self.cfg = JobConfig(min_rel, z_min, confirm_steps)
+        if config is None:
+            # the keyword thresholds are the tree's defaults (``models.settings``)
+            config = DetectionConfig.from_mapping({
+                "rules": {"min_rel": min_rel, "z_min": z_min, "confirm_steps": confirm_steps},
+                "policy": {"resolve_steps": resolve_steps, "critical_pct": critical_pct}})
+        self.config = config
+        self.planner = planner or config.make_planner()
+        self.cfg = config.job_config()
         self.jobs: dict[str, JobState] = {}
         self.store = TelemetryStore()
-        self.tracker = IncidentTracker(resolve_steps, critical_pct)
+        self.tracker = IncidentTracker(config.policy, config.policy_of)
         self.rejected = 0
         # (job, finding key) -> (step, root cause, evidence): telemetry arrives about
         # once a step, so the attribution is refreshed every few steps, not every step.
@@ -140,7 +148,12 @@ class Detector:
     def clone(self) -> Detector:
         return Detector(self.min_rel, self.z_min, self.confirm_steps, self.resolve_steps,
                         self.critical_pct, self.planner.clone(), self.telemetry_delay_s,
-                        self.job_idle_s)
+                        self.job_idle_s, self.config)
+
+    def _job_cfg(self, job_id: str) -> JobConfig:
+        """A job's rule thresholds: the tree's, with the job's override if one matches."""
+        own = self.config.for_job(job_id)
+        return self.cfg if own is self.config else own.job_config()
 
     # -- feeding ----------------------------------------------------------------
 
@@ -190,12 +203,12 @@ class Detector:
                 if kind == "comm" or kind == "collective" or kind == "step":
                     if ev["job_id"] != job_id:
                         job_id = ev["job_id"]
-                        job = jobs.get(job_id) or jobs.setdefault(job_id,
-                                                                  JobState(job_id, self.cfg))
+                        job = jobs.get(job_id) or jobs.setdefault(
+                            job_id, JobState(job_id, self._job_cfg(job_id)))
                         aligner = job.aligner
                         open_get = aligner.open.get
                         p2p = p2ps.get(job_id) or p2ps.setdefault(job_id,
-                                                                 P2PMonitor(self.cfg))
+                                                                 P2PMonitor(job.cfg))
                     if t > seen.get(job.job_id, -math.inf):
                         seen[job.job_id] = t
                 if kind == "comm":
@@ -407,6 +420,7 @@ class Detector:
                     waited = job.evaluated - f.onset_step
                     g.confirmed = waited >= self.confirm_steps + LINK_PATIENCE_STEPS
                 f = g
+                far_end(f, job.links.slow_members, job.rank_host)
             located.append(f)
         for f in self._pairs(job, s, ts, located, sub, nic_memo):
             if not f.confirmed and (job.job_id, f.key) not in self.tracker.open:
@@ -428,7 +442,7 @@ class Detector:
                 action, why = self.planner.plan(f.fault, cause, f.slowdown_pct,
                                                 max(ts - f.onset_ts, 0.0), step_s, f.lost_s)
             found.append((f, cause, action, why, rc_ev))
-        return self.tracker.step(job.job_id, ts, found)
+        return self.tracker.step(job.job_id, ts, found, sub, job.job_step_s)
 
     def _pairs(self, job: JobState, s: int, ts: float, located: list[Finding],
                sub: bool = False, nic_memo: dict[Any, Any] | None = None) -> list[Finding]:
@@ -460,6 +474,7 @@ class Detector:
         for f in pf:
             g, _ = refine_with_nics(f, p2p.members.get(f.key, []), self.store, job.rank_host,
                                     job.rank_gpu, nic_memo)
+            far_end(g, p2p.members.get(f.key, []), job.rank_host)
             same = by_key.get(g.key)
             if same is not None:
                 same.confirmed = same.confirmed or g.confirmed

@@ -83,7 +83,7 @@ class ShardedDetector(Detector):
     def clone(self) -> ShardedDetector:
         det = ShardedDetector(self.min_rel, self.z_min, self.confirm_steps,
                               self.resolve_steps, self.critical_pct, self.planner.clone(),
-                              self.telemetry_delay_s, self.job_idle_s,
+                              self.telemetry_delay_s, self.job_idle_s, self.config,
                               shard_ranks=self.shard_ranks)
         return det
 

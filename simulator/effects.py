@@ -45,15 +45,20 @@ def physics_effects(faults: list[FaultSpec], lay: Layout, gpus_per_host: int, t_
     for f in faults:
         if not f.active(t_rel):
             continue
-        slow = 1.0 + f.intensity
+        slow = 1.0 + f.level(t_rel)
         k = f.kind
-        if k in GPU_SLOW:
+        if k in GPU_SLOW or k == "transient":
             eff.compute_mult[f.rank] *= slow
+        elif k == "slow_sku":
+            assert f.host is not None  # FaultSpec.check
+            eff.compute_mult[lay.host_index == host_index(f.host)] *= slow
+        elif k == "heavy_stage":
+            eff.compute_mult[lay.pp_rank == f.stage] *= slow
         elif k == "pcie_degraded":
-            eff.compute_mult[f.rank] *= 1.0 + f.intensity / 2
-            eff.data_extra_s[f.rank] += f.intensity / 2 * step_s
+            eff.compute_mult[f.rank] *= 1.0 + (slow - 1.0) / 2
+            eff.data_extra_s[f.rank] += (slow - 1.0) / 2 * step_s
         elif k == "input_stall":
-            eff.data_extra_s[f.rank] += f.intensity * step_s
+            eff.data_extra_s[f.rank] += (slow - 1.0) * step_s
         elif k == "cpu_contention":
             assert f.host is not None  # FaultSpec.check
             on = lay.host_index == host_index(f.host)

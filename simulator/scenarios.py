@@ -9,6 +9,7 @@ default 1 s steps, step N starts near N seconds (warm-up steps are longer).
 from __future__ import annotations
 
 from failslow.simulator.scenarios_long import LONG_STEPS
+from failslow.simulator.scenarios_policy import POLICY
 from failslow.simulator.spec import FaultSpec as F
 from failslow.simulator.spec import JobSpec, Scenario
 
@@ -95,7 +96,8 @@ _ALL = [
 ]
 
 # Long steps (2-30 s), faults from the first step, short stalls: simulator/scenarios_long.py
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (*_ALL, *LONG_STEPS)}
+# The paging policy's cases (transients, the layout, ramps, flaps): simulator/scenarios_policy.py
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (*_ALL, *LONG_STEPS, *POLICY)}
 
 # A slow pipeline point-to-point link whose pair no data-parallel group spans (issue 15;
 # models/p2p.py): 64 ranks tp4 pp4 dp4, 2 s steps, each stage on its own two hosts (DP

@@ -37,9 +37,25 @@ FAULT_KINDS: dict[str, tuple[str, str, str]] = {
 
 # Benign disturbances. intensity means: checkpoint/restart -> unused (the pause
 # lasts start..end); eval/long_seq -> job-wide compute slowdown fraction;
-# gc_spike -> pause length as a fraction of a step; job_end -> unused.
+# gc_spike -> pause length as a fraction of a step; job_end -> unused;
+# transient -> one rank's compute slowdown for start..end (a few steps: a heavy batch, a
+# noisy neighbour, a page-cache miss; over before anyone could act); slow_sku -> a host's
+# GPUs slower by that fraction from the start (another SKU or bin: the layout);
+# heavy_stage -> a pipeline stage's compute heavier by that fraction from the start
+# (more layers on it by design).
 BENIGN_KINDS: tuple[str, ...] = ("checkpoint", "eval", "long_seq", "gc_spike", "restart",
-                                 "job_end")
+                                 "job_end", "transient", "slow_sku", "heavy_stage")
+
+
+def level(start_s: float, end_s: float | None, intensity: float, ramp_s: float,
+          period_s: float, duty: float, t_rel: float) -> float:
+    """An injection's slowdown at ``t_rel`` (``FaultSpec.level``; telemetry shares it)."""
+    if t_rel < start_s or (end_s is not None and t_rel >= end_s):
+        return 0.0
+    since = t_rel - start_s
+    if period_s > 0 and since % period_s >= duty * period_s:
+        return 0.0
+    return intensity * min(1.0, since / ramp_s) if ramp_s > 0 else intensity
 
 
 @dataclass(frozen=True)
@@ -50,7 +66,11 @@ class FaultSpec:
     the end). ``intensity`` is the fractional slowdown of the target's own work
     (0.3 = 30 % slower, 2.0 = 3x). Targets: ``rank`` (a rank of ``job``),
     ``host`` (``"h3"``), ``peer_rank`` (the other end of a rank-pair link),
-    ``nic`` (one NIC index of ``host``; None = all of the host's NICs).
+    ``nic`` (one NIC index of ``host``; None = all of the host's NICs), ``stage`` (a
+    pipeline stage, ``heavy_stage``). Shape in time: ``ramp_s`` > 0 reaches
+    ``intensity`` linearly over that many seconds (a GPU heating up steps its clocks down
+    as it crosses its thermal limits); ``period_s`` > 0 flaps: in effect for the first
+    ``duty`` share of every period (a fan failing on and off, a marginal link retraining).
     """
 
     kind: str
@@ -62,6 +82,10 @@ class FaultSpec:
     peer_rank: int | None = None
     nic: int | None = None
     job: str = "job0"
+    stage: int | None = None
+    ramp_s: float = 0.0
+    period_s: float = 0.0
+    duty: float = 0.5
 
     @property
     def is_fault(self) -> bool:
@@ -70,6 +94,11 @@ class FaultSpec:
     def active(self, t_rel: float) -> bool:
         """Whether the injection is in effect at ``t_rel`` seconds since the trace start."""
         return self.start_s <= t_rel and (self.end_s is None or t_rel < self.end_s)
+
+    def level(self, t_rel: float) -> float:
+        """The slowdown in effect at ``t_rel`` (0 outside it, or in a flap's off phase)."""
+        return level(self.start_s, self.end_s, self.intensity, self.ramp_s, self.period_s,
+                     self.duty, t_rel)
 
     def check(self) -> None:
         """Raise SimulatorError when the spec cannot be simulated as written."""
@@ -81,6 +110,12 @@ class FaultSpec:
                                  f"(got start={self.start_s}, end={self.end_s})")
         if self.intensity < 0:
             raise SimulatorError(f"{self.kind}: intensity must be >= 0, got {self.intensity}")
+        if self.ramp_s < 0 or self.period_s < 0 or not 0 < self.duty <= 1:
+            raise SimulatorError(f"{self.kind}: needs ramp_s >= 0, period_s >= 0, "
+                                 f"0 < duty <= 1")
+        need = {"transient": "rank", "slow_sku": "host", "heavy_stage": "stage"}.get(self.kind)
+        if need is not None and getattr(self, need) is None:
+            raise SimulatorError(f"{self.kind}: needs a target {need} ({need}=...)")
         if self.kind in FAULT_KINDS:
             target = FAULT_KINDS[self.kind][2]
             if target == "rank" and self.rank is None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from failslow.simulator.emit import nullable
 from failslow.simulator.jsonl import Choices, Const, Num, Pick, Table
+from failslow.simulator.spec import level
 
 MAX_SM_MHZ = 1980.0
 IDLE_SM_MHZ = 345.0
@@ -44,9 +45,16 @@ class Target:
     gpus: np.ndarray    # GPUs whose own telemetry changes
     nics: np.ndarray    # NIC ports whose counters change
     hosts: np.ndarray   # hosts whose host samples change
+    ramp_s: float = 0.0
+    period_s: float = 0.0
+    duty: float = 0.5
 
     def active(self, t_rel: float) -> bool:
         return self.start_s <= t_rel and (self.end_s is None or t_rel < self.end_s)
+
+    def level(self, t_rel: float) -> float:
+        return level(self.start_s, self.end_s, self.intensity, self.ramp_s, self.period_s,
+                     self.duty, t_rel)
 
 
 def gpu_uuid(host: str, gpu: int) -> str:
@@ -161,9 +169,9 @@ class Telemetry:
         cong = np.zeros(n)
         errs = np.zeros(n)
         for tg in self.targets:
-            if not tg.active(t_rel):
+            i, g = tg.level(t_rel), tg.gpus
+            if i <= 0:
                 continue
-            i, g = tg.intensity, tg.gpus
             if tg.kind in ("gpu_thermal", "gpu_power", "gpu_clock"):
                 clock_f[g] = 1.0 / (1.0 + i)
                 reasons[g] = 0

@@ -138,7 +138,8 @@ class Trace:
                 nics = h * G + (np.arange(G) if f.nic is None else np.array([f.nic]))
                 gpus = np.zeros(0, dtype=np.int64) if f.kind in ("slow_link", "nic_errors") \
                     else h * G + np.arange(G)
-            out.append(Target(f.kind, f.start_s, f.end_s, f.intensity, gpus, nics, hosts))
+            out.append(Target(f.kind, f.start_s, f.end_s, f.intensity, gpus, nics, hosts,
+                              f.ramp_s, f.period_s, f.duty))
         return out
 
     def _advance(self, job: JobRun, tel: Telemetry | None, benign: list[dict]) -> StepOut | None:

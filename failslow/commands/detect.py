@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import heapq
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -33,6 +34,7 @@ from failslow.commands.incident_text import IncidentLines
 from failslow.commands.replay import REORDER_WINDOW
 from failslow.errors import FailslowError
 from failslow.models.pipeline import Detector
+from failslow.models.settings import DetectionConfig
 from failslow.models.shard import ShardedDetector
 from failslow.schema import SchemaError, validate
 from failslow.schema.fast import all_valid
@@ -76,6 +78,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--telemetry-delay", type=float, default=1.0, metavar="S",
                         help="seconds device samples may trail the step events (the "
                              "collectors' sampling interval), as `failslow worker` [1]")
+    add_config_argument(parser)
+
+
+CONFIG_ENV = "FAILSLOW_DETECTION_CONFIG"
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE``: the detection thresholds (``models.settings.DetectionConfig``);
+    shared by `failslow detect`, `failslow worker` and the demo."""
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="detection thresholds and paging policy, TOML (docs/detection.md: "
+                             f"[rules], [policy], [planner], [[override]] per job id); "
+                             f"default ${CONFIG_ENV}, else the built-in defaults")
+
+
+def detection_config(path: str | None) -> DetectionConfig:
+    """The tree from ``--config`` (or $FAILSLOW_DETECTION_CONFIG), else the defaults; a bad
+    file is a one-line DetectionConfigError."""
+    path = path or os.environ.get(CONFIG_ENV) or None
+    return DetectionConfig.load(path) if path else DetectionConfig()
 
 
 @contextmanager
@@ -308,7 +330,8 @@ def run(args: argparse.Namespace) -> int:
 
         # issue 16: a job larger than models.shard.SHARD_RANKS is judged in shards, as the
         # worker judges it on several partitions
-        det = ShardedDetector(telemetry_delay_s=args.telemetry_delay)
+        det = ShardedDetector(telemetry_delay_s=args.telemetry_delay,
+                              config=detection_config(getattr(args, "config", None)))
         try:
             n_events, n_bad, n_inc = detect_sources(sources, det, write, warn, REORDER_WINDOW)
             if text is not None:

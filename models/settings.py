@@ -1,0 +1,192 @@
+"""``DetectionConfig``: the one configuration tree of detection, with documented defaults.
+
+Sections (TOML tables; docs/detection.md lists every key):
+
+- ``[rules]``: the thresholds the rules share (``models.config.JobConfig``);
+- ``[policy]``: the paging policy (``models.policy.PolicyConfig``);
+- ``[planner]``: the mitigation ladder (``models.mitigation.Planner``);
+- ``[mitigate]``: closing the loop (``models.actions.MitigationConfig``), kept as given;
+- ``[[override]]``: per-job settings, ``jobs = "PATTERN"`` (fnmatch on the job id) plus
+  any of the tables above; the first matching override wins, over the defaults.
+
+An unknown key or a bad value raises ``DetectionConfigError`` with one line naming it.
+
+>>> cfg = DetectionConfig.from_mapping({"policy": {"page_steps": 6},
+...     "override": [{"jobs": "llm-*", "policy": {"page_steps": 3}}]})
+>>> cfg.for_job("llm-70b").policy.page_steps, cfg.for_job("bert").policy.page_steps
+(3, 6)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from failslow.models.config import JobConfig
+from failslow.models.mitigation import Planner
+from failslow.models.policy import PolicyConfig
+from failslow.schema.errors import FailslowError
+
+SECTIONS = ("rules", "policy", "planner", "mitigate")
+
+
+class DetectionConfigError(FailslowError):
+    """A detection configuration file or table that cannot be used (one line)."""
+
+
+def _params(cls: type) -> dict[str, Any]:
+    """A plain class's constructor parameters and their defaults."""
+    sig = inspect.signature(cls.__init__)     # type: ignore[misc]
+    return {n: p.default for n, p in sig.parameters.items() if n != "self"}
+
+
+def _typed(where: str, key: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of ``default`` (an int where an int is due, a number where a
+    float is); DetectionConfigError otherwise."""
+    if isinstance(default, bool) or default is None:
+        ok = isinstance(value, bool) or default is None
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        want = type(default).__name__ if default is not None else "value"
+        raise DetectionConfigError(f"{where}.{key}: {value!r} is not a {want}")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+        raise DetectionConfigError(f"{where}.{key}: {value!r} must be >= 0")
+    return value
+
+
+def _table(where: str, table: Any, known: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise DetectionConfigError(f"{where}: expected a table, got {table!r}")
+    out = {}
+    for key, value in table.items():
+        if key not in known:
+            raise DetectionConfigError(
+                f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+        out[key] = _typed(where, key, value, known[key])
+    return out
+
+
+@dataclass
+class DetectionConfig:
+    """Every threshold of detection: ``rules`` (``JobConfig`` keyword arguments),
+    ``policy``, ``planner`` (``Planner`` keyword arguments), ``mitigate`` (the raw
+    ``[mitigate]`` table, for ``models.actions.MitigationConfig``) and per-job
+    ``overrides`` (pattern, sections)."""
+
+    rules: dict[str, Any] = field(default_factory=dict)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    planner: dict[str, Any] = field(default_factory=dict)
+    mitigate: dict[str, Any] | None = None
+    overrides: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._cache: dict[str, DetectionConfig] = {}
+
+    # -- building -----------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str) -> DetectionConfig:
+        """Read a TOML file; DetectionConfigError (one line) on any problem."""
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as e:
+            raise DetectionConfigError(f"{path}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise DetectionConfigError(f"{path}: not TOML: {e}") from None
+        try:
+            return cls.from_mapping(data)
+        except DetectionConfigError as e:
+            raise DetectionConfigError(f"{path}: {e}") from None
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any]) -> DetectionConfig:
+        known = (*SECTIONS, "override")
+        for key in data:
+            if key not in known:
+                raise DetectionConfigError(
+                    f"unknown table {key!r} (known: {', '.join(known)})")
+        base = cls()._with(data, "")
+        overs = data.get("override", [])
+        if not isinstance(overs, list):
+            raise DetectionConfigError("override: expected [[override]] tables")
+        for i, o in enumerate(overs):
+            where = f"override[{i}]"
+            if not isinstance(o, dict) or not isinstance(o.get("jobs"), str):
+                raise DetectionConfigError(f"{where}: needs jobs = \"PATTERN\"")
+            for key in o:
+                if key not in (*SECTIONS, "jobs"):
+                    raise DetectionConfigError(f"{where}: unknown key {key!r}")
+            base._with(o, where + ".")       # checked now, applied per job
+            base.overrides.append((o["jobs"], {k: v for k, v in o.items() if k != "jobs"}))
+        return base
+
+    def _with(self, data: dict[str, Any], prefix: str) -> DetectionConfig:
+        rules = dict(self.rules)
+        rules.update(_table(prefix + "rules", data.get("rules", {}), _params(JobConfig)))
+        planner = dict(self.planner)
+        planner.update(_table(prefix + "planner", data.get("planner", {}), _params(Planner)))
+        pol_known = {f.name: f.default for f in fields(PolicyConfig)}
+        policy = replace(self.policy, **_table(prefix + "policy", data.get("policy", {}),
+                                                pol_known))
+        try:
+            policy.check()
+        except ValueError as e:
+            raise DetectionConfigError(f"{prefix}{e}") from None
+        mitigate = self.mitigate
+        if "mitigate" in data:
+            mitigate = {**(mitigate or {}), **data["mitigate"]}
+            _check_mitigate(mitigate, prefix)
+        return DetectionConfig(rules, policy, planner, mitigate, list(self.overrides))
+
+    # -- reading ------------------------------------------------------------------------
+
+    def for_job(self, job_id: str) -> DetectionConfig:
+        """The settings of one job: the defaults, then the first override matching it."""
+        got = self._cache.get(job_id)
+        if got is None:
+            got = self
+            for pattern, tables in self.overrides:
+                if fnmatch.fnmatchcase(job_id, pattern):
+                    got = self._with(tables, "")
+                    break
+            if len(self._cache) < 4096:
+                self._cache[job_id] = got
+        return got
+
+    def policy_of(self, job_id: str) -> PolicyConfig:
+        return self.for_job(job_id).policy
+
+    def job_config(self) -> JobConfig:
+        return JobConfig(**self.rules)
+
+    def make_planner(self) -> Planner:
+        return Planner(**self.planner)
+
+    def describe(self) -> dict[str, Any]:
+        """Every setting with its value (defaults filled in): what docs/detection.md lists."""
+        return {"rules": {**_params(JobConfig), **self.rules},
+                "policy": {f.name: getattr(self.policy, f.name) for f in fields(PolicyConfig)},
+                "planner": {**_params(Planner), **self.planner},
+                "mitigate": self.mitigate}
+
+
+def _check_mitigate(table: dict[str, Any], prefix: str) -> None:
+    try:
+        from failslow.models.actions import MitigationConfig
+    except ImportError:        # the mitigation loop is not built: the table is kept as is
+        return
+    try:
+        MitigationConfig.from_mapping(dict(table))
+    except FailslowError as e:
+        raise DetectionConfigError(f"{prefix}{e}") from None
+
