@@ -21,6 +21,7 @@ from failslow.alerting.base import (
     redact_url,
 )
 from failslow.alerting.format import (
+    acted,
     console_line,
     cost,
     headline,
@@ -65,6 +66,9 @@ class SlackNotifier(HttpNotifier):
         fix = mitigation(ev)
         if fix and note.action != RESOLVE:
             lines.append(f"*Mitigation:* {fix}")
+        done = acted(ev)
+        if done:
+            lines.append(f"*Done:* {done}")
         lines.append(f"*When:* {timeline(ev)}")
         lines.append(f"*Incident:* `{ev.get('incident_id')}`")
         text = title + "\n" + "\n".join(lines)
@@ -107,6 +111,9 @@ class PagerDutyNotifier(HttpNotifier):
         fix = mitigation(ev)
         if fix:
             details["mitigation_text"] = fix
+        done = acted(ev)
+        if done:
+            details["done"] = done
         details["timeline"] = timeline(ev)
         return {
             "routing_key": self._routing_key,

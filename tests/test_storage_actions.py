@@ -51,3 +51,24 @@ def test_mitigations_preset_measures_step_time_before_and_after(ch):  # noqa: F8
     assert (got[0]["step_s_before"], got[0]["step_s_after"]) == (0.5, 0.3)
     assert (got[1]["step_s_before"], got[1]["step_s_after"]) == (0.3, 0.2)
     assert got[0]["shares"] == [0.6875, 0.3125]
+
+
+def test_the_report_page_says_what_was_done(ch):  # noqa: F811
+    from failslow.models.acting import ActingDetector
+    from failslow.models.actions import ActionPlanner, MitigationConfig
+    from failslow.models.pipeline import Detector
+    from failslow.simulator import SCENARIOS, simulate
+    from failslow.storage.report import incident_page
+
+    det = ActingDetector(Detector(), ActionPlanner(MitigationConfig(mode="auto")))
+    writer, out = Writer(ch), []
+    for batch in simulate(SCENARIOS["gpu_thermal_30"], seed=0).batches():
+        out += det.process_batch(batch)
+        writer.write(batch)
+    writer.write(out)
+    acts = [e for e in out if e["kind"] == "action"]
+    assert acts and acts[0]["rank"] == 5
+    page = incident_page(ch, acts[0]["incident_id"])
+    assert "done: <b>rebalanced: rank 5 takes" in page and "job step" in page
+    _, rows = ch.query("SELECT count() FROM actions")
+    assert rows == [(len(acts),)]

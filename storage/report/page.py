@@ -5,6 +5,7 @@ nothing fetched when it is opened (it can be mailed, attached to a ticket, opene
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from html import escape
 from typing import Any
@@ -140,6 +141,20 @@ def _incident_markers(inc: dict[str, Any], ref: float, scale: float = 1.0) -> li
     return out
 
 
+def _acted(rows: list[dict]) -> str | None:
+    """The newest ``evidence.action`` of the incident's rows (JSON text in ClickHouse)."""
+    for row in reversed(rows):
+        evidence = row.get("evidence")
+        if isinstance(evidence, str):
+            try:
+                evidence = json.loads(evidence) if evidence else None
+            except ValueError:
+                evidence = None
+        if isinstance(evidence, dict) and evidence.get("action"):
+            return str(evidence["action"])
+    return None
+
+
 def incident_page(client: Client, incident_id: str) -> str:
     """The page of one incident: summary and cost, timeline, step times, telemetry."""
     reader = Reader(client)
@@ -157,6 +172,9 @@ def incident_page(client: Client, incident_id: str) -> str:
             + (f", GPU {escape(str(last['gpu']))}" if last["gpu"] is not None else "")
             + f" &middot; root cause <b>{escape(str(last['root_cause'] or 'unknown'))}</b> "
             f"&middot; mitigation <b>{escape(str(last['mitigation'] or '-'))}</b></div>"]
+    done = _acted(rows)
+    if done:  # issue 32: what failslow did about it, and its measured effect
+        body.append(f"<div class=\"sub\">done: <b>{escape(done)}</b></div>")
     duration = end - onset
     cards = [(last["status"], "status", ""),
              (last["severity"], "severity", f"sev-{last['severity']}"),
