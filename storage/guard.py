@@ -9,6 +9,8 @@ the network or other servers), and no call anywhere of a function that does
 own ``readonly=1`` comes on top: the server transport sends it with the query, the
 embedded one appends ``SETTINGS readonly = 1`` (``readonly_sql``) — safe to append only
 because the statement is known to be a query whose text ends where its last token does.
+Debian's clickhouse-server 18.16 under that readonly=1 refuses every table function,
+INSERT and SET (tests/test_storage_server.py): stricter than the allow-list, never looser.
 
 ``--write``: any one statement, still no call of an ``OUTSIDE`` function or engine, no
 INTO OUTFILE / FROM INFILE, no BACKUP / RESTORE, and no SET / USE (on the embedded

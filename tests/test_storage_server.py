@@ -84,6 +84,40 @@ def test_schema_refuses_an_old_server_with_a_clear_reason(server_url):
         client.close()
 
 
+@needs_server
+def test_query_guard_and_the_servers_readonly_profile_agree(server_url):
+    """`failslow query` on the native transport: the guard refuses the attacks that worked
+    on chdb (issue 33 item 2) before the server sees them; under the readonly=1 the command
+    sends, 18.16 refuses what the guard's allow-list still lets through (table functions
+    at all) and every write or SET; a plain SELECT runs."""
+    import os
+    import sys
+
+    env = {**os.environ, "FAILSLOW_HOME": "/nonexistent-failslow-home"}
+    client = connect(server_url)
+    try:
+        client.execute("CREATE TABLE IF NOT EXISTS default.h (host String) ENGINE = Memory")
+    finally:
+        client.close()
+
+    def query(sql: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "failslow.cli", "query", "--clickhouse",
+                               server_url, "--format", "csv", sql], capture_output=True,
+                              text=True, timeout=120, env=env)
+
+    for sql, reason in (("SELECT length(\"file\"('/etc/passwd'))", "file()"),
+                        ("INSERT INTO default.h (host) FORMAT TSV", "readonly"),
+                        ("SELECT 1 SETTINGS readonly = 0", "SETTINGS"),
+                        ("SELECT * FROM numbers(2)", "Table functions are forbidden in readonly"),
+                        ("SELECT * FROM system.one, file('/etc/passwd', TSV, 'a String')",
+                         "file()")):
+        out = query(sql)
+        assert out.returncode == 2 and reason in out.stderr, (sql, out.stderr)
+        assert out.stderr.count("\n") == 1 and out.stdout == ""
+    out = query("SELECT count() AS n FROM default.h")
+    assert out.returncode == 0 and out.stdout.splitlines() == ["n", "0"], out.stderr
+
+
 def test_unreachable_server_is_one_clear_error():
     client = connect(f"clickhouse://default@127.0.0.1:{free_port()}/failslow")
     with pytest.raises(StorageError, match="failed"):
