@@ -77,6 +77,8 @@ class WorkerConfig:
     mitigate: MitigationConfig | None = field(
         default_factory=lambda: mitigate_from_env(os.environ))
     detector_restore: Callable[[Any], Any] | None = None
+    # issue 30: the detection thresholds (models.settings.DetectionConfig; --config FILE)
+    detection: Any = None
 
     def internal(self, name: str) -> str:
         return f"{self.topics.prefix}internal.{name}"

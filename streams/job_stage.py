@@ -123,7 +123,8 @@ class JobStage:
             # issue 16: a large job's shards are judged as failslow detect judges them
             "detector_factory": lambda: ShardedDetector(telemetry_delay_s=cfg.telemetry_delay,
                                                         job_idle_s=cfg.job_idle,
-                                                        shard_ranks=cfg.shard_ranks),
+                                                        shard_ranks=cfg.shard_ranks,
+                                                        config=cfg.detection),
             "detector_restore": ShardedDetector.from_state}
         if cfg.mitigate is not None and not cfg.detector_factory:  # issue 32: plan actions
             hooks = acting_hooks(hooks, cfg.mitigate)

@@ -4,6 +4,8 @@ overrides, one-line errors, and no threshold outside it."""
 from __future__ import annotations
 
 import ast
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,15 +64,34 @@ def test_an_unknown_key_or_a_bad_value_is_one_line(tmp_path, text, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_detect_reads_the_file_and_says_what_is_wrong_in_one_line(tmp_path):
+@pytest.mark.parametrize("command", [["detect", "TRACE"], ["worker"], ["demo"]])
+def test_each_command_reads_the_file_and_says_what_is_wrong_in_one_line(tmp_path, command):
     bad = write(tmp_path, "[policy]\npage_stepz = 2\n")
     trace = tmp_path / "t.jsonl"
     trace.write_text("")
-    run = subprocess.run([sys.executable, "-m", "failslow.cli", "detect", "--config", bad,
-                          str(trace)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    argv = [str(trace) if a == "TRACE" else a for a in command]
+    env = {**os.environ, "FAILSLOW_HOME": str(tmp_path / "home")}
+    run = subprocess.run([sys.executable, "-m", "failslow.cli", *argv, "--config", bad],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unknown key 'page_stepz'" in lines[0]
+    assert len(lines) == 1 and "unknown key 'page_stepz'" in lines[0], run.stderr
+
+
+def test_detect_applies_the_file(tmp_path):
+    """The same trace, the default policy and one that never pages (page_steps huge)."""
+    from failslow.simulator import SCENARIOS, simulate
+
+    trace = tmp_path / "t.jsonl"
+    simulate(SCENARIOS["gpu_errors_40"], seed=0).write_jsonl(trace)
+    quiet = write(tmp_path, "[policy]\npage_steps = 100000\nresolve_max_steps = 100000\n")
+    sev = {}
+    for name, extra in (("default", []), ("quiet", ["--config", quiet])):
+        run = subprocess.run([sys.executable, "-m", "failslow.cli", "detect", str(trace),
+                              *extra], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert run.returncode == 0, run.stderr
+        sev[name] = {json.loads(x)["severity"] for x in run.stdout.splitlines()}
+    assert sev["default"] - {"info"} and sev["quiet"] == {"info"}
 
 
 # Module-level numbers in models/ that are not thresholds: sizes of bounded buffers and

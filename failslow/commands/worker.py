@@ -17,6 +17,7 @@ import gc
 import logging
 from typing import Any
 
+from failslow.commands.detect import add_config_argument, detection_config
 from failslow.config import resolve
 from failslow.errors import ConfigError
 from failslow.schema import Topics
@@ -85,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="distinct collective groups in one job [65536]")
     caps.add_argument("--max-hosts-per-job", type=int, default=8_192,
                       help="distinct hosts in one job [8192]")
+    add_config_argument(parser)
     parser.add_argument("--log-level", default="info", help="faust/worker log level [info]")
     parser.add_argument("--stop-timeout", type=float, default=15.0, metavar="S",
                         help="on SIGTERM/SIGINT, exit after this many seconds even if the "
@@ -114,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         raise ConfigError(f"--metrics-port {args.metrics_port}: not a TCP port")
     settings = resolve(args)
+    detection = detection_config(args.config)    # a bad file: one line, before any start
     import faust
 
     from failslow.streams.app import WorkerConfig, build_app
@@ -130,7 +133,11 @@ def run(args: argparse.Namespace) -> int:
                        max_jobs=args.max_jobs, max_hosts=args.max_hosts,
                        max_ranks_per_job=args.max_ranks_per_job,
                        max_groups_per_job=args.max_groups_per_job,
-                       max_hosts_per_job=args.max_hosts_per_job)
+                       max_hosts_per_job=args.max_hosts_per_job, detection=detection)
+    if detection.mitigate is not None:     # the file's [mitigate] table (issue 32's)
+        from failslow.models.actions import MitigationConfig
+
+        cfg.mitigate = MitigationConfig.from_mapping(dict(detection.mitigate))
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from failslow.streams import memdiag
