@@ -105,7 +105,7 @@ def test_offsets_are_committed_only_after_clickhouse_acked(broker, topics, ch): 
     assert _committed(broker.bootstrap, group, produced) == {}
 
     ch.execute("DROP VIEW steps")
-    assert migrate(ch) == [1, 4, 9]  # 9 added steps.own_s
+    assert migrate(ch) == [1, 4, 9, 11]  # 9 added steps.own_s, 11 steps.samples
     recovered = Sink(ch, broker.bootstrap, topics, group_id=group, max_delay_s=0.2)
     stats = recovered.run(max_seconds=60, idle_exit_s=2.0)
     assert stats.messages == 5 and stats.events == 50
