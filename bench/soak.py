@@ -50,6 +50,18 @@ the checks use what was PRODUCED vs what LANDED, not the components' counters:
              verdict "memory flat" (``worker_memory.flat``, see ``memory_flat``: the slope
              over the last 2/3 of the run under 1 % of the median RSS per 10 min)
   logs       Traceback / ERROR lines in the worker logs
+Bad producers (issue 33), mixed into the workload:
+  --rogue-every S    every S event seconds, two step events of a new job ``rogueN`` whose
+                     host's clock is a year ahead (published among the others, at their
+                     time): the worker dead-letters them; ``abuse.ended_early`` counts "job
+                     ended" resolutions of jobs that still sent steps after (the year-ahead
+                     clock ending every job), ``abuse.rogue_incidents`` incidents of them
+  --replay-ended N   N job instances that ended (their last event, then 120 event seconds:
+                     past --job-idle 30 and the de-duplication horizon) have all their step
+                     and comm events published again: ``abuse.replay_repages`` counts a
+                     second trigger or an incident re-opened after its resolve for those
+                     jobs; their steps are expected twice in ClickHouse (the sink keeps
+                     every delivery), so "duplicated" is landed more often than published
 Prints a table and writes bench/results/soak.json.
 
     .venv/bin/python bench/soak.py --minutes 5 [--seed 1] [--restart-broker]
@@ -69,6 +81,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -132,6 +145,69 @@ def workload(minutes: float, speed: float, seed: int) -> list[dict]:
     out.sort(key=lambda e: e["ts"])
     end = out[0]["ts"] + span
     return [e for e in out if e["ts"] <= end]
+
+
+YEAR_S = 365 * 86_400.0
+REPLAY_AFTER_S = 120.0  # event seconds after a job's last event that its replay starts
+
+
+def mix_in(events: list[dict], rogue_every: float, replays: int
+           ) -> tuple[list[dict], list[float], set[str]]:
+    """``events`` with the bad producers mixed in (module docstring), in publishing order,
+    and each event's publishing time (event seconds: a year-ahead event is published at
+    its honest time) and the replayed jobs."""
+    timed = [(e["ts"], e) for e in events]
+    t0, end = events[0]["ts"], events[-1]["ts"]
+    k = 0
+    while rogue_every > 0 and t0 + (k + 0.5) * rogue_every < end:
+        at = t0 + (k + 0.5) * rogue_every
+        for s in range(2):
+            ev = {"v": 1, "kind": "step", "ts": at + YEAR_S + s, "job_id": f"rogue{k}",
+                  "rank": 0, "world_size": 1, "host": f"rogue-host{k}", "step": s,
+                  "duration_s": 1.0, "gpu": 0}
+            timed.append((at + s * 0.01, ev))
+        k += 1
+    last: dict[str, float] = {}
+    for e in events:
+        if e["kind"] in ("step", "comm", "collective"):
+            last[e["job_id"]] = e["ts"]
+    replayed = [j for j, t in sorted(last.items(), key=lambda x: x[1])
+                if t + REPLAY_AFTER_S < end][:replays]
+    for job in replayed:
+        shift = last[job] + REPLAY_AFTER_S - min(e["ts"] for e in events
+                                                 if e.get("job_id") == job)
+        timed += [(e["ts"] + shift, e) for e in events
+                  if e.get("job_id") == job and e["kind"] in ("step", "comm")]
+    timed.sort(key=lambda x: x[0])
+    return [e for _, e in timed], [t for t, _ in timed], set(replayed)
+
+
+def abuse_checks(events: list[dict], incidents: list[dict], got: Counter,
+                 replayed: set[str]) -> dict[str, Any]:
+    """What the bad producers did (module docstring)."""
+    last_step: dict[str, float] = {}
+    for e in events:
+        if e["kind"] == "step" and not e["job_id"].startswith("rogue"):
+            last_step[e["job_id"]] = max(e["ts"], last_step.get(e["job_id"], -math.inf))
+    ended_early = [i["incident_id"] for i in incidents
+                   if i.get("resolved_reason") == "job ended"
+                   and last_step.get(i["job_id"], -math.inf) > i["resolved_ts"] + 1.0]
+    reopened = set()
+    state: dict[str, str] = {}
+    for i in incidents:
+        if i["job_id"] in replayed:
+            if i["status"] == "open" and state.get(i["incident_id"]) == "resolved":
+                reopened.add(i["incident_id"])
+            state[i["incident_id"]] = i["status"]
+    repaged = [k for k, n in got.items() if k[1] == "trigger" and n > 1
+               and any(k[0].startswith(f"{j}:") for j in replayed)]
+    return {"rogue_jobs": len({e["job_id"] for e in events
+                               if e["kind"] == "step" and e["job_id"].startswith("rogue")}),
+            "replayed_jobs": sorted(replayed),
+            "ended_early": ended_early,
+            "rogue_incidents": sum(i["job_id"].startswith("rogue") for i in incidents),
+            "replay_repages": len(repaged) + len(reopened),
+            "replay_repaged": sorted({*(k[0] for k in repaged), *reopened})}
 
 
 # -- the processes ------------------------------------------------------------------------
@@ -262,6 +338,12 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
                     help="drained once nothing changed for this many seconds [20]")
     ap.add_argument("--reference", help="soak.json of a run without faults (same --minutes, "
                     "--speed, --seed): its incident events must be the same, byte for byte")
+    ap.add_argument("--rogue-every", type=float, default=0.0, metavar="S",
+                    help="every S event seconds, two step events of a new job stamped a "
+                    "year ahead (issue 33) [off]")
+    ap.add_argument("--replay-ended", type=int, default=0, metavar="N",
+                    help="publish all step and comm events of N ended jobs again, "
+                    f"{REPLAY_AFTER_S:g} event seconds after their end (issue 33) [0]")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, chdb)")
     ap.add_argument("--out", default=str(RESULTS / "soak.json"))
     args = ap.parse_args()
@@ -269,9 +351,10 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
 
     work = Path(tempfile.mkdtemp(prefix="failslow-soak-"))
     print(f"work folder: {work}")
-    events = workload(args.minutes, args.speed, args.seed)
+    events, pace, replayed = mix_in(workload(args.minutes, args.speed, args.seed),
+                                  args.rogue_every, args.replay_ended)
     steps_sent = Counter((e["job_id"], e["rank"], e["step"]) for e in events
-                         if e["kind"] == "step")
+                         if e["kind"] == "step" and not e["job_id"].startswith("rogue"))
     print(f"workload: {len(events)} events ({len(steps_sent)} steps), "
           f"{len({e.get('job_id') for e in events if 'job_id' in e})} jobs, "
           f"{args.minutes:g} min at x{args.speed:g}")
@@ -326,8 +409,8 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
         pub = Publisher(bootstrap, topics, spool_dir=str(work / "spool"),
                         delivery_timeout_s=5.0)
         t_wall0 = time.monotonic()
-        t_ev0 = events[0]["ts"]
-        pub_end = t_wall0 + (events[-1]["ts"] - t_ev0) / args.speed
+        t_ev0 = pace[0]
+        pub_end = t_wall0 + (pace[-1] - t_ev0) / args.speed
         next_fault = t_wall0 + rng.expovariate(1 / args.fault_every) + 5
         next_rss = t_wall0
         pending: list[tuple[float, str]] = []  # (when, action) restarts / restores
@@ -338,7 +421,7 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
         while i < len(events) or pending:
             now = time.monotonic()
             # publish the 1 s slices that are due
-            while i < len(events) and t_wall0 + (events[i]["ts"] - t_ev0) / args.speed <= now:
+            while i < len(events) and t_wall0 + (pace[i] - t_ev0) / args.speed <= now:
                 i += 1
             if i > start:
                 pub.publish(events[start:i])
@@ -455,8 +538,9 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
         # -- the checks ---------------------------------------------------------------
         landed = query_steps(chdb_url)
         missing = [k for k in steps_sent if k not in landed]
-        dup = {k: n for k, n in landed.items() if n > 1}
-        extra = [k for k in landed if k not in steps_sent]
+        # a replayed job's steps were published twice: the sink keeps both deliveries
+        dup = {k: n for k, n in landed.items() if n > max(1, steps_sent.get(k, 0))}
+        extra = [k for k in landed if k not in steps_sent and not k[0].startswith("rogue")]
         incidents = read_incidents(bootstrap, topics)
         trans = Counter((i["incident_id"], i["status"], i["severity"]) for i in incidents)
         inc_dup = {"|".join(k): n for k, n in trans.items() if n > 1}
@@ -476,6 +560,10 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
             vs_ref = {"reference": args.reference, "only_here": sum((mine - ref).values()),
                       "only_in_reference": sum((ref - mine).values())}
         want, got = expected_pages(incidents), got_pages(rx)
+        abuse = abuse_checks(events, incidents, got, replayed)
+        abuse["worker_clock_ahead_dead_lettered"] = scrape(
+            worker_port, 'failslow_stream_clock_ahead_events_total{action="dead_lettered"}')
+        abuse["worker_duplicates"] = scrape(worker_port, "failslow_stream_duplicates_total")
         pages_missing = {f"{k[0]}|{k[1]}": want[k] - got.get(k, 0) for k in want
                          if got.get(k, 0) < want[k]}
         on_topic = {str(i["incident_id"]) for i in incidents}
@@ -527,6 +615,7 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
                                "last_incarnation_last": last_inc[-1] if last_inc else None,
                                "samples": rss},
             "worker_memory": memory,
+            "abuse": abuse,
             "log_errors": log_errors[:50], "log_error_lines": len(log_errors),
             "log_serious": log_serious[:50], "log_serious_lines": len(log_serious),
             "detector_error_lines": sum("detector" in x.lower() for x in log_serious),
@@ -561,6 +650,21 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - one scripted scenario
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         print(f"total {time.monotonic() - started:.0f} s")
+
+
+def scrape(port: int, sample: str) -> float | None:
+    """One sample of the worker's metrics endpoint (its current process: counters start
+    again after a restart), None when unreachable."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith(sample + " "):
+                    return float(line.split()[-1])
+    except OSError:
+        return None
+    return 0.0
 
 
 def slope_per_10min(points: list[tuple[float, float]]) -> float | None:
@@ -702,6 +806,14 @@ def print_table(r: dict) -> None:
         ("error lines in logs (all)", r["log_error_lines"]),
         ("  not connection noise", r["log_serious_lines"]),
         ("  detector errors", r["detector_error_lines"]),
+        ("rogue jobs / their incidents", f"{r['abuse']['rogue_jobs']}/"
+         f"{r['abuse']['rogue_incidents']}"),
+        ("jobs ENDED EARLY (job ended, steps after)", len(r["abuse"]["ended_early"])),
+        ("replayed ended jobs / RE-PAGED", f"{len(r['abuse']['replayed_jobs'])}/"
+         f"{r['abuse']['replay_repages']}"),
+        ("worker: clock-ahead dead letters, dups (last process)",
+         f"{r['abuse']['worker_clock_ahead_dead_lettered']}, "
+         f"{r['abuse']['worker_duplicates']}"),
         ("exits on their own", [f["fault"] for f in r["faults"] if "exited" in f["fault"]]),
     ]
     w = max(len(k) for k, _ in rows)
