@@ -407,9 +407,7 @@ class RankEvidence:
         yet); ``lag`` the seconds charged to it; ``other`` another rank had a finding.
         A rank confirmed this way is a change against its own past (``self_driven``),
         its onset where its run of waited-for steps began."""
-        w = getattr(self, "waited", None)
-        if w is None:                     # a job restored from an older snapshot
-            w = self.waited = WaitedFor()
+        w = self.waited
         rows = w.rows_for(ranks)
         w.push(rows, top, lag, other, job_s)
         ok, present, share, mean, back, steady, before = w.judge(rows, self.cfg.min_rel)

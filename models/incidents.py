@@ -297,18 +297,15 @@ class IncidentTracker:
 
     def late_pending(self) -> bool:
         """Whether a late device sample may change an incident (``late_sample``)."""
-        return bool(self.open or getattr(self, "unexplained", None))
+        return bool(self.open or self.unexplained)
 
     def _unexplained(self, job_id: str, inc: Incident, resolved: dict[str, Any]) -> None:
         """Keep a resolved incident whose root cause is unknown for its late telemetry."""
         if resolved.get("root_cause") != "unknown" or resolved["fault"] not in LATE_FAULTS:
             return
-        kept = getattr(self, "unexplained", None)
-        if kept is None:                  # a tracker restored from an older snapshot
-            kept = self.unexplained = {}
+        kept = self.unexplained
         late = Incident(dict(resolved))      # a copy: the emitted event stays as sent
-        late.where, late.recheck = getattr(inc, "where", ([], [], 0.0)), \
-            getattr(inc, "recheck", -1e300)
+        late.where, late.recheck = inc.where, inc.recheck
         kept[resolved["incident_id"]] = (job_id, late)
         while len(kept) > UNEXPLAINED_MAX:
             del kept[next(iter(kept))]
@@ -326,13 +323,13 @@ class IncidentTracker:
         cause outvotes ``unknown``, ``vote_cause``). ``job_hosts(job_id)``: the hosts of the
         job, its culprit's peers. Same input order, same output: offline and in the stream."""
         out: list[dict[str, Any]] = []
-        kept = getattr(self, "unexplained", None) or {}
+        kept = self.unexplained
         todo = [(job_id, inc, False) for (job_id, _), inc in sorted(self.open.items())]
         todo += [(job_id, inc, True) for job_id, inc in kept.values()]
         for job_id, inc, resolved in todo:
             ev = inc.event
-            where = getattr(inc, "where", None)     # None: restored from an older snapshot
-            if (ev["root_cause"] != "unknown" or where is None or host not in where[0]
+            where = inc.where
+            if (ev["root_cause"] != "unknown" or host not in where[0]
                     or ev["fault"] not in LATE_FAULTS
                     or sample_ts < max(inc.recheck, ev["detected_ts"] - RECHECK_S)):
                 continue
@@ -372,7 +369,7 @@ class IncidentTracker:
         for iid in [i for i in self.reopened if i.startswith(prefix)
                     and i[len(prefix):].split(":", 1)[0] in FAULTS]:
             del self.reopened[iid]
-        getattr(self, "ends", {}).pop(job_id, None)
+        self.ends.pop(job_id, None)
         return out
 
     def _fill(self, job_id: str, key: str, inc: Incident, f: Finding, cause: str,
@@ -424,6 +421,7 @@ class IncidentTracker:
                    and (cause != last.get("root_cause") or action != last.get("mitigation")
                         or abs(pct - prev) > max(0.5 * prev, 5.0)
                         or gpu_h > 0 and gpu_h >= cfg.cost_update_ratio * inc.cost_sent))
+        inc.rule = inc.rule or f.rule or f.fault
         extra["rule"] = inc.rule
         extra["policy"] = reason
         extra["signals"] = sorted(inc.signals)
@@ -448,11 +446,10 @@ class IncidentTracker:
         time, each stretch of it (since the onset, then since the previous step the link
         was seen) slower by ``slowdown_pct``, so ``slowdown / (1 + slowdown)`` of it is
         extra (a step of ``(1 + s) x base`` seconds loses ``s x base``)."""
-        # getattr: incidents restored from a snapshot taken before these slots existed
-        since = getattr(inc, "lost_ts", None)
+        since = inc.lost_ts
         if since is None:
             since = float(f.onset_ts)
         share = max(f.slowdown_pct, 0.0) / (100.0 + max(f.slowdown_pct, 0.0))
-        inc.lost_s = getattr(inc, "lost_s", 0.0) + max(ts - since, 0.0) * share
+        inc.lost_s = inc.lost_s + max(ts - since, 0.0) * share
         inc.lost_ts = max(ts, since)
         return inc.lost_s

@@ -154,20 +154,6 @@ class JobState(Attribution):
             out.append(self.evaluate(k))
         return out
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # Snapshots from before ``progress`` / ``moved``: every rank counts as stalled.
-        state.setdefault("progress", state.pop("newest", -1))
-        state.setdefault("moved", {})
-        state.setdefault("comm", CommWindows())
-        state.setdefault("nostep_buf", [])
-        state.setdefault("nostep_acc", {})
-        state.setdefault("comm_full", [])
-        state.setdefault("host_firm", {})
-        state.setdefault("alone", set())
-        self.__dict__.update(state)
-        if "substep" not in state:
-            self._init_substep()
-
     def add_collective(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
         """A collective event that names no step: it belongs to the rank's next
         step; in a job that sends no step events at all (an NCCL-Inspector-like
@@ -339,7 +325,7 @@ class JobState(Attribution):
         floor = 2.0 * cfg.min_rel
         out: list[Finding] = []
         for group, _, _ in ticks:
-            obs = getattr(self.substep.groups[group], "obs", None)
+            obs = self.substep.groups[group].obs
             if not obs or len(obs) < 2 or obs[-1][:2] != (s, ts) or obs[-2][0] != s - 1:
                 continue
             before = obs[-2][2]

@@ -206,12 +206,8 @@ class LinkMonitor:
             st.cusum = cusum_update(st.cusum, inc, cfg)
             st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
             if st.cusum > 0:
-                # getattr: a group restored from a snapshot taken before the run existed
-                run = getattr(st, "run", None)
-                if run is None:
-                    run = st.run = []
-                run.append(math.log1p(max(rel, -0.5)))
-                del run[:-RUN_MAX]
+                st.run.append(math.log1p(max(rel, -0.5)))
+                del st.run[:-RUN_MAX]
                 st.z = zi
             if not weak:
                 if cost[i] > 0:
@@ -287,11 +283,11 @@ class LinkMonitor:
         # slow as the earlier ones is a rate, not a lump, and pages at once
         # (``IncidentTracker.steady``); one that fades waits for a second confirmation.
         worst = max(sts, key=lambda st: st.rel)
-        run = getattr(worst, "run", None)
+        run = worst.run
         if run:
             evidence["mean_excess"] = round(sum(run) / len(run), 3)
             evidence["mean_excess_steps"] = len(run)
-            evidence["step_z"] = round(float(getattr(worst, "z", 0.0)), 1)
+            evidence["step_z"] = round(float(worst.z), 1)
         f = Finding(key="", fault="slow_link", confirmed=confirmed,
                     onset_ts=min(st.onset_ts for st in sts),
                     onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,

@@ -50,7 +50,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
     # (``models.evidence.WaitedFor``) is a rank fault whatever its host-mates do: when
     # a host is slow, the group waits for one of its ranks or another, never one alone.
     solo = {r for r in left if r in job.ranks and job.ranks[r].kind is not None
-            and getattr(job.ranks[r], "waited_share", 0.0) >= WAIT_K / WAIT_N}
+            and job.ranks[r].waited_share >= WAIT_K / WAIT_N}
     hosted = left - solo
     for h, members in per_host.items():
         if len(members) < 2:
@@ -140,8 +140,8 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                       "evidence": st.kind,
                       # the share of its last steps its group waited for it, and the lag
                       # charged to it then (fraction of the job's step): models.evidence
-                      "waited_share": round(getattr(st, "waited_share", 0.0), 3),
-                      "waited_lag_rel": round(getattr(st, "waited_lag", 0.0), 3),
+                      "waited_share": round(st.waited_share, 3),
+                      "waited_lag_rel": round(st.waited_lag, 3),
                       "waited_lag_now": round(job.evidence.waited.now(r), 3),
                       "baseline_step_s": round(st.base_job_s, 4),
                       "perf_vs_best": round(float(perf[i]), 3) if i is not None else None,

@@ -131,11 +131,6 @@ class P2PMonitor:
         self.wrun: dict[tuple[int, int], list[float]] = {}
         self.world = 0
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if "wrun" not in state:          # pickled before the per-window evidence existed
-            self._init_windows()
-
     # -- ingestion ---------------------------------------------------------------------
 
     def _take(self, step: int, rank: int, peer: int, op: str, secs: float, nbytes: float,
@@ -265,12 +260,8 @@ class P2PMonitor:
             # issue 14 (speed): wlast's costs by size class, kept with it (scanning every
             # direction for each entry was half of a 1,024-rank job's detect time); the
             # order of ``same`` does not matter (lower_half_ref sorts)
-            by_cls = getattr(self, "wcls", None)
-            if by_cls is None:           # a snapshot from before the index
-                by_cls = self.wcls = {}
-                for k2, (c2, s2) in self.wlast.items():
-                    by_cls.setdefault(s2, KeyedValues()).set(k2, c2)
-            elif prev is not None and prev[1] != cls:
+            by_cls = self.wcls
+            if prev is not None and prev[1] != cls:
                 by_cls[prev[1]].discard(key)
             row = by_cls.get(cls)
             if row is None:
@@ -351,7 +342,7 @@ class P2PMonitor:
             del self.hist[0]
         if world:
             self.world = world
-        runs = getattr(self, "wrun", {})
+        runs = self.wrun
         for p in [p for p, run in runs.items()
                   if run[6] < ts - job_s - 2.0 * (self.window_s or 1.0)]:
             del runs[p]                # no observation of it for a step: its run is over
@@ -441,7 +432,7 @@ class P2PMonitor:
         and that the step's own evidence does not hold yet (their incidents stay present)."""
         keys = {f.key for f in out}
         held = {p for f in out for p in self.members.get(f.key, ())}
-        for p in sorted(getattr(self, "wrun", {})):
+        for p in sorted(self.wrun):
             run = self.wrun[p]
             if not run[7] or p in held:
                 continue

@@ -47,13 +47,13 @@ from failslow.models.findings import Finding
 from failslow.models.incidents import IncidentTracker
 from failslow.models.job import JobConfig, JobState
 from failslow.models.links import far_end, nic_slots, refine_with_nics
+from failslow.models.migrate import STATE_VERSION, STEPS, migrate
 from failslow.models.mitigation import Planner
 from failslow.models.p2p import P2P_OPS, P2PMonitor
 from failslow.models.rootcause import attribute
 from failslow.models.settings import DetectionConfig
 from failslow.models.telemetry import TelemetryStore
 
-STATE_VERSION = 7     # 7: sub-step evidence and p2p pairs per job; 6: comm windows per job; 5: windowed evidence; 4: queued telemetry; 3: slotted objects pickled natively
 _PRE_PACKAGE = ("schema", "simulator", "collectors", "streams", "models", "storage",
                 "alerting")
 
@@ -504,12 +504,11 @@ class Detector:
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> Detector:
-        if d.get("version") != STATE_VERSION:
-            raise ValueError(f"unknown detector state version {d.get('version')!r}")
+        version = d.get("version")
+        if version not in STEPS and version != STATE_VERSION:
+            raise ValueError(f"unknown detector state version {version!r}")
         det = cls.__new__(cls)
-        det.__dict__.update(_PackageUnpickler(io.BytesIO(base64.b64decode(d["state"]))).load())
-        det.__dict__.setdefault("_p2p", {})   # a snapshot from before p2p pairs
-        if "_seen" not in det.__dict__:    # a snapshot from before jobs ended
-            det._seen = {j: -math.inf for j in det.jobs}
+        state = _PackageUnpickler(io.BytesIO(base64.b64decode(d["state"]))).load()
+        det.__dict__.update(migrate(state, version))
         det._tq = d["queued"]
         return det

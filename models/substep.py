@@ -241,7 +241,7 @@ class SubStep:
         # The first tick of a step made by a window closed on time (inside the step: never
         # the buckets the step's end cuts) is kept as one observation (``obs``), the last
         # two steps', that ``models.job`` weighs with the member's last step at short steps.
-        obs = getattr(g, "obs", None) or []
+        obs = g.obs
         if closed and (not obs or obs[-1][0] < step):
             obs.append((step, ts, {m: (max((x - min(w, max(x, 0.0))) / ref_work, -0.9),
                                        float(x * p[1] / max(p[2], 1e-9)))

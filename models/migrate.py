@@ -1,0 +1,109 @@
+"""Old detector snapshots, one mechanism: a version and a migration per version.
+
+``Detector.state_dict`` writes ``STATE_VERSION``; ``Detector.from_state`` unpickles the
+state, then ``migrate`` brings it from the version it was written at to this one, one
+step at a time. A field added to a model is given its default here, once, instead of a
+``getattr`` fallback wherever it is read. History: 3 slotted objects pickled natively,
+4 queued telemetry, 5 windowed evidence, 6 comm windows per job, 7 sub-step evidence and
+p2p pairs per job, 8 the paging policy (issue 30: the tracker holds a ``PolicyConfig``,
+incidents count persistence, the detector a ``DetectionConfig``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from failslow.models.comm import CommWindows
+from failslow.models.evidence import WaitedFor
+from failslow.models.peers import KeyedValues
+from failslow.models.settings import DetectionConfig
+
+STATE_VERSION = 8
+
+# Defaults of fields added to slotted objects during version 7's life.
+INCIDENT_SLOTS: dict[str, Callable[[], Any]] = {
+    "lost_s": float, "lost_ts": lambda: None, "where": lambda: ([], [], 0.0),
+    "recheck": lambda: -1e300, "last_rel": float, "steps": int, "seconds": float,
+    "rule": str, "signals": set, "returns": int, "cost_sent": float}
+RANK_SLOTS: dict[str, Callable[[], Any]] = {"waited_share": float, "waited_lag": float}
+GROUP_SLOTS: dict[str, Callable[[], Any]] = {"run": list, "z": float}
+JOB_FIELDS: dict[str, Callable[[], Any]] = {
+    "moved": dict, "comm": CommWindows, "nostep_buf": list, "nostep_acc": dict,
+    "comm_full": list, "host_firm": dict, "alone": set}
+
+
+def migrate(state: dict[str, Any], version: Any) -> dict[str, Any]:
+    """A detector's unpickled ``__dict__`` as written at ``version``, brought to
+    ``STATE_VERSION``; ValueError for a version no migration knows."""
+    if version not in STEPS and version != STATE_VERSION:
+        raise ValueError(f"unknown detector state version {version!r}")
+    while version != STATE_VERSION:
+        STEPS[version](state)
+        version += 1
+    return state
+
+
+def _slots(obj: Any, defaults: dict[str, Callable[[], Any]]) -> None:
+    for name, make in defaults.items():
+        if not hasattr(obj, name):
+            setattr(obj, name, make())
+
+
+def _from_7(state: dict[str, Any]) -> None:
+    state.setdefault("_p2p", {})
+    if "_seen" not in state:              # from before jobs ended
+        state["_seen"] = {j: -math.inf for j in state["jobs"]}
+    if "config" not in state:
+        state["config"] = DetectionConfig.from_mapping({
+            "rules": {"min_rel": state["min_rel"], "z_min": state["z_min"],
+                      "confirm_steps": state["confirm_steps"]},
+            "policy": {"resolve_steps": state["resolve_steps"],
+                       "critical_pct": state["critical_pct"]}})
+    config = state["config"]
+    tr = state["tracker"].__dict__
+    for name in ("page_after_steps", "page_after_s", "open_min_pct", "min_update_s",
+                 "resolve_steps", "critical_pct"):
+        tr.pop(name, None)
+    tr.setdefault("policy", config.policy)
+    tr.setdefault("policy_for", config.policy_of)
+    for name in ("unexplained", "ends", "steady_gap"):
+        tr.setdefault(name, {})
+    for inc in tr["open"].values():
+        _slots(inc, INCIDENT_SLOTS)
+        inc.steps = max(inc.steps, inc.age)
+    for _, inc in tr["unexplained"].values():
+        _slots(inc, INCIDENT_SLOTS)
+    for job in state["jobs"].values():
+        _job(job)
+        for st in job.ranks.values():
+            _slots(st, RANK_SLOTS)
+        for g in job.links.groups.values():
+            _slots(g, GROUP_SLOTS)
+        for g in job.substep.groups.values():
+            if not hasattr(g, "obs"):
+                g.obs = []
+        if not hasattr(job.evidence, "waited"):
+            job.evidence.waited = WaitedFor()
+    for p2p in state["_p2p"].values():
+        d = p2p.__dict__
+        if "wrun" not in d:                # from before the per-window evidence
+            p2p._init_windows()
+        if "wcls" not in d:                # from before wlast's index by size class
+            p2p.wcls = {}
+            for k, (cost, cls) in p2p.wlast.items():
+                p2p.wcls.setdefault(cls, KeyedValues()).set(k, cost)
+
+
+def _job(job: Any) -> None:
+    d = job.__dict__
+    if "progress" not in d:               # every rank then counts as stalled
+        d["progress"] = d.pop("newest", -1)
+    for name, make in JOB_FIELDS.items():
+        d.setdefault(name, make())
+    if "substep" not in d:
+        job._init_substep()
+
+
+STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7}
