@@ -200,8 +200,15 @@ def factor_row(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
     culprit_pages = [i for i in auto["incidents"] if i["rank"] == CULPRIT
                      and i["severity"] in ("warning", "critical") and i["fault"] == "slow_rank"]
     page = culprit_pages[0]["_step"] if culprit_pages else None
-    applied = auto["switches"][0][0] if auto["switches"] else None
-    rollback = auto["switches"][1][0] if len(auto["switches"]) > 1 else None
+    # the culprit's rebalance (the first switch after the onset that gives it less), and
+    # the first switch back to equal shares after it; anything before the onset is a
+    # false action, counted apart
+    sw = auto["switches"]
+    mine = [i for i, (st, sh) in enumerate(sw) if st >= on and sh[CULPRIT] < 1 / WORLD]
+    applied = sw[mine[0]][0] if mine else None
+    back = [st for st, sh in sw[mine[0]:] if max(sh) - min(sh) < 1e-3] if mine else []
+    rollback = next((st for st in back if st > applied), None) if mine else None
+    false_actions = [(st, sh) for st, sh in sw if st < on and max(sh) - min(sh) > 1e-3]
     oracle = run(tmp / f"oracle{factor}", "oracle", steps, on, rec, factor,
                  oracle_at=applied if applied is not None else on + 10)
     at = applied if applied is not None else on + 10
@@ -219,7 +226,8 @@ def factor_row(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
         "rollback_step": rollback,
         "rollback_after_recover": None if rollback is None else rollback - rec,
         "culprit_resolves": resolves,
-        "shares": auto["switches"][0][1] if auto["switches"] else None,
+        "shares": sw[mine[0]][1] if mine else None,
+        "switches": sw, "false_actions_before_onset": false_actions,
         "base_s": round(base, 4), "slowed_s": round(slowed, 4),
         "auto_s": round(t_auto, 4), "oracle_s": round(t_oracle, 4),
         "after_rollback_s": None if after is None else round(after, 4),
@@ -249,7 +257,7 @@ def main() -> int:
             row = factor_row(f, args, Path(tmp))
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items()
-                              if k not in ("actions", "incidents")}), flush=True)
+                              if k not in ("actions", "incidents", "switches")}), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "world": WORLD, "global_batch": BATCH, "steps": args.steps, "onset": args.onset,

@@ -60,7 +60,8 @@ class MitigationConfig:
     ``suggest``: dry runs only). jobs: job-id glob pattern -> mode, first match wins (in
     the table's order). steady: also act on a steady imbalance (a rank slow since the
     start, an ``info`` incident), never by default. floor: the least share a rank gets,
-    as a fraction of an equal share (0.25: a quarter). min_gain: the culprit's time per
+    as a fraction of an equal share (0.25: a quarter). warm_steps: no action in a job's
+    first steps (compilation and caches make them noisy). min_gain: the culprit's time per
     sample must be at least this much above its peers' (0.1: 10 %) to act, and back
     below it to roll back. window_steps: steps of time per sample the plan reads.
     lead_steps: ``apply_at_step`` is this many steps after the newest step seen (time for
@@ -80,6 +81,7 @@ class MitigationConfig:
     floor: float = 0.25
     min_gain: float = 0.10
     window_steps: int = 8
+    warm_steps: int = 20
     lead_steps: int = 2
     ttl_s: float = 120.0
     drain_command: str | None = None
@@ -97,7 +99,7 @@ class MitigationConfig:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise MitigationConfigError(f"mitigate.{name}: {v!r} is not a positive number")
-        for name in ("window_steps", "lead_steps"):
+        for name in ("window_steps", "lead_steps", "warm_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise MitigationConfigError(f"mitigate.{name}: {v!r} is not an integer >= 1")
@@ -199,23 +201,25 @@ class ActionPlanner:
     step; ``on_incident(incident)`` returns the actions the incident causes (a
     ``rebalance_microbatches`` for a paged compute straggler, a ``drain_host`` on an
     escalation); ``observe`` itself returns a rollback once a held culprit recovered
-    (the median of its last ``recover_window`` steps back within ``min_gain`` of its
-    peers', ``recover_steps`` steps in a row: quick, because every step of a rebalance
-    past the recovery makes the healthy ranks do the recovered rank's work).
+    (from ``recover_window`` steps on the new shares on, the median of its steps since the
+    switch back within ``min_gain`` of its peers', ``recover_steps`` steps in a row:
+    quick, because every step of a rebalance past the recovery makes the healthy ranks
+    do the recovered rank's work). Nothing is planned in a job's first ``warm_steps``.
     Nothing is published for a job whose mode is ``off``; ``suggest`` marks every action
     ``dry_run`` (the job ignores those). ``now`` is the event time (seconds) the actions
     are stamped with: the newest event's, so replays give the same actions.
     """
 
     def __init__(self, config: MitigationConfig | None = None, recover_steps: int = 2,
-                 recover_window: int = 4, forget_s: float = 3600.0) -> None:
+                 recover_window: int = 5, forget_s: float = 3600.0) -> None:
         self.config = config or MitigationConfig()
         self.recover_steps = recover_steps
         self.recover_window = recover_window
         self.forget_s = forget_s
         self._observed = 0
-        # job -> rank -> recent (compute_s / samples)
-        self._per_sample: dict[str, dict[int, deque[float]]] = defaultdict(dict)
+        # job -> rank -> recent (step, compute_s / samples)
+        self._per_sample: dict[str, dict[int, deque[tuple[int, float]]]] = defaultdict(dict)
+        self._first: dict[str, int] = {}           # job -> the first step seen
         self._step_s: dict[str, deque[tuple[int, float]]] = {}  # job -> rank 0's (step, s)
         self._newest: dict[str, tuple[int, float]] = {}
         self._world: dict[str, int] = {}
@@ -231,11 +235,13 @@ class ActionPlanner:
         if compute is None:
             compute = ev["duration_s"] - (ev.get("comm_s") or 0.0) - (ev.get("data_s") or 0.0)
         samples = ev.get("samples") or 1
-        window = self.config.window_steps
-        per = self._per_sample[job].setdefault(rank, deque(maxlen=window))
-        per.append(max(compute, 0.0) / samples)
-        self._world[job] = ev["world_size"]
         step = ev["step"]
+        # enough for the window and for the rollback's look at the steps since the switch
+        keep = max(self.config.window_steps, self.recover_window + self.config.lead_steps + 8)
+        per = self._per_sample[job].setdefault(rank, deque(maxlen=keep))
+        per.append((step, max(compute, 0.0) / samples))
+        self._world[job] = ev["world_size"]
+        self._first.setdefault(job, step)
         old = self._newest.get(job)
         if old is None or step > old[0]:
             self._newest[job] = (step, ev["ts"])
@@ -250,17 +256,21 @@ class ActionPlanner:
         """Forget jobs silent for ``forget_s`` (ended): the planner's memory stays bounded."""
         for job in [j for j, (_, ts) in self._newest.items() if ts < now - self.forget_s]:
             for table in (self._per_sample, self._step_s, self._newest, self._world,
-                          self._held, self._version):
+                          self._held, self._version, self._first):
                 table.pop(job, None)
 
-    def per_sample(self, job: str, last: int | None = None) -> dict[int, float]:
-        """Each rank's median time per sample over its last ``window_steps`` steps (or its
-        ``last`` ones)."""
-        cut = -(last or self.config.window_steps)
-        return {r: median(list(d)[cut:]) for r, d in self._per_sample[job].items() if d}
+    def per_sample(self, job: str, since: int | None = None) -> dict[int, float]:
+        """Each rank's median time per sample over its last ``window_steps`` steps (those
+        from step ``since`` on, when given)."""
+        out = {}
+        for r, d in self._per_sample[job].items():
+            vals = [v for s, v in d if since is None or s >= since]
+            if vals:
+                out[r] = median(vals[-self.config.window_steps:])
+        return out
 
-    def _gain(self, job: str, rank: int, last: int | None = None) -> float | None:
-        per = self.per_sample(job, last)
+    def _gain(self, job: str, rank: int, since: int | None = None) -> float | None:
+        per = self.per_sample(job, since)
         peers = [t for r, t in per.items() if r != rank]
         if rank not in per or not peers or median(peers) <= 0:
             return None
@@ -294,6 +304,9 @@ class ActionPlanner:
 
     def _rebalance(self, inc: dict[str, Any], mode: str) -> dict[str, Any] | None:
         job, rank = inc["job_id"], int(inc["rank"])
+        newest = self._newest.get(job, (0, 0.0))[0]
+        if newest - self._first.get(job, newest) < self.config.warm_steps:
+            return None  # the job's first steps (compilation, caches) say nothing of speed
         gain = self._gain(job, rank)
         if gain is None or gain < self.config.min_gain:
             return None  # the rank's own work is not slower per sample: nothing to move
@@ -316,7 +329,10 @@ class ActionPlanner:
         held = self._held.get(job)
         if held is None or rank != held.rank:
             return []
-        gain = self._gain(job, rank, self.recover_window)
+        since = held.action["apply_at_step"]
+        if sum(1 for s, _ in self._per_sample[job][rank] if s >= since) < self.recover_window:
+            return []  # judged on the new shares only: steps before the switch are the old
+        gain = self._gain(job, rank, since)
         held.clean = held.clean + 1 if gain is not None and gain < self.config.min_gain else 0
         if held.clean < self.recover_steps:
             return []

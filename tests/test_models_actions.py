@@ -61,20 +61,28 @@ def test_whole_counts_sum_to_the_batch_and_keep_the_floor(batch):
         whole_counts([0.25] * 4, 3)
 
 
+def test_nothing_in_the_job_s_first_steps():
+    p = ActionPlanner(MitigationConfig(mode="auto"))
+    steps(p, 0, 19, {2: 2.0})
+    assert p.on_incident(incident()) == []
+    steps(p, 19, 2, {2: 2.0})
+    assert p.on_incident(incident())[0]["rank"] == 2
+
+
 def test_auto_rebalances_once_per_incident_and_rolls_back_when_the_culprit_recovers():
     p = ActionPlanner(MitigationConfig(mode="auto"))
-    assert steps(p, 0, 10, {2: 2.0}) == []
+    assert steps(p, 0, 24, {2: 2.0}) == []
     (act,) = p.on_incident(incident())
     validate(act)
     assert act["mode"] == "apply" and act["type"] == "rebalance_microbatches"
-    assert act["apply_at_step"] == 9 + 2 and act["rank"] == 2
+    assert act["apply_at_step"] == 23 + 2 and act["rank"] == 2
     assert act["shares"][2] == pytest.approx(act["shares"][0] / 2, abs=1e-3)
     assert "rank 2 takes" in act["reason"]
     assert p.on_incident(incident(severity="critical")) == []     # one per incident
     assert p.on_incident(incident(status="resolved")) == []       # resolve alone: still slow
     counts = whole_counts(act["shares"], 128)
-    assert steps(p, 10, 10, {2: 2.0}, samples=counts) == []       # still slow per sample
-    (back,) = steps(p, 20, 6, {}, samples=counts)
+    assert steps(p, 24, 10, {2: 2.0}, samples=counts) == []       # still slow per sample
+    (back,) = steps(p, 34, 8, {}, samples=counts)
     validate(back)
     assert back["rollback"] is True and back["shares"] == [0.25] * 4
     assert back["version"] > act["version"] and p.held(JOB) is None
@@ -84,7 +92,7 @@ def test_suggest_publishes_dry_runs_and_off_publishes_nothing():
     cfg = MitigationConfig.from_mapping({"jobs": {"train-*": "off", "eval-*": "auto"}})
     p = ActionPlanner(cfg)
     for job in (JOB, "dev-1", "eval-3"):
-        steps(p, 0, 10, {2: 2.0}, job=job)
+        steps(p, 0, 24, {2: 2.0}, job=job)
     assert p.on_incident(incident(job=JOB)) == []
     (dry,) = p.on_incident(incident(job="dev-1"))
     assert dry["mode"] == "dry_run" and p.held("dev-1") is None
@@ -99,16 +107,16 @@ def test_suggest_publishes_dry_runs_and_off_publishes_nothing():
 ])
 def test_never_acts_on_transients_ignore_or_steady_imbalance(inc):
     p = ActionPlanner(MitigationConfig(mode="auto"))
-    steps(p, 0, 10, {2: 2.0})
+    steps(p, 0, 24, {2: 2.0})
     assert p.on_incident(inc) == []
 
 
 def test_steady_imbalance_only_when_opted_in_and_only_when_slower_per_sample():
     p = ActionPlanner(MitigationConfig(mode="auto", steady=True))
-    steps(p, 0, 10, {2: 1.05})      # 5 % per sample: below min_gain, nothing to move
+    steps(p, 0, 24, {2: 1.05})      # 5 % per sample: below min_gain, nothing to move
     steady = incident(severity="info", evidence={"imbalance": True})
     assert p.on_incident(steady) == []
-    steps(p, 10, 10, {2: 1.6})
+    steps(p, 24, 10, {2: 1.6})
     assert p.on_incident(steady)[0]["mode"] == "apply"
 
 
@@ -143,7 +151,7 @@ def test_config_errors_are_one_line(table, why):
 def test_acting_detector_state_survives_a_snapshot():
     cfg = MitigationConfig(mode="auto")
     det = ActingDetector(Detector(), ActionPlanner(cfg))
-    steps(det.planner, 0, 10, {2: 2.0})
+    steps(det.planner, 0, 24, {2: 2.0})
     det.planner.on_incident(incident())
     det.telemetry_delay_s = 3.0
     assert det.inner.telemetry_delay_s == 3.0
