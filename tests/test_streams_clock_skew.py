@@ -182,3 +182,37 @@ def test_the_job_stage_dead_letters_them_and_counts_them():
     # --max-clock-ahead is at most a quarter of --job-idle
     assert JobStage(WorkerConfig(bootstrap="unused:1", job_idle=20.0), 4, None, metrics,
                     HostMap(), None).new_partition(0).clocks.max_ahead_s == 5.0  # type: ignore[arg-type]
+
+
+@pytest.mark.integration
+def test_a_real_worker_dead_letters_a_year_ahead_job_and_judges_the_rest(broker, topics):
+    """On the real broker: the year-ahead events, published mid-trace, are on the
+    dead-letter topic with their reason and counted; the job they landed beside gets the
+    offline Detector's incidents."""
+    import time
+
+    from test_streams_worker import brief, metric, publish
+
+    from failslow.models.pipeline import Detector
+    from failslow.stack import free_port
+    from failslow.streams.snapshots import scan
+    from failslow.worker_process import WorkerProcess, wait_for_incidents
+
+    events = list(simulate(SCENARIOS["gpu_thermal_30"], seed=0).events())
+    ref = Detector().process_batch(events)
+    mid = len(events) // 2
+    bad = rogue(events, time.time(), YEAR)
+    publish(broker, topics, events[:mid] + bad + events[mid:])
+    port = free_port()
+    worker = WorkerProcess(broker.bootstrap, topics, group=f"{topics.prefix}g", metrics_port=port)
+    try:
+        got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
+        assert brief(got) == brief(ref)
+        dead = [orjson.loads(m.value()) for p in range(4)
+                for m in scan(broker.bootstrap, topics.deadletter, p, idle_polls=1)]
+        ahead = [d for d in dead if "ahead of the worker's clock" in d["error"]]
+        assert sorted(orjson.loads(d["raw"])["step"] for d in ahead) == [0, 1]
+        assert all("rogue-host" in d["error"] for d in ahead)
+        assert metric(port, 'failslow_stream_clock_ahead_events_total{action="dead_lettered"}') == 2
+    finally:
+        assert worker.stop() == 0
