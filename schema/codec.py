@@ -1,6 +1,8 @@
 """orjson codec for Kafka message values and trace lines (CONTRACT.md "Encoding").
 
-A value is one event object or a JSON array of events of one kind. ``decode``
+A value is one event object or a JSON array of events of one kind. A columnar batch
+(``schema.batches``: ``comm_batch``, ``gpu_batch``) is expanded into its per-rank events
+here, so every consumer sees the per-rank kinds whichever form was sent. ``decode``
 is strict (raises SchemaError on the first problem); ``decode_lenient`` keeps
 every valid element of an array and reports the invalid ones, so one bad
 sample in a batch never costs the others.
@@ -17,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from failslow.schema.batches import expand_all, expand_checked, is_batch
 from failslow.schema.events import SchemaError, validate
 from failslow.schema.fast import all_valid
 
@@ -60,6 +63,8 @@ def decode(data: bytes | bytearray | memoryview | str) -> list[Any]:
         kind = obj[0].get("kind") if type(obj[0]) is dict else None
         if all_valid(obj) and all(item["kind"] == kind for item in obj):
             return obj
+        if any(map(is_batch, obj)):
+            return _decode_batched(obj)
         for i, item in enumerate(obj):
             try:
                 validate(item)
@@ -68,7 +73,31 @@ def decode(data: bytes | bytearray | memoryview | str) -> list[Any]:
             if item["kind"] != kind:
                 raise SchemaError(f"[{i}] event.kind: {item['kind']!r} in an array of {kind!r}")
         return obj
+    if is_batch(obj):
+        rows, errors = expand_checked(obj)
+        if errors:
+            raise SchemaError(errors[0])
+        return rows
     return [validate(obj)]
+
+
+def _decode_batched(items: list[Any]) -> list[Any]:
+    """``decode`` of an array that holds batches: their rows in place, all of one kind."""
+    out: list[Any] = []
+    for i, events, errors in expand_all(items):
+        if errors:
+            raise SchemaError(f"[{i}] {errors[0]}")
+        if not is_batch(items[i]):
+            try:
+                validate(items[i])
+            except SchemaError as exc:
+                raise SchemaError(f"[{i}] {exc}") from None
+        kind = out[0]["kind"] if out else events[0]["kind"] if events else None
+        for ev in events:
+            if ev["kind"] != kind:
+                raise SchemaError(f"[{i}] event.kind: {ev['kind']!r} in an array of {kind!r}")
+        out += events
+    return out
 
 
 def decode_lenient(data: bytes | bytearray | memoryview | str,
@@ -87,6 +116,16 @@ def decode_lenient(data: bytes | bytearray | memoryview | str,
     if all_valid(items):
         good: list[Any] = items
         errors: list[str] = []
+    elif any(map(is_batch, items)):
+        good, errors = [], []
+        for i, events, bad in expand_all(items):
+            if not is_batch(items[i]):
+                try:
+                    validate(items[i])
+                except SchemaError as exc:
+                    events, bad = [], [str(exc)]
+            good += events
+            errors += [f"[{i}] {e}" if type(obj) is list else e for e in bad]
     else:
         good, errors = [], []
         for i, item in enumerate(items):

@@ -14,13 +14,18 @@ KIND_TOPIC = {
     "comm": "collectives",
     "incident": "incidents",
     "action": "actions",
+    # columnar batches (schema.batches) travel with the per-rank kinds they hold
+    "comm_batch": "collectives",
+    "gpu_batch": "gpu",
 }
 # Topics the stream processors publish, never read as detector input.
 OUTPUTS = ("incidents", "actions")
 DEADLETTER = "deadletter"
-# topic (without prefix) -> the kinds it carries
+# topic (without prefix) -> the kinds of its events once decoded (a batch is decoded into
+# the per-rank events it holds)
 TOPIC_KINDS: dict[str, frozenset[str]] = {
-    t: frozenset(k for k, t2 in KIND_TOPIC.items() if t2 == t) for t in KIND_TOPIC.values()}
+    t: frozenset(k for k, t2 in KIND_TOPIC.items() if t2 == t and not k.endswith("_batch"))
+    for t in KIND_TOPIC.values()}
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ def key_for(event: Any) -> str:
     """The message key of an event: host for telemetry, job_id for steps, comm summaries
     incidents and actions, ``job_id/group`` for raw collectives."""
     kind = event["kind"]
-    if kind in ("gpu", "nic", "host"):
+    if kind in ("gpu", "nic", "host", "gpu_batch"):
         return str(event["host"])
     if kind == "collective":
         return f"{event['job_id']}/{event['group']}"

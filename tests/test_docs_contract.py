@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from failslow.schema import decode, validate
+from failslow.schema.batches import BATCH_KINDS, to_batch
 from failslow.schema.events import NESTED, SPECS
 from failslow.schema.topics import KIND_TOPIC, Topics
 
@@ -83,7 +84,11 @@ def test_there_is_an_example_of_every_kind():
 @pytest.mark.parametrize("example", _examples())
 def test_every_json_example_validates(example):
     obj = orjson.loads(example)
-    if "kind" in obj:
+    if obj.get("kind") in BATCH_KINDS:
+        # a batch example: its rows are valid events, and it is what the writer makes of them
+        rows = decode(example)
+        assert rows and to_batch(rows) == obj
+    elif "kind" in obj:
         assert validate(obj) is obj
         assert decode(orjson.dumps([obj, obj])) == [obj, obj]
         # every field the example shows is one the contract defines

@@ -1,0 +1,359 @@
+"""Columnar batch kinds (docs/contract.md "Batch kinds"): one host's records of one window
+as ONE object of columns, and their lossless conversion to and from the per-rank kinds.
+
+A host agent relays its ranks' ``comm`` windows as one ``comm_batch`` and its GPUs'
+samples as one ``gpu_batch``: the field names are written once per message instead of
+once per rank, a value every row shares is written once, and one broker message carries
+a host's window. Every consumer expands a batch into its per-rank events at decode
+(``expand``), so everything downstream sees exactly the events the ranks produced.
+
+Layout (``comm_batch``; ``gpu_batch`` is the same over ``gpu`` rows, with ``host`` shared
+and no nested entries):
+
+- ``v``, ``kind``; the shared fields (``job_id``, ``host``): one value for the batch;
+- the row field (``rank``): a list, one value per row; it says how many rows there are;
+- every other field of the rows: a list with one value per row, or a single value when
+  every row has the same one (only fields whose contract type is not a list);
+- ``ops_len``: how many ``ops`` entries each row has (a list, or one number for all);
+  ``ops``: an object of columns over all rows' entries, in row order, by the same rules;
+- ``absent`` / ``ops_absent``: ``{field: [row or entry indexes]}`` where a field given as
+  a column is missing (not null) in the original; omitted when nothing is missing.
+
+>>> rows = [{"v": 1, "kind": "gpu", "ts": 5.0, "host": "h0", "gpu": g, "uuid": f"U{g}"}
+...         for g in range(2)]
+>>> b = to_batch(rows)
+>>> b["gpu"], b["uuid"], b["ts"]
+([0, 1], ['U0', 'U1'], 5.0)
+>>> expand(b) == rows
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from failslow.schema.events import NESTED, SPECS, VERSION, SchemaError
+from failslow.schema.fast import all_valid
+
+
+@dataclass(frozen=True)
+class BatchKind:
+    """How one batch kind maps to its per-row kind."""
+
+    row_kind: str              # the kind of each row: ``comm``, ``gpu``
+    shared: tuple[str, ...]    # fields with one value per batch (what the batch groups by)
+    row_key: str               # the always-a-list field that names a row (rank, gpu index)
+    nested: str | None = None  # the list-of-objects field flattened into columns
+
+
+BATCH_KINDS: dict[str, BatchKind] = {
+    "comm_batch": BatchKind("comm", ("job_id", "host"), "rank", "ops"),
+    "gpu_batch": BatchKind("gpu", ("host",), "gpu"),
+}
+ROW_BATCH = {spec.row_kind: kind for kind, spec in BATCH_KINDS.items()}
+# A host has at most a few dozen GPUs: the bound stops a forged batch from making a
+# consumer allocate millions of rows out of one small message.
+ROWS_MAX = 1024
+ABSENT = "absent"
+# Contract field types whose value is itself a list: always written as a column.
+_LIST_TYPES = frozenset(("ints", "nums", *NESTED))
+
+
+class BatchError(ValueError):
+    """Events that one batch cannot hold (mixed hosts, a reserved field name, ...);
+    the caller sends them per rank instead."""
+
+
+def is_batch(obj: Any) -> bool:
+    if type(obj) is not dict:
+        return False
+    kind = obj.get("kind")
+    return type(kind) is str and kind in BATCH_KINDS
+
+
+def _scalar_fields(spec: tuple[dict, dict]) -> frozenset[str]:
+    """Fields that a batch may write once (their contract type is not a list)."""
+    return frozenset(name for part in spec for name, t in part.items()
+                     if t not in _LIST_TYPES)
+
+
+_SCALAR = {kind: _scalar_fields(SPECS[b.row_kind]) for kind, b in BATCH_KINDS.items()}
+_NESTED_SCALAR = {name: _scalar_fields(spec) for name, spec in NESTED.items()}
+
+
+def _reserved(bk: BatchKind) -> frozenset[str]:
+    names = {"v", "kind", ABSENT}
+    if bk.nested:
+        names |= {f"{bk.nested}_len", f"{bk.nested}_{ABSENT}"}
+    return frozenset(names)
+
+
+# -- per-rank events -> batch ---------------------------------------------------------------
+
+def _same(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` encode to the same JSON (1 is not 1.0 nor True; -0.0 is not 0.0)."""
+    if type(a) is not type(b) or a != b:
+        return False
+    return type(a) is not float or math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+def _columns(rows: list[dict], skip: frozenset[str], scalar: frozenset[str],
+             always_list: str | None = None) -> tuple[dict[str, Any], dict[str, list[int]]]:
+    """The fields of ``rows`` (first-seen order) as columns, a shared value written once;
+    and, per column, the rows that lack the field."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    cols: dict[str, Any] = {}
+    absent: dict[str, list[int]] = {}
+    for name in names:
+        if name in skip:
+            continue
+        missing = [i for i, row in enumerate(rows) if name not in row]
+        values = [row.get(name) for row in rows]
+        if missing:
+            absent[name] = missing
+        elif name in scalar and name != always_list and all(_same(x, values[0])
+                                                           for x in values):
+            cols[name] = values[0]
+            continue
+        cols[name] = values
+    return cols, absent
+
+
+def to_batch(rows: list[dict]) -> dict[str, Any]:
+    """One batch of ``rows``: events of one kind (``comm`` or ``gpu``) that share the
+    batch's shared fields. ``expand`` gives ``rows`` back exactly (order, absent and null
+    fields, unknown extra fields). Raises ``BatchError`` for rows that one batch cannot
+    hold (then send them as they are)."""
+    if not rows:
+        raise BatchError("no rows")
+    row_kind = rows[0].get("kind")
+    kind = ROW_BATCH.get(row_kind) if isinstance(row_kind, str) else None
+    if kind is None:
+        raise BatchError(f"kind {row_kind!r} has no batch kind")
+    if len(rows) > ROWS_MAX:
+        raise BatchError(f"{len(rows)} rows, at most {ROWS_MAX}")
+    bk = BATCH_KINDS[kind]
+    reserved = _reserved(bk)
+    for row in rows:
+        if type(row) is not dict or row.get("kind") != row_kind or not _same(row.get("v"),
+                                                                            VERSION):
+            raise BatchError(f"not all rows are v{VERSION} {row_kind} events")
+        if bk.row_key not in row:
+            raise BatchError(f"a row has no {bk.row_key}")
+        if any(name in row for name in reserved if name not in ("v", "kind")):
+            raise BatchError(f"a row has a field named like a batch column ({sorted(reserved)})")
+        if bk.nested and (type(row.get(bk.nested)) is not list
+                          or any(type(e) is not dict for e in row[bk.nested])):
+            raise BatchError(f"a row's {bk.nested} is not a list of objects")
+    for name in bk.shared:
+        first = rows[0].get(name)
+        if type(first) is not str or any(name not in r or not _same(r[name], first) for r in rows):
+            raise BatchError(f"rows do not share one {name}")
+    # the fields in the rows' order, so that expanded rows list them in that order too
+    out: dict[str, Any] = {"v": VERSION, "kind": kind}
+    cols, absent = _columns(rows, reserved, _SCALAR[kind], always_list=bk.row_key)
+    for name, col in cols.items():
+        if name == bk.nested:
+            _put_nested(out, bk.nested, [row[name] for row in rows])
+        else:
+            out[name] = col
+    if absent:
+        out[ABSENT] = absent
+    return out
+
+
+def _put_nested(out: dict[str, Any], name: str, lists: list[list[dict]]) -> None:
+    lens = [len(x) for x in lists]
+    out[f"{name}_len"] = lens[0] if all(n == lens[0] for n in lens) else lens
+    entries = [e for x in lists for e in x]
+    cols, absent = _columns(entries, frozenset(), _NESTED_SCALAR[name])
+    out[name] = cols
+    if absent:
+        out[f"{name}_{ABSENT}"] = absent
+
+
+def group_key(ev: dict) -> tuple | None:
+    """The batch an event belongs in (kind and shared fields), or None: not batchable."""
+    row_kind = ev.get("kind")
+    kind = ROW_BATCH.get(row_kind) if type(row_kind) is str else None
+    if kind is None:
+        return None
+    shared = tuple(ev.get(name) for name in BATCH_KINDS[kind].shared)
+    return (kind, *shared) if all(type(x) is str for x in shared) else None
+
+
+def to_batches(events: Iterable[dict]) -> list[dict]:
+    """``events`` with each group of batchable ones (same kind and shared fields) as one
+    batch, in place of the group's first event; the others as they are, in order. A group
+    that one batch cannot hold stays per rank."""
+    out: list[Any] = []
+    groups: dict[tuple, list[dict]] = {}
+    for ev in events:
+        key = group_key(ev) if type(ev) is dict else None
+        if key is None:
+            out.append(ev)
+            continue
+        group = groups.get(key)
+        if group is None or len(group) >= ROWS_MAX:
+            groups[key] = group = []
+            out.append(group)
+        group.append(ev)
+    result: list[dict] = []
+    for item in out:
+        if type(item) is not list:
+            result.append(item)
+            continue
+        try:
+            result.append(to_batch(item))
+        except BatchError:
+            result += item
+    return result
+
+
+# -- batch -> per-rank events ---------------------------------------------------------------
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _fill(where: str, targets: list[dict], name: str, value: Any, list_only: bool) -> None:
+    n = len(targets)
+    if type(value) is list:
+        if len(value) != n:
+            raise SchemaError(f"{where}.{name}: {len(value)} values for {n} rows")
+        for row, x in zip(targets, value, strict=True):
+            row[name] = x
+    elif list_only:
+        raise SchemaError(f"{where}.{name}: expected a list with one value per row, got "
+                          f"{type(value).__name__} {_short(value)}")
+    else:
+        for row in targets:
+            row[name] = value
+
+
+def _remove_absent(where: str, targets: list[dict], absent: Any) -> None:
+    if type(absent) is not dict:
+        raise SchemaError(f"{where}: expected an object of field: [indexes], got "
+                          f"{type(absent).__name__}")
+    n = len(targets)
+    for name, idxs in absent.items():
+        if type(idxs) is not list or any(type(i) is not int or not 0 <= i < n for i in idxs):
+            raise SchemaError(f"{where}.{name}: expected a list of indexes below {n}")
+        for i in idxs:
+            if name not in targets[i]:
+                raise SchemaError(f"{where}.{name}: names index {i} twice, or a field "
+                                  "that is not a column")
+            del targets[i][name]
+
+
+def expand(obj: dict[str, Any]) -> list[dict]:
+    """The per-rank events of one batch, in its row order; raises ``SchemaError`` (one line
+    naming the field) when the batch's layout is wrong. The rows themselves are not
+    validated here: the caller validates them as any event."""
+    kind = obj.get("kind")
+    bk = BATCH_KINDS[kind]  # type: ignore[index]
+    v = obj.get("v")
+    if v != VERSION or type(v) is not int:
+        raise SchemaError(f"{kind}.v: unknown version {v!r} (this reader knows v=1)")
+    keys = obj.get(bk.row_key)
+    if type(keys) is not list or not keys:
+        raise SchemaError(f"{kind}.{bk.row_key}: expected a non-empty list, one value per row, "
+                          f"got {type(keys).__name__} {_short(keys)}")
+    if len(keys) > ROWS_MAX:
+        raise SchemaError(f"{kind}.{bk.row_key}: {len(keys)} rows, at most {ROWS_MAX}")
+    for name in bk.shared:
+        value = obj.get(name)
+        if value is None:
+            raise SchemaError(f"{kind}.{name}: required field is missing")
+        if type(value) is list:
+            raise SchemaError(f"{kind}.{name}: expected one value for the batch, got a list")
+    rows: list[dict] = [{"v": VERSION, "kind": bk.row_kind} for _ in keys]
+    scalar = _SCALAR[kind]
+    reserved = _reserved(bk)
+    for name, value in obj.items():
+        if name in reserved:
+            continue
+        if name == bk.nested:
+            _expand_nested(kind, bk.nested, obj, rows)
+        elif name in bk.shared:
+            for row in rows:
+                row[name] = value
+        else:
+            _fill(kind, rows, name, value, list_only=name not in scalar)
+    if ABSENT in obj:
+        _remove_absent(f"{kind}.{ABSENT}", rows, obj[ABSENT])
+    if bk.nested and bk.nested not in obj:
+        raise SchemaError(f"{kind}.{bk.nested}: required field is missing")
+    return rows
+
+
+def _expand_nested(kind: str, name: str, obj: dict[str, Any], rows: list[dict]) -> None:
+    where = f"{kind}.{name}"
+    cols = obj[name]
+    if type(cols) is not dict:
+        raise SchemaError(f"{where}: expected an object of columns, got {type(cols).__name__}")
+    lens = obj.get(f"{name}_len")
+    if type(lens) is int:
+        lens = [lens] * len(rows)
+    if (type(lens) is not list or len(lens) != len(rows)
+            or any(type(n) is not int or n < 0 for n in lens)):
+        raise SchemaError(f"{where}_len: expected a count of entries per row (a list of "
+                          f"{len(rows)} integers >= 0, or one), got {_short(lens)}")
+    total = sum(lens)
+    if total > len(rows) * NESTED_MAX:
+        raise SchemaError(f"{where}_len: {total} entries, at most {NESTED_MAX} a row")
+    entries: list[dict] = [{} for _ in range(total)]
+    scalar = _NESTED_SCALAR[name]
+    for field, value in cols.items():
+        if type(value) is list and len(value) != total:
+            raise SchemaError(f"{where}.{field}: {len(value)} values for {total} entries")
+        _fill(where, entries, field, value, list_only=field not in scalar)
+    if f"{name}_{ABSENT}" in obj:
+        _remove_absent(f"{where}_{ABSENT}", entries, obj[f"{name}_{ABSENT}"])
+    at = 0
+    for row, n in zip(rows, lens, strict=True):
+        row[name] = entries[at:at + n]
+        at += n
+
+
+# An entry list longer than this fails row validation anyway (schema.events.OPS_MAX).
+NESTED_MAX = 1024
+
+
+def expand_checked(obj: dict[str, Any]) -> tuple[list[dict], list[str]]:
+    """A batch's valid rows and one error line per rejected row (or for the whole batch
+    when its layout is wrong): ``comm_batch row 2 (rank 7): comm.ops[0].n: 0 is below 1``."""
+    from failslow.schema.events import validate
+
+    try:
+        rows = expand(obj)
+    except SchemaError as exc:
+        return [], [str(exc)]
+    if all_valid(rows):
+        return rows, []
+    bk = BATCH_KINDS[obj["kind"]]
+    good, errors = [], []
+    for i, row in enumerate(rows):
+        try:
+            good.append(validate(row))
+        except SchemaError as exc:
+            errors.append(f"{obj['kind']} row {i} ({bk.row_key} {_short(row.get(bk.row_key))})"
+                          f": {exc}")
+    return good, errors
+
+
+def expand_all(items: list[Any]) -> Iterator[tuple[int, list[Any], list[str]]]:
+    """Per item of a message array: (index, its events, its error lines). A batch gives
+    its valid rows; any other item is given as it is (its validation is the caller's)."""
+    for i, item in enumerate(items):
+        if is_batch(item):
+            good, errors = expand_checked(item)
+            yield i, good, errors
+        else:
+            yield i, [item], []
