@@ -31,6 +31,7 @@ True
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -357,3 +358,135 @@ def expand_all(items: list[Any]) -> Iterator[tuple[int, list[Any], list[str]]]:
             yield i, good, errors
         else:
             yield i, [item], []
+
+
+# -- gathering a stream of per-rank events into batches -------------------------------------
+
+class Batcher:
+    """Gathers a stream of per-rank events into one batch per host (and job) and window.
+
+    ``add(event, now)`` returns what is ready to send: the event itself when it is not
+    batchable (a step, a NIC sample), else the batches that closed. A group (kind and
+    shared fields) closes when a row it already holds comes again (the next window), when
+    it holds every row the group's previous batch held (all of the host's ranks are in),
+    or once its oldest row waited ``linger_s`` (``due(now)``; a rank that is late or gone
+    does not hold the others back longer). ``now`` is any clock: the relay's monotonic
+    one, or event time when converting a trace (``batch_trace``)."""
+
+    def __init__(self, linger_s: float = 0.5) -> None:
+        self.linger_s = linger_s
+        self._open: dict[tuple, tuple[float, list[dict], set]] = {}
+        self._last: dict[tuple, frozenset] = {}   # group -> the rows of its last batch
+
+    def add(self, ev: dict, now: float) -> list[dict]:
+        return _flat(self._add(ev, now))
+
+    def due(self, now: float) -> list[dict]:
+        """The batches whose oldest row waited ``linger_s``."""
+        return _flat(self._due(now))
+
+    def flush(self) -> list[dict]:
+        return _flat([self._close(key) for key in list(self._open)])
+
+    @property
+    def pending(self) -> int:
+        """Rows held in open groups."""
+        return sum(len(g[1]) for g in self._open.values())
+
+    def _add(self, ev: dict, now: float) -> list[tuple[tuple | None, list[dict]]]:
+        """(group or None, what to send) pairs; a group opened by ``ev`` is ``_open``."""
+        key = group_key(ev) if type(ev) is dict else None
+        if key is None:
+            return [(None, [ev])]
+        row = ev.get(BATCH_KINDS[key[0]].row_key)
+        out = []
+        group = self._open.get(key)
+        if group is not None and row in group[2]:
+            out.append(self._close(key))
+            group = None
+        if group is None:
+            group = self._open[key] = (now, [], set())
+        group[1].append(ev)
+        group[2].add(row)
+        last = self._last.get(key)
+        if (last is not None and group[2] >= last) or len(group[1]) >= ROWS_MAX:
+            out.append(self._close(key))
+        return out
+
+    def _due(self, now: float) -> list[tuple[tuple | None, list[dict]]]:
+        return [self._close(key) for key, g in list(self._open.items())
+                if now - g[0] >= self.linger_s]
+
+    def _close(self, key: tuple) -> tuple[tuple | None, list[dict]]:
+        _, rows, names = self._open.pop(key)
+        self._last[key] = frozenset(names)
+        if len(self._last) > 4 * ROWS_MAX:   # hosts and jobs long gone
+            self._last = {k: v for k, v in self._last.items() if k in self._open}
+        try:
+            return key, [to_batch(rows)]
+        except BatchError:
+            return key, rows
+
+
+def _flat(pairs: list[tuple[tuple | None, list[dict]]]) -> list[dict]:
+    return [ev for _, items in pairs for ev in items]
+
+
+def batch_trace(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict]:
+    """A per-rank trace as a host agent would publish it: ``comm`` windows and ``gpu``
+    samples gathered per host and window (event time, ``linger_s``), the rest as it is.
+    A batch takes the place of its first row, so no row moves after an event it came
+    before (a rank's window before its step end): ``failslow detect`` gives the same
+    incidents on both."""
+    batcher = Batcher(linger_s)
+    slots: deque[list] = deque()                  # [what to send, or None while open]
+    waiting: dict[tuple, deque[list]] = {}        # group -> its unfilled slots, oldest first
+
+    def fill(pairs: list[tuple[tuple | None, list[dict]]]) -> None:
+        for key, items in pairs:
+            if key is None:
+                slots.append([items])  # type: ignore[list-item]
+            else:
+                waiting[key].popleft()[0] = items
+
+    for ev in events:
+        key = group_key(ev) if type(ev) is dict else None
+        group = batcher._open.get(key) if key is not None else None
+        repeat = group is not None and ev.get(BATCH_KINDS[key[0]].row_key) in group[2]
+        pairs = batcher._add(ev, ev["ts"])
+        if key is not None and (group is None or repeat):   # ev opened a group: its slot
+            fill(pairs[:1] if repeat else [])
+            waiting.setdefault(key, deque()).append(slot := [None])
+            slots.append(slot)
+            pairs = pairs[1:] if repeat else pairs
+        fill(pairs)
+        if batcher._open:
+            fill(batcher._due(ev["ts"]))
+        while slots and slots[0][0] is not None:
+            yield from slots.popleft()[0]
+    fill([batcher._close(key) for key in list(batcher._open)])
+    while slots:
+        yield from slots.popleft()[0]
+
+
+def split_batch(obj: dict[str, Any], part_of: Any) -> dict[Any, list[dict]]:
+    """A batch cut by ``part_of(row)`` (e.g. the shard of its rank): part -> what to send
+    there, the batch itself when all of its rows fall in one part (most batches: one host's
+    ranks are neighbours), else a batch per part. A batch whose layout is wrong goes whole
+    to ``part_of({})``, whose consumer reports it."""
+    try:
+        rows = expand(obj)
+    except SchemaError:
+        return {part_of({}): [obj]}
+    parts: dict[Any, list[dict]] = {}
+    for row in rows:
+        parts.setdefault(part_of(row), []).append(row)
+    if len(parts) == 1:
+        return {next(iter(parts)): [obj]}
+    out: dict[Any, list[dict]] = {}
+    for part, group in parts.items():
+        try:
+            out[part] = [to_batch(group)]
+        except BatchError:
+            out[part] = group
+    return out

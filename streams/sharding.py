@@ -12,8 +12,9 @@ The route stage finds an event's shard from its ``rank`` alone (``shard_parts``)
 message whose ranks are all below ``shard_ranks`` (every message of a small job) goes
 on whole and undecoded, as before; the others are decoded once and cut into one JSON
 array per shard (orjson writes the same numbers it read, so each shard decodes exactly
-the events the producer sent). A host's telemetry goes to the partitions of the shards
-holding its ranks (``HostMap``: learned from the step events routed, and announced by the
+the events the producer sent; a host's columnar batch goes whole to its shard, or cut
+into a batch per shard when its ranks straddle two). A host's telemetry goes to the
+partitions of the shards holding its ranks (``HostMap``: learned from the step events routed, and announced by the
 job stage of each shard).
 
 >>> shard_partition("job0", 1, 8) == (shard_partition("job0", 0, 8) + 1) % 8
@@ -32,6 +33,7 @@ from typing import Any
 import orjson
 
 from failslow.models.shard import SHARD_RANKS, shard_of
+from failslow.schema.batches import is_batch, split_batch
 from failslow.streams.routing import HostMap, home_partition
 
 __all__ = ["SHARD_RANKS", "shard_of", "shard_partition", "shard_parts", "event_shard",
@@ -57,7 +59,9 @@ def shard_parts(value: bytes, shard_ranks: int = SHARD_RANKS) -> dict[int, bytes
     """A job message cut per shard: shard -> a JSON array of its events, in their order.
     None when every event is in shard 0 (the message goes on whole, undecoded) or the
     value is not a JSON array (its home partition reports it)."""
-    if not any(int(m) >= shard_ranks for m in _RANK.findall(value)):
+    # a columnar batch (schema.batches) lists its ranks, which the pattern does not see
+    batched = b'_batch"' in value
+    if not batched and not any(int(m) >= shard_ranks for m in _RANK.findall(value)):
         return None
     try:
         items = orjson.loads(value)
@@ -67,6 +71,10 @@ def shard_parts(value: bytes, shard_ranks: int = SHARD_RANKS) -> dict[int, bytes
         items = [items]
     parts: dict[int, list[Any]] = {}
     for ev in items:
+        if is_batch(ev):
+            for k, evs in split_batch(ev, lambda row: event_shard(row, shard_ranks)).items():
+                parts.setdefault(k, []).extend(evs)
+            continue
         parts.setdefault(event_shard(ev, shard_ranks), []).append(ev)
     if len(parts) == 1 and 0 in parts:
         return None

@@ -270,3 +270,20 @@ def test_mutated_batches_are_accepted_or_refused_cleanly(muts):
         assert errors
     else:
         assert errors == [] and strict == good
+
+
+def test_the_route_sends_a_batch_to_its_ranks_shard_whole_or_cut_per_shard():
+    from failslow.streams.sharding import shard_parts
+
+    whole = to_batch([_comm(r) for r in (8, 9, 10)])
+    assert shard_parts(encode(to_batch([_comm(r) for r in range(4)])), 8) is None  # shard 0
+    parts = shard_parts(encode([whole]), 8)
+    assert parts is not None and list(parts) == [1] and orjson.loads(parts[1]) == [whole]
+    straddling = [_comm(r) for r in (6, 7, 8, 9)]
+    parts = shard_parts(encode(to_batch(straddling)), 8)
+    assert parts is not None
+    assert {k: [e["rank"] for e in decode(v)] for k, v in parts.items()} == {0: [6, 7],
+                                                                            1: [8, 9]}
+    assert all(orjson.loads(v)[0]["kind"] == "comm_batch" for v in parts.values())
+    assert sorted(map(orjson.dumps, (e for v in parts.values() for e in decode(v)))) == sorted(
+        map(orjson.dumps, straddling))

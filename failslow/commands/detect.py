@@ -37,6 +37,7 @@ from failslow.models.pipeline import Detector
 from failslow.models.settings import DetectionConfig
 from failslow.models.shard import ShardedDetector
 from failslow.schema import SchemaError, validate
+from failslow.schema.batches import expand_checked, is_batch
 from failslow.schema.fast import all_valid
 
 loads = orjson.loads
@@ -273,13 +274,22 @@ def _out_of_order(ev: dict, last: tuple, window: int) -> None:
 
 
 def _line_by_line(chunk: list, first: int, warn) -> tuple[list, int]:
-    """Decode a chunk that holds an invalid line: keep the valid ones, warn the rest."""
+    """Decode a chunk that holds an invalid line or a columnar batch (its rows in its
+    place, ``schema.batches``): keep the valid ones, warn the rest."""
     batch, bad = [], 0
     for no, line in enumerate(chunk, first):
         if not line.strip():
             continue
         try:
-            batch.append(check(loads(line)))
+            obj = loads(line)
+            if is_batch(obj):
+                rows, errors = expand_checked(obj)
+                batch += rows
+                bad += len(errors)
+                for why in errors:
+                    warn(no, why)
+                continue
+            batch.append(check(obj))
         except orjson.JSONDecodeError as exc:
             bad += 1
             warn(no, f"not JSON ({exc})")
