@@ -14,8 +14,8 @@ on whole and undecoded, as before; the others are decoded once and cut into one 
 array per shard (orjson writes the same numbers it read, so each shard decodes exactly
 the events the producer sent; a host's columnar batch goes whole to its shard, or cut
 into a batch per shard when its ranks straddle two). A host's telemetry goes to the
-partitions of the shards holding its ranks (``HostMap``: learned from the step events routed, and announced by the
-job stage of each shard).
+partitions of the shards holding its ranks (``HostMap``: learned from the step events
+routed, and announced by the job stage of each shard).
 
 >>> shard_partition("job0", 1, 8) == (shard_partition("job0", 0, 8) + 1) % 8
 True
