@@ -29,6 +29,7 @@ Prints a table per fault kind and overall; writes bench/results/detect_quality.j
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -125,7 +126,7 @@ def run_one(name: str, seed: int, grain: str = "comm", hook: bool = False) -> di
                     res["page_s"] = round(page - first_op, 3)
         if hits:
             _after(res, f, [e for e in incidents if e["incident_id"] == hits[0]["incident_id"]],
-                   step_end)
+                   step_end, step_start)
             res["incidents"] = len({i["incident_id"] for i in hits})
         results.append(res)
     # Loud: any of its events above info (one that opens as info and pages later too).
@@ -144,12 +145,17 @@ def _rule(ev: dict) -> str:
     return str((ev.get("evidence") or {}).get("rule") or "?")
 
 
-def _after(res: dict, f: dict, events: list[dict], step_end: dict) -> None:
+def _after(res: dict, f: dict, events: list[dict], step_end: dict,
+           step_start: dict) -> None:
     """Once the fault ended: job steps until its incident resolved, and whether a
-    severity rose after the end (a page about a culprit already back)."""
+    severity rose after the culprit's first step at full speed (a page about a culprit
+    already back; the step under way at the end still carries the fault)."""
     if f["end_ts"] is None:
         return
     end = f["end_ts"]
+    clean = min((step_end[k] for k, starts in step_start.items() if k[0] == f["job_id"]
+                 and k in step_end and starts and min(starts.values()) >= end),
+                default=math.inf)
     resolved = next((e["ts"] for e in events if e["status"] == "resolved"
                      and e.get("resolved_reason") != "job ended"), None)
     if resolved is not None:
@@ -157,7 +163,7 @@ def _after(res: dict, f: dict, events: list[dict], step_end: dict) -> None:
                                    if j == f["job_id"] and end < ts <= resolved)
     rank = {"info": 0, "warning": 1, "critical": 2}
     sev = [(e["ts"], rank[e["severity"]]) for e in events]
-    res["louder_after_end"] = any(t > end and s > p
+    res["louder_after_end"] = any(t > clean and s > p
                                   for (_, p), (t, s) in zip(sev, sev[1:], strict=False))
 
 

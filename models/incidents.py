@@ -253,8 +253,8 @@ class IncidentTracker:
                     inc.seconds += gap
                 elif self._back_rel(f) < cfg.back_pct / 100.0:
                     inc.absent += 1
-                else:                # weakly present, still slow: kept, not counted
-                    inc.absent = 0
+                # else: weakly present (unconfirmed: a rule's memory of the episode, a
+                # run's maximum) or slow under open_min_pct: neither slowed nor back
             inc.signals |= rules
             inc.last_rel = rel
             in_step = not any(e > float(f.onset_ts) for e in ends) if sub else False

@@ -52,7 +52,7 @@ class PolicyConfig:
     back_pct: float = 2.5
     resolve_steps: int = 5
     flap_steps: int = 2
-    resolve_max_steps: int = 10
+    resolve_max_steps: int = 8
     imbalance_ratio: float = 1.5
     imbalance_points: float = 0.10
     cost_update_ratio: float = 1.5

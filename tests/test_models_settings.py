@@ -101,6 +101,7 @@ def test_detect_applies_the_file(tmp_path):
 NOT_THRESHOLDS = {
     "incidents": {"RECHECK_S", "UNEXPLAINED_MAX", "PERIOD_N", "ENDS_N"},
     "job": {"NOSTEP_WINDOWS", "NOSTEP_LEARN", "SUB_EMITS"},
+    "migrate": {"STATE_VERSION"},
 }
 
 
