@@ -13,12 +13,15 @@ another on this machine:
 * ``oracle``: shares in proportion to the ranks' true speeds (1 / factor for the
   culprit), switched at the step ``auto`` switched and back at ``--recover``.
 
-Printed per factor: the page step, the applied step, the rollback step, step times
-(median over [applied, recover)), ``recovered``: (none - run) / (none - base) for auto and
-oracle, and ``recovered_vs_oracle``, their ratio. Results: bench/results/mitigate.json.
+Each run's slowdown is its median step over [applied, recover) against its own median
+before the onset, minus one (the VM's load drifts between runs; each run is compared with
+itself); ``--repeats`` sequences, medians over them. Printed per factor: steps from the
+page to the applied switch, from the recovery to the rollback, false actions (before the
+onset), the slowdowns, ``recovered``: (none - run) / none for auto and oracle, and
+``recovered_vs_oracle``, their ratio. Results: bench/results/mitigate.json.
 
     .venv/bin/python bench/mitigate.py [--factors 2,1.5] [--steps 200] [--onset 50]
-        [--recover 150]
+        [--recover 150] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -193,10 +196,17 @@ def window(step_s: dict, lo: int, hi: int) -> float | None:
     return median(vals) if vals else None
 
 
-def factor_row(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
+def _rel(step_s: dict, on: int, lo: int, hi: int) -> float:
+    """The run's median step over [lo, hi) against its own median before the onset, minus
+    one: each run is compared with itself, so the shared VM's load drifting between runs
+    moves the comparison less."""
+    return window(step_s, lo, hi) / window(step_s, 10, on) - 1.0
+
+
+def one_repeat(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
     on, rec, steps = args.onset, args.recover, args.steps
-    none = run(tmp / f"none{factor}", "none", steps, on, rec, factor)
-    auto = run(tmp / f"auto{factor}", "auto", steps, on, rec, factor)
+    none = run(tmp / "none", "none", steps, on, rec, factor)
+    auto = run(tmp / "auto", "auto", steps, on, rec, factor)
     culprit_pages = [i for i in auto["incidents"] if i["rank"] == CULPRIT
                      and i["severity"] in ("warning", "critical") and i["fault"] == "slow_rank"]
     page = culprit_pages[0]["_step"] if culprit_pages else None
@@ -209,36 +219,48 @@ def factor_row(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
     back = [st for st, sh in sw[mine[0]:] if max(sh) - min(sh) < 1e-3] if mine else []
     rollback = next((st for st in back if st > applied), None) if mine else None
     false_actions = [(st, sh) for st, sh in sw if st < on and max(sh) - min(sh) > 1e-3]
-    oracle = run(tmp / f"oracle{factor}", "oracle", steps, on, rec, factor,
-                 oracle_at=applied if applied is not None else on + 10)
     at = applied if applied is not None else on + 10
-    base = window(none["step_s"], 10, on)
-    slowed = window(none["step_s"], at, rec)
-    t_auto, t_oracle = window(auto["step_s"], at, rec), window(oracle["step_s"], at, rec)
-    rec_auto = (slowed - t_auto) / (slowed - base) if slowed > base else None
-    rec_oracle = (slowed - t_oracle) / (slowed - base) if slowed > base else None
+    oracle = run(tmp / "oracle", "oracle", steps, on, rec, factor, oracle_at=at)
     resolves = [i["_step"] for i in auto["incidents"]
                 if i["rank"] == CULPRIT and i["status"] == "resolved"]
-    after = window(auto["step_s"], rollback + 2, steps) if rollback else None
-    row = {
-        "factor": factor, "page_step": page, "applied_step": applied,
+    return {
+        "page_step": page, "applied_step": applied,
         "applied_after_page": None if page is None or applied is None else applied - page,
         "rollback_step": rollback,
         "rollback_after_recover": None if rollback is None else rollback - rec,
         "culprit_resolves": resolves,
         "shares": sw[mine[0]][1] if mine else None,
         "switches": sw, "false_actions_before_onset": false_actions,
-        "base_s": round(base, 4), "slowed_s": round(slowed, 4),
-        "auto_s": round(t_auto, 4), "oracle_s": round(t_oracle, 4),
-        "after_rollback_s": None if after is None else round(after, 4),
+        "base_s": [round(window(r["step_s"], 10, on), 4) for r in (none, auto, oracle)],
+        "slow_none": round(_rel(none["step_s"], on, at, rec), 4),
+        "slow_auto": round(_rel(auto["step_s"], on, at, rec), 4),
+        "slow_oracle": round(_rel(oracle["step_s"], on, at, rec), 4),
+        "after_rollback_auto": None if rollback is None or rollback + 2 >= steps
+        else round(_rel(auto["step_s"], on, rollback + 2, steps), 4),
+        "wall_s": [none["wall_s"], auto["wall_s"], oracle["wall_s"]],
+        "actions": auto["actions"], "incidents": auto["incidents"],
+    }
+
+
+def factor_row(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
+    reps = [one_repeat(factor, args, tmp / f"f{factor}r{r}") for r in range(args.repeats)]
+    med = {k: median(r[k] for r in reps) for k in ("slow_none", "slow_auto", "slow_oracle")}
+    rec_auto = rec_oracle = None
+    if med["slow_none"] > 0:
+        rec_auto = (med["slow_none"] - med["slow_auto"]) / med["slow_none"]
+        rec_oracle = (med["slow_none"] - med["slow_oracle"]) / med["slow_none"]
+    return {
+        "factor": factor, "repeats": len(reps),
+        "applied_after_page": [r["applied_after_page"] for r in reps],
+        "rollback_after_recover": [r["rollback_after_recover"] for r in reps],
+        "false_actions": sum(len(r["false_actions_before_onset"]) for r in reps),
+        **{f"{k}_med": round(v, 4) for k, v in med.items()},
         "recovered_auto": None if rec_auto is None else round(rec_auto, 3),
         "recovered_oracle": None if rec_oracle is None else round(rec_oracle, 3),
         "recovered_vs_oracle": None if not rec_auto or not rec_oracle
         else round(rec_auto / rec_oracle, 3),
-        "wall_s": [none["wall_s"], auto["wall_s"], oracle["wall_s"]],
-        "actions": auto["actions"], "incidents": auto["incidents"],
+        "runs": reps,
     }
-    return row
 
 
 def main() -> int:
@@ -247,6 +269,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--onset", type=int, default=50)
     ap.add_argument("--recover", type=int, default=150)
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "bench/results/mitigate.json"))
     ap.add_argument("--note", default="")
     args = ap.parse_args()
@@ -256,8 +279,7 @@ def main() -> int:
         for f in (float(x) for x in args.factors.split(",")):
             row = factor_row(f, args, Path(tmp))
             rows.append(row)
-            print(json.dumps({k: v for k, v in row.items()
-                              if k not in ("actions", "incidents", "switches")}), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "world": WORLD, "global_batch": BATCH, "steps": args.steps, "onset": args.onset,

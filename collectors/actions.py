@@ -92,26 +92,40 @@ class KafkaActionSource:
                  config: dict[str, Any] | None = None) -> None:
         from confluent_kafka import Consumer
 
-        self.job_id = job_id
+        self.job_id, self.topic = job_id, topic
         self._q: deque[dict[str, Any]] = deque(maxlen=1024)
         self._stop = threading.Event()
-        # no group offsets: each rank reads the topic from its start and filters its job
+        # no consumer group (no join to wait for, no offsets to commit): the thread assigns
+        # itself every partition from the start and keeps its job's actions
         conf = {"bootstrap.servers": bootstrap, "group.id": f"failslow-actions-{os.getpid()}",
-                "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                "fetch.wait.max.ms": 100, **(config or {})}
+                "enable.auto.commit": False, "fetch.wait.max.ms": 100, **(config or {})}
         self._consumer = Consumer(conf)
-        self._consumer.subscribe([topic])
         self._thread = threading.Thread(target=self._run, name="failslow-actions", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+
         key = self.job_id.encode()
+        while not self._stop.is_set():
+            try:
+                meta = self._consumer.list_topics(self.topic, timeout=5).topics[self.topic]
+                if meta.error is None and meta.partitions:
+                    break
+            except KafkaException:
+                pass
+            self._stop.wait(1.0)
+        else:
+            return
+        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING)
+                               for p in meta.partitions])
         while not self._stop.is_set():
             msg = self._consumer.poll(0.2)
             if msg is None or msg.error() or msg.key() != key:
                 continue
-            with contextlib.suppress(orjson.JSONDecodeError):
-                value = orjson.loads(msg.value())
+            raw = msg.value()
+            with contextlib.suppress(orjson.JSONDecodeError, TypeError):
+                value = orjson.loads(raw) if raw is not None else None
                 self._q.extend(v for v in (value if isinstance(value, list) else [value])
                                if isinstance(v, dict))
 

@@ -1,0 +1,54 @@
+"""Action sources (issue 32): a rank reads its job's actions from a real Tansu broker (its
+own consumer, in a thread) or from the file the host agent appends to; ``poll`` never
+blocks and hands over only this job's actions."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from failslow.collectors.actions import FileActionSource, KafkaActionSource
+from failslow.collectors.publisher import Publisher
+
+
+def _action(job: str, version: int) -> dict:
+    return {"v": 1, "kind": "action", "ts": 1000.0 + version, "action_id": f"{job}:{version}",
+            "job_id": job, "incident_id": f"{job}:slow_rank:1:0",
+            "type": "rebalance_microbatches", "mode": "apply", "apply_at_step": 10,
+            "expires_ts": 2000.0, "shares": [0.6, 0.4], "reason": "r", "version": version}
+
+
+@pytest.mark.integration
+def test_kafka_source_hands_over_only_its_job_without_blocking(broker, topics):
+    src = KafkaActionSource(broker.bootstrap, "job-a", topic=topics.for_kind("action"))
+    try:
+        t0 = time.monotonic()
+        assert src.poll() == []
+        assert time.monotonic() - t0 < 0.05
+        pub = Publisher(broker.bootstrap, topics)
+        pub.publish([_action("job-b", 1), _action("job-a", 2), _action("job-a", 3)])
+        assert pub.flush(10) == 0
+        pub.close()
+        got: list[dict] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += src.poll()
+            time.sleep(0.05)
+        assert [a["version"] for a in got] == [2, 3]
+    finally:
+        src.close()
+
+
+def test_file_source_reads_appended_lines_and_waits_for_a_cut_one(tmp_path):
+    path = tmp_path / "actions.jsonl"
+    src = FileActionSource(path)
+    assert src.poll() == []                              # no file yet: no action
+    line = orjson.dumps(_action("j", 1))
+    path.write_bytes(line + b"\n" + line[:20])           # the second line is being written
+    assert [a["version"] for a in src.poll()] == [1]
+    with open(path, "ab") as f:
+        f.write(line[20:] + b"\nnot json\n")
+    assert [a["version"] for a in src.poll()] == [1]
+    assert src.poll() == []
