@@ -2,7 +2,10 @@
 
 Device samples (``gpu``, ``nic``, ``host``) are published on change plus a heartbeat
 by default (``collectors.samplers.OnChange``: about half of them on the simulator's
-scenarios, with the same incidents); ``on_change=False`` publishes every sample."""
+scenarios, with the same incidents); ``on_change=False`` publishes every sample. With
+``batch`` a cycle's GPU samples go as one ``gpu_batch`` per host and the NCCL tailer's
+windows as one ``comm_batch`` per job (``schema.batches``; consumers expand them). The
+training processes' windows reach the publisher through ``collectors.relay.Relay``."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from collections import Counter
 from typing import Any, Protocol
 
 from failslow.collectors.samplers import OnChange, OnChangeConfig
+from failslow.schema.batches import to_batches
 from failslow.schema.events import GpuEvent, HostEvent, NicEvent
 
 # What a sampler returns: device samples (GpuEvent, NicEvent, HostEvent), or the comm /
@@ -32,11 +36,13 @@ class Agent:
     publishes; logs one line per ``report_s`` with counts per sampler and the publisher's.
 
     ``on_change``: publish device samples on change plus a heartbeat (True: the defaults
-    of ``OnChangeConfig``; a config; False: every sample). ``counts`` are samples taken,
+    of ``OnChangeConfig``; a config; False: every sample). ``batch``: publish the columnar
+    batch kinds (one message per host per cycle). ``counts`` are samples taken,
     ``on_change.kept`` / ``.dropped`` what the filter did with device samples."""
 
     def __init__(self, samplers: list[Sampler], publisher: Any, interval_s: float = 1.0,
-                 report_s: float = 60.0, on_change: OnChangeConfig | bool = True) -> None:
+                 report_s: float = 60.0, on_change: OnChangeConfig | bool = True,
+                 batch: bool = False) -> None:
         self.samplers = samplers
         self.publisher = publisher
         self.interval_s = interval_s
@@ -45,6 +51,7 @@ class Agent:
         self.counts: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self._window: Counter[str] = Counter()
+        self.batch = batch
         self.on_change: OnChange | None = None
         if on_change is not False:
             self.on_change = OnChange(on_change if isinstance(on_change, OnChangeConfig)
@@ -68,7 +75,7 @@ class Agent:
         if self.on_change is not None:
             events = self.on_change.filter(events)
         if events:
-            self.publisher.publish(events)
+            self.publisher.publish(to_batches(events) if self.batch else events)
         self._window.update(got_by)
         self.counts.update(got_by)
         self.cycles += 1

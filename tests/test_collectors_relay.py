@@ -17,8 +17,6 @@ from failslow.collectors.publisher import Publisher
 from failslow.collectors.relay import AgentPublisher, Relay
 from failslow.schema import decode
 
-pytestmark = pytest.mark.integration
-
 T0 = 1_767_225_600.0
 RANKS = 8
 
@@ -55,6 +53,7 @@ def _comm_sent(windows) -> list[bytes]:
     return sorted(orjson.dumps(_window(r, w)[0]) for w in windows for r in range(RANKS))
 
 
+@pytest.mark.integration
 def test_ranks_hand_off_windows_and_the_agent_publishes_one_message_per_window(
         broker, topics, tmp_path, caplog):
     sock = str(tmp_path / "agent.sock")
@@ -103,3 +102,44 @@ def test_ranks_hand_off_windows_and_the_agent_publishes_one_message_per_window(
     assert all(rank.close(5) == 0 for rank in ranks)
     relay.stop()
     pub.close(10)
+
+
+class _ListPublisher:
+    def __init__(self) -> None:
+        self.values: list[list[dict]] = []
+
+    def publish(self, events) -> None:
+        self.values.append(list(events))
+
+
+class _Gpus:
+    name = "gpus"
+
+    def sample(self) -> list[dict]:
+        return [{"v": 1, "kind": "gpu", "ts": T0, "host": "h3", "gpu": i, "uuid": f"GPU-{i}",
+                 "sm_clock_mhz": 1980.0 - i, "temp_c": 60.0} for i in range(8)]
+
+
+def test_the_agent_publishes_a_cycle_s_gpu_samples_as_one_batch():
+    from failslow.collectors.agent import Agent
+    from failslow.schema import encode
+
+    batched, plain = _ListPublisher(), _ListPublisher()
+    Agent([_Gpus()], batched, on_change=False, batch=True).cycle()
+    Agent([_Gpus()], plain, on_change=False).cycle()
+    assert [[e["kind"] for e in v] for v in batched.values] == [["gpu_batch"]]
+    assert decode(encode(batched.values[0])) == plain.values[0] == _Gpus().sample()
+
+
+def test_a_rank_without_its_agent_keeps_a_bounded_buffer_and_says_so_once(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="failslow.collectors.relay")
+    rank = AgentPublisher(str(tmp_path / "nobody.sock"), max_buffer_bytes=4000, retry_s=0.0)
+    for w in range(20):
+        rank.publish(_window(0, w))      # never raises, never blocks
+    st = rank.stats
+    assert st["published"] == 40 and st["delivered"] == 0
+    assert 0 < st["pending"] < 40 and st["dropped"] == 40 - st["pending"]
+    lines = [r.message for r in caplog.records]
+    assert len([m for m in lines if "is not answering" in m]) == 1
+    assert len([m for m in lines if "buffer full" in m]) == 1
+    assert rank.close(0.1) == st["pending"]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 
+from failslow.collectors.actions import ActionRelay, KafkaActionSource
 from failslow.collectors.agent import Agent
 from failslow.collectors.lifecycle import Shutdown
 from failslow.collectors.publisher import Publisher
+from failslow.collectors.relay import SOCKET_ENV, Relay
 from failslow.collectors.samplers import OnChangeConfig
 from failslow.config import resolve
 from failslow.errors import FailslowError
@@ -73,6 +76,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--telemetry-heartbeat", type=float, default=10.0, metavar="S",
                         help="with on-change: the longest a device stays silent, in "
                         "seconds (default 10)")
+    parser.add_argument("--relay-socket", metavar="PATH",
+                        help="Unix socket the training processes of this host hand their "
+                        f"windows to (their ${SOCKET_ENV}); relayed as one message per "
+                        f"window [${SOCKET_ENV}; default: no relay]")
+    parser.add_argument("--actions-dir", metavar="DIR",
+                        help="write the actions of failslow.actions to DIR/actions-<job>.jsonl, "
+                        "one file per job, for its ranks' FileActionSource (issue 32) "
+                        "[default: off]")
+    parser.add_argument("--batch", action=argparse.BooleanOptionalAction, default=True,
+                        help="publish GPU samples and comm windows as columnar batches, one "
+                        "message per host per window (default); --no-batch: one object each")
     parser.add_argument("--cycles", type=int, default=None,
                         help="stop after this many sample cycles (default: run until stopped)")
     add_metrics_flags(parser)
@@ -149,14 +163,33 @@ def run(args: argparse.Namespace) -> int:
     pub = Publisher(settings.bootstrap, Topics(settings.topic_prefix), spool_dir=spool,
                     linger_ms=args.linger_ms, spool_max_bytes=int(args.spool_max_mb * 2**20),
                     spool_fsync=args.spool_fsync)
-    agent = Agent(samplers, pub, interval_s=args.interval, on_change=on_change)
+    agent = Agent(samplers, pub, interval_s=args.interval, on_change=on_change,
+                  batch=args.batch)
+    relay_socket = args.relay_socket or os.environ.get(SOCKET_ENV)
+    try:
+        relay = Relay(relay_socket, pub) if relay_socket else None
+    except OSError as exc:
+        pub.close(timeout=1.0)
+        raise CollectError(f"--relay-socket {relay_socket}: {exc.strerror or exc}") from None
+    actions = ActionRelay(KafkaActionSource(
+        settings.bootstrap, None, Topics(settings.topic_prefix).for_kind("action")),
+        args.actions_dir) if args.actions_dir else None
     log.info("collect: %s -> %s (prefix %s), every %g s, spool %s", ",".join(
         s.name for s in samplers), settings.bootstrap, settings.topic_prefix, args.interval, spool)
     try:
         serve_metrics(args, lambda: _collect_stats(agent, pub), COLLECT)
         with Shutdown() as stop:
+            if relay is not None:
+                relay.start()
+                log.info("collect: relaying the ranks' windows from %s", relay_socket)
+            if actions is not None:
+                actions.start()
             agent.run(stop, cycles=args.cycles)
     finally:
+        if actions is not None:
+            actions.stop()
+        if relay is not None:
+            relay.stop()
         left = pub.close(timeout=10.0)
         st = pub.stats
         log.info("collect: stopped after %d cycles: published=%d delivered=%d spooled=%d "
