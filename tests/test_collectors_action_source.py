@@ -52,3 +52,26 @@ def test_file_source_reads_appended_lines_and_waits_for_a_cut_one(tmp_path):
         f.write(line[20:] + b"\nnot json\n")
     assert [a["version"] for a in src.poll()] == [1]
     assert src.poll() == []
+
+
+@pytest.mark.integration
+def test_the_host_agent_relays_each_job_s_actions_to_its_file(broker, topics, tmp_path):
+    from failslow.collectors.actions import ActionRelay
+
+    relay = ActionRelay(KafkaActionSource(broker.bootstrap, None,
+                                          topic=topics.for_kind("action")), tmp_path).start()
+    ranks = [FileActionSource(ActionRelay.path_for(tmp_path, job)) for job in ("a", "b")]
+    try:
+        pub = Publisher(broker.bootstrap, topics)
+        pub.publish([_action("a", 1), _action("b", 2), _action("a", 3), _action("../x", 4)])
+        assert pub.flush(10) == 0
+        pub.close()
+        deadline = time.monotonic() + 30
+        while relay.relayed < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [a["version"] for a in ranks[0].poll()] == [1, 3]
+        assert [a["version"] for a in ranks[1].poll()] == [2]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["actions-a.jsonl",
+                                                              "actions-b.jsonl"]
+    finally:
+        relay.stop()
