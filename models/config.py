@@ -38,16 +38,23 @@ class JobConfig:
     ``sustain_s``: seconds a group must wait for the same member, window after window
     inside long steps (``models.substep``), before that member is confirmed without
     waiting for the step to end; a stall shorter than that never confirms.
-    """
 
-    # class defaults: configurations pickled before these settings existed read them
-    sustain_s = 2.0
-    peer_warm_steps = 1
+    ``far_step_z`` and ``far_fade_ratio``: the short-step next-window rule
+    (``JobState._short_substep``) confirms a member whose whole previous step was this
+    many sigmas from its peers (6: a full step of CUSUM evidence, 1.5 x ``z_min``) and
+    whose group still waits for it at least this share (0.75) of before (a stall's
+    remainder fades); ``host_hold_steps``: steps a possible host fault (half its ranks
+    rising together) holds single-rank verdicts (4; twice that once the host finding was
+    confirmed); ``link_patience_steps``: extra steps a link whose transfers cannot tell
+    which end is slow waits for the NIC counters before settling on the first candidate.
+    """
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  lag_steps: int = 3, warm_steps: int = 10, max_behind: int = 16,
                  far_rel: float = 0.25, clean_steps: int = 5, learn_delay: int = 4,
-                 sustain_s: float = 2.0, peer_warm_steps: int = 1) -> None:
+                 sustain_s: float = 2.0, peer_warm_steps: int = 1, far_step_z: float = 6.0,
+                 far_fade_ratio: float = 0.75, host_hold_steps: int = 4,
+                 link_patience_steps: int = 4) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
@@ -60,3 +67,7 @@ class JobConfig:
         self.learn_delay = learn_delay
         self.sustain_s = sustain_s
         self.peer_warm_steps = peer_warm_steps
+        self.far_step_z = far_step_z
+        self.far_fade_ratio = far_fade_ratio
+        self.host_hold_steps = host_hold_steps
+        self.link_patience_steps = link_patience_steps

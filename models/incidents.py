@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from failslow.models.config import JobConfig
 from failslow.models.findings import Finding
 from failslow.models.policy import PagingPolicy, Persistence, PolicyConfig
 from failslow.models.rootcause import attribute
@@ -42,10 +41,6 @@ RECHECK_S = 1.0
 # Resolved incidents still waiting for late telemetry to explain them, at most (oldest go).
 UNEXPLAINED_MAX = 1024
 LATE_FAULTS = ("slow_rank", "slow_host")
-# The sub-step far-from-peers verdict (``JobState._substep_judge``): a step's z to its peers
-# at least 1.5 x z_min (a full step of CUSUM evidence), not fading below this share.
-STEADY_RATIO = 0.75
-STEADY_Z = 1.5 * JobConfig().z_min
 PERIOD_N = 5               # step gaps whose median is a job's step period
 ENDS_N = 33                # step ends kept per job (evidence windows span at most 32)
 

@@ -30,7 +30,6 @@ from failslow.models.config import JobConfig
 from failslow.models.cusum import cusum_update
 from failslow.models.evidence import SUSPECT_LEARN_Z, RankEvidence
 from failslow.models.findings import Finding
-from failslow.models.incidents import STEADY_RATIO, STEADY_Z
 from failslow.models.links import LinkMonitor
 from failslow.models.localize import imbalances, localize
 from failslow.models.peers import has_peers, lower_half_ref, peer_scores
@@ -308,9 +307,9 @@ class JobState(Attribution):
     def _short_substep(self, ticks: list[tuple[str, list[int], dict[int, dict[str, Any]]]],
                        s: int, ts: float) -> list[Finding]:
         """Short steps (issue 15): a member far outside its peers over its whole last step
-        (``far_rel`` or more, ``STEADY_Z`` sigmas, a full step of evidence) that its group
+        (``far_rel`` or more, ``far_step_z`` sigmas, a full step of evidence) that its group
         waited for in the first tick of that step (``models.substep``: the windows that
-        closed on time inside it) and still waits for, not less (``STEADY_RATIO``), in the
+        closed on time inside it) and still waits for, not less (``far_fade_ratio``), in the
         first tick of this one, is confirmed there: a rate spread over two steps, not a
         lump (a stall's remainder fades, a one-step spike is absent from the next step).
         The two ticks sit at the same place in their steps, so they are diluted alike (the
@@ -334,8 +333,8 @@ class JobState(Attribution):
                 seen = self.sub_seen.get(m)
                 was = before.get(m, (0.0, 0.0))[0]
                 if (st is None or st.kind is not None or (seen is not None and seen[0] >= s)
-                        or st.cusum < cfg.z_min or st.rel < cfg.far_rel or st.z < STEADY_Z
-                        or was < floor or rel < max(floor, STEADY_RATIO * was)):
+                        or st.cusum < cfg.z_min or st.rel < cfg.far_rel or st.z < cfg.far_step_z
+                        or was < floor or rel < max(floor, cfg.far_fade_ratio * was)):
                     continue
                 host = self.rank_host.get(m)
                 if any(h == host and r != m and (o := self.ranks.get(r)) is not None

@@ -10,6 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from failslow.models.alignment import Collective, lags
+from failslow.models.config import JobConfig
 from failslow.models.evidence import WAIT_K, WAIT_N, RankEvidence
 from failslow.models.findings import Finding, job_pct
 from failslow.models.ranks import RankState
@@ -28,10 +29,10 @@ class JobState(Protocol):
     alone: set[int]
     world: int
     evidence: RankEvidence
+    cfg: JobConfig
 
     def slowdown_pct(self, st: RankState) -> float: ...
 
-HOLD_STEPS = 4     # how long a possible host fault may hold single-rank verdicts
 IMBALANCE_ADVICE = ("steady since the job's first steps: the layout, not a fail-slow; "
                     "rebalance micro-batches / stages, or move the rank to a faster GPU")
 
@@ -45,6 +46,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
     for r, h in job.rank_host.items():
         per_host.setdefault(h, []).append(r)
     out = []
+    hold = job.cfg.host_hold_steps
     left = set(culprits)
     # A rank with a finding that its group waited for in most of its last steps
     # (``models.evidence.WaitedFor``) is a rank fault whatever its host-mates do: when
@@ -63,15 +65,15 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
         whole = all(m in hosted for m in members) and n_own != 1
         # A host fault drains from its ranks unevenly: while it was seen lately,
         # its remaining ranks keep the host finding alive, never open rank ones. A host
-        # finding confirmed lately (a host fault) holds them 2 * HOLD_STEPS; ranks that
+        # finding confirmed lately (a host fault) holds them 2 * ``host_hold_steps``; ranks that
         # only rose together (a possible host fault: say a host-mate's noise beside a
-        # rank that then confirmed alone) hold them HOLD_STEPS, as ``held`` does, and
+        # rank that then confirmed alone) hold them ``host_hold_steps``, as ``held`` does, and
         # only while two of them still stand out (with its host-mates clean again, the
         # one left is a rank fault).
         firm = job.host_firm
         draining = not whole and any(m in hosted for m in members) and (
-            s - firm.get(h, -10**9) <= 2 * HOLD_STEPS
-            or s - job.host_seen.get(h, -10**9) <= HOLD_STEPS and sum(
+            s - firm.get(h, -10**9) <= 2 * hold
+            or s - job.host_seen.get(h, -10**9) <= hold and sum(
                 m in hosted or (m in job.ranks and job.ranks[m].cusum > 0)
                 for m in members) >= 2)
         if whole or draining:
@@ -113,7 +115,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
     held = {m for members in per_host.values() if len(members) >= 2
             and 2 * sum(m in left or (m in job.ranks and job.ranks[m].cusum > 0)
                         for m in members) >= len(members)
-            for m in members if m in hosted and s - job.ranks[m].onset_step < HOLD_STEPS}
+            for m in members if m in hosted and s - job.ranks[m].onset_step < hold}
     pos = {r: i for i, r in enumerate(ranks)}
     late = lags(colls) if left else {}
     for r in sorted(left):

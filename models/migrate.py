@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from failslow.models.comm import CommWindows
+from failslow.models.config import JobConfig
 from failslow.models.evidence import WaitedFor
 from failslow.models.peers import KeyedValues
 from failslow.models.settings import DetectionConfig
@@ -75,7 +76,10 @@ def _from_7(state: dict[str, Any]) -> None:
         inc.steps = max(inc.steps, inc.age)
     for _, inc in tr["unexplained"].values():
         _slots(inc, INCIDENT_SLOTS)
+    fresh = vars(JobConfig())
     for job in state["jobs"].values():
+        for name, value in fresh.items():     # thresholds added to the tree since
+            job.cfg.__dict__.setdefault(name, value)
         _job(job)
         for st in job.ranks.values():
             _slots(st, RANK_SLOTS)

@@ -68,7 +68,6 @@ class _PackageUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-LINK_PATIENCE_STEPS = 4
 CAUSE_EVERY_STEPS = 3
 TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
 # Queued samples beyond which the oldest half of each host's queue is applied regardless
@@ -418,7 +417,7 @@ class Detector:
                     # Transfers alone cannot tell which end; give the NIC counters a few
                     # steps to show it before settling on the first candidate.
                     waited = job.evaluated - f.onset_step
-                    g.confirmed = waited >= self.confirm_steps + LINK_PATIENCE_STEPS
+                    g.confirmed = waited >= job.cfg.confirm_steps + job.cfg.link_patience_steps
                 f = g
                 far_end(f, job.links.slow_members, job.rank_host)
             located.append(f)
