@@ -75,3 +75,38 @@ def test_the_host_agent_relays_each_job_s_actions_to_its_file(broker, topics, tm
                                                               "actions-b.jsonl"]
     finally:
         relay.stop()
+
+
+class _Once:
+    def __init__(self, actions):
+        self.actions = actions
+
+    def poll(self):
+        out, self.actions = self.actions, []
+        return out
+
+
+def test_balanced_sampler_follows_the_distributed_sampler_s_order_and_the_shares():
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+
+    from failslow.collectors.actions import BalancedSampler, Mitigation
+
+    # one real process group of one rank, standing for rank 1 of 3 data-parallel ranks
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        go = {**_action("j", 1), "shares": [0.5, 0.25, 0.25], "apply_at_step": 1,
+              "expires_ts": 4e9}
+        mit = Mitigation(_Once([go]), "j", dp_rank=1, dp_size=3)
+        data = list(range(40))
+        ds = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
+        sampler = BalancedSampler(ds, 12, mit)
+        sampler.set_epoch(2)
+        order = list(iter(ds))            # the DistributedSampler's own epoch order
+        batches = list(sampler)
+        assert len(batches) == len(sampler) == 3
+        assert batches[0] == order[4:8]           # equal shares: rank 1 takes 4 of 12
+        assert batches[1] == order[12 + 6:12 + 9]  # from step 1: 6, 3, 3
+        assert mit.loss_scale() == 3 * 3 / 12
+    finally:
+        dist.destroy_process_group()
