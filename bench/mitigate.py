@@ -72,6 +72,30 @@ class Net(torch.nn.Module):
         return x
 
 
+class OracleSource:
+    """The oracle's actions, the same on every rank: shares in proportion to the true
+    speeds from ``at``, equal again from ``recover`` (each handed over a few steps before
+    its step: a newer version held supersedes an older one not yet applied)."""
+
+    def __init__(self, factor: float, at: int, recover: int) -> None:
+        speed = [1.0 / factor if r == CULPRIT else 1.0 for r in range(WORLD)]
+        self.script = {0: self._action(1, at, [round(v / sum(speed), 4) for v in speed]),
+                       max(at + 1, recover - 3): self._action(2, recover, [0.25] * WORLD)}
+        self.calls = 0
+
+    @staticmethod
+    def _action(version: int, at: int, shares: list[float]) -> dict:
+        return {"v": 1, "kind": "action", "ts": time.time(), "action_id": f"oracle:{version}",
+                "job_id": "mitigate", "incident_id": "oracle", "type": "rebalance_microbatches",
+                "mode": "apply", "apply_at_step": at, "expires_ts": time.time() + 3600,
+                "version": version, "shares": shares, "reason": "oracle"}
+
+    def poll(self) -> list[dict]:
+        got = self.script.get(self.calls)
+        self.calls += 1
+        return [got] if got else []
+
+
 def _rank(rank: int, port: int, out: str, steps: int, onset: int, recover: int,
           factor: float, oracle_at: int | None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -81,7 +105,9 @@ def _rank(rank: int, port: int, out: str, steps: int, onset: int, recover: int,
     pub = FilePublisher(Path(out) / f"rank{rank}.jsonl")
     hook = TrainingHook(pub, job_id="mitigate", host=f"host{rank}", dp_rank=rank,
                         grain="comm").install()
-    mit = hook.enable_actions(FileActionSource(Path(out) / "actions.jsonl"))
+    source = (OracleSource(factor, oracle_at, recover) if oracle_at is not None
+              else FileActionSource(Path(out) / "actions.jsonl"))
+    mit = hook.enable_actions(source)
     net = Net()
     model = torch.nn.parallel.DistributedDataParallel(net)
     hook.instrument_ddp(model)
@@ -158,16 +184,6 @@ def run(out: Path, mode: str, steps: int, onset: int, recover: int, factor: floa
         oracle_at: int | None = None) -> dict:
     out.mkdir(parents=True)
     loop = Loop(out) if mode == "auto" else None
-    if mode == "oracle":
-        shares = [1.0 / factor if r == CULPRIT else 1.0 for r in range(WORLD)]
-        shares = [round(s / sum(shares), 4) for s in shares]
-        acts = [{"v": 1, "kind": "action", "ts": time.time(), "action_id": f"oracle:{v}",
-                 "job_id": "mitigate", "incident_id": "oracle", "type":
-                 "rebalance_microbatches", "mode": "apply", "apply_at_step": at,
-                 "expires_ts": time.time() + 3600, "version": v, "shares": sh,
-                 "reason": "oracle"} for v, at, sh in
-                ((1, oracle_at, shares), (2, recover, [0.25] * WORLD))]
-        (out / "actions.jsonl").write_text("".join(json.dumps(a) + "\n" for a in acts))
     if loop:
         loop.start()
     t0 = time.monotonic()

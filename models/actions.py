@@ -62,8 +62,7 @@ class MitigationConfig:
     start, an ``info`` incident), never by default. floor: the least share a rank gets,
     as a fraction of an equal share (0.25: a quarter). warm_steps: no action in a job's
     first steps (compilation and caches make them noisy). min_gain: the culprit's time per
-    sample must be at least this much above its peers' (0.1: 10 %) to act, and back
-    below it to roll back. window_steps: steps of time per sample the plan reads.
+    sample must be at least this much above its peers' (0.2: 20 %) to act. window_steps: steps of time per sample the plan reads.
     lead_steps: ``apply_at_step`` is this many steps after the newest step seen (time for
     the action to reach every rank). ttl_s: an action not applied by ``ts + ttl_s`` is
     dropped. drain_command: a command run once per escalation of a persistent hardware
@@ -79,7 +78,7 @@ class MitigationConfig:
     jobs: dict[str, str] = field(default_factory=dict)
     steady: bool = False
     floor: float = 0.25
-    min_gain: float = 0.10
+    min_gain: float = 0.20
     window_steps: int = 8
     warm_steps: int = 20
     lead_steps: int = 2
@@ -202,7 +201,9 @@ class ActionPlanner:
     ``rebalance_microbatches`` for a paged compute straggler, a ``drain_host`` on an
     escalation); ``observe`` itself returns a rollback once a held culprit recovered
     (from ``recover_window`` steps on the new shares on, the median of its steps since the
-    switch back within ``min_gain`` of its peers', ``recover_steps`` steps in a row:
+    switch back within ``recover_gain`` x ``min_gain`` of its peers' (hysteresis: a
+    smaller share carries the same per-step overhead over fewer samples, so a recovered
+    rank still looks a little slower per sample), ``recover_steps`` steps in a row:
     quick, because every step of a rebalance past the recovery makes the healthy ranks
     do the recovered rank's work). Nothing is planned in a job's first ``warm_steps``.
     Nothing is published for a job whose mode is ``off``; ``suggest`` marks every action
@@ -211,8 +212,10 @@ class ActionPlanner:
     """
 
     def __init__(self, config: MitigationConfig | None = None, recover_steps: int = 2,
-                 recover_window: int = 5, forget_s: float = 3600.0) -> None:
+                 recover_window: int = 6, recover_gain: float = 0.75,
+                 forget_s: float = 3600.0) -> None:
         self.config = config or MitigationConfig()
+        self.recover_gain = recover_gain
         self.recover_steps = recover_steps
         self.recover_window = recover_window
         self.forget_s = forget_s
@@ -333,7 +336,8 @@ class ActionPlanner:
         if sum(1 for s, _ in self._per_sample[job][rank] if s >= since) < self.recover_window:
             return []  # judged on the new shares only: steps before the switch are the old
         gain = self._gain(job, rank, since)
-        held.clean = held.clean + 1 if gain is not None and gain < self.config.min_gain else 0
+        back = gain is not None and gain < self.recover_gain * self.config.min_gain
+        held.clean = held.clean + 1 if back else 0
         if held.clean < self.recover_steps:
             return []
         del self._held[job]
