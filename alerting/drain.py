@@ -90,6 +90,15 @@ class Drainer:
         return True
 
 
+def run_drains(source: Any, drainer: Drainer, stop: Any, every_s: float = 0.2) -> None:
+    """Hand every action ``source`` receives (a ``KafkaActionSource`` of every job) to
+    ``drainer`` until ``stop`` (a threading.Event) is set; ``failslow notify`` runs it in a
+    thread when a drain command or webhook is configured."""
+    while not stop.wait(every_s):
+        for action in source.poll():
+            drainer.handle(action)
+
+
 def _post(url: str, body: bytes, timeout_s: float) -> None:
     req = urllib.request.Request(url, data=body, method="POST",
                                  headers={"Content-Type": "application/json"})

@@ -89,3 +89,36 @@ def test_the_webhook_gets_the_action_once_and_a_restart_remembers(tmp_path):
         assert not Drainer(webhook=rx.url("/drain"), state_file=state).handle(action)
         (req,) = rx.received("/drain")
         assert req.json()["host"] == "h3" and req.json()["type"] == "drain_host"
+
+
+@pytest.mark.integration
+def test_notify_s_drain_thread_executes_each_escalation_once_from_the_topic(broker, topics,
+                                                                           drain_cmd):
+    import threading
+    import time
+
+    from failslow.alerting.drain import run_drains
+    from failslow.collectors.action_sources import KafkaActionSource
+    from failslow.collectors.publisher import Publisher
+
+    cmd, log = drain_cmd
+    planner = ActionPlanner(MitigationConfig(mode="auto", drain_command=cmd))
+    drains = [a for inc in (_escalation("h3"), _escalation("h9"))
+              for a in planner.on_incident(inc)]
+    pub = Publisher(broker.bootstrap, topics)
+    pub.publish(drains + drains)          # delivered twice: at least once
+    assert pub.flush(10) == 0
+    pub.close()
+    stop = threading.Event()
+    source = KafkaActionSource(broker.bootstrap, None, topic=topics.for_kind("action"))
+    thread = threading.Thread(target=run_drains, args=(source, Drainer(command=cmd), stop))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while (not log.exists() or len(log.read_text().splitlines()) < 2) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    stop.set()
+    thread.join()
+    source.close()
+    assert sorted(line.split()[0] for line in log.read_text().splitlines()) == ["h3", "h9"]

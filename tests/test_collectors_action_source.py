@@ -9,7 +9,7 @@ import time
 import orjson
 import pytest
 
-from failslow.collectors.actions import FileActionSource, KafkaActionSource
+from failslow.collectors.action_sources import FileActionSource, KafkaActionSource
 from failslow.collectors.publisher import Publisher
 
 
@@ -56,7 +56,7 @@ def test_file_source_reads_appended_lines_and_waits_for_a_cut_one(tmp_path):
 
 @pytest.mark.integration
 def test_the_host_agent_relays_each_job_s_actions_to_its_file(broker, topics, tmp_path):
-    from failslow.collectors.actions import ActionRelay
+    from failslow.collectors.action_sources import ActionRelay
 
     relay = ActionRelay(KafkaActionSource(broker.bootstrap, None,
                                           topic=topics.for_kind("action")), tmp_path).start()

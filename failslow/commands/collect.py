@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 
-from failslow.collectors.actions import ActionRelay, KafkaActionSource
+from failslow.collectors.action_sources import ActionRelay, KafkaActionSource
 from failslow.collectors.agent import Agent
 from failslow.collectors.lifecycle import Shutdown
 from failslow.collectors.publisher import Publisher

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from failslow.alerting import DEFAULT_RATES, DEFAULT_ROUTES, NotifyService, Policy, RateLimit
 from failslow.alerting.base import AlertingError
+from failslow.alerting.drain import Drainer, run_drains
 from failslow.alerting.notifiers import build_notifiers
+from failslow.collectors.action_sources import KafkaActionSource
 from failslow.config import resolve
 from failslow.home import private_home
 from failslow.metrics import NOTIFY, add_metrics_flags, serve_metrics
 from failslow.schema import Topics
+from failslow.streams.config import mitigate_from_env
 
 HELP = "incidents -> Slack / PagerDuty / webhook"
 
@@ -46,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         + ")")
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="seconds one HTTP request may take [5]")
+    parser.add_argument("--drain-command", metavar="CMD",
+                        help="run CMD once per drain_host action in apply mode ({host}, "
+                        "{job_id}, {incident_id}, {reason} substituted; no shell) [the "
+                        "drain_command of the FAILSLOW_MITIGATE file; default: none]")
+    parser.add_argument("--drain-webhook", metavar="URL",
+                        help="POST each drain_host action in apply mode to URL [the "
+                        "drain_webhook of the FAILSLOW_MITIGATE file; default: none]")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
     add_metrics_flags(parser)
 
@@ -65,6 +77,30 @@ def parse_policy(routes: list[str], rates: list[str]) -> Policy:
             raise AlertingError(f"--rate {item!r}: expected DEST=N/SECONDS or DEST=off")
         rate_map[dest.strip()] = None if value.strip() == "off" else RateLimit.parse(value)
     return Policy(routes=route_map, rates=rate_map)
+
+
+def _drains(args: argparse.Namespace, settings: Any, stop: threading.Event
+            ) -> threading.Thread | None:
+    """Issue 32: a thread executing drain_host actions, when a command or webhook is set."""
+    policy = mitigate_from_env(os.environ)
+    command = args.drain_command or (policy.drain_command if policy else None)
+    webhook = args.drain_webhook or (policy.drain_webhook if policy else None)
+    if not (command or webhook):
+        return None
+    source = KafkaActionSource(settings.bootstrap, None,
+                               Topics(settings.topic_prefix).for_kind("action"))
+    drainer = Drainer(command, webhook, state_file=(args.state_dir or settings.home / "notify")
+                      / "drained")
+
+    def loop() -> None:
+        try:
+            run_drains(source, drainer, stop)
+        finally:
+            source.close()
+
+    thread = threading.Thread(target=loop, name="failslow-drains", daemon=True)
+    thread.start()
+    return thread
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,9 +126,12 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    drains = _drains(args, settings, stop)
     print(f"failslow notify: {settings.bootstrap} {settings.topic_prefix}incidents -> "
           f"{', '.join(sorted(notifiers))}", file=sys.stderr)
     service.run(stop)
+    if drains is not None:
+        drains.join()
     s = service.stats
     print(f"failslow notify: stopped; {s['incidents']} incident event(s), {s['queued']} "
           f"notification(s) queued, {s['delivered']} delivered, {s['rejected']} rejected, "
