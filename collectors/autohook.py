@@ -101,7 +101,11 @@ class AutoHook:
         rank = dist.get_rank()
         run_id = self._run_id(rank)
         self.path = trace_path(self.trace_dir, self.job_id, run_id, rank)
-        self.publisher = FilePublisher(self.path)
+        from failslow.collectors.relay import SOCKET_ENV, AgentPublisher
+
+        # issue 31: with a host agent relaying, the rank hands its windows to it instead
+        self.publisher = (AgentPublisher(self.env[SOCKET_ENV]) if self.env.get(SOCKET_ENV)
+                          else FilePublisher(self.path))
         # the local GPU index joins the GPU sampler's telemetry; torchrun's LOCAL_RANK is
         # the device a rank uses by convention (the process may not have picked it yet)
         local = self.env.get("LOCAL_RANK")

@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from failslow.schema.batches import Batcher
+from failslow.schema.batches import Batcher, is_batch
 
 log = logging.getLogger(__name__)
 
@@ -214,14 +214,18 @@ class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = bytearray()
+        self.at = 0                   # start of the first frame not taken yet
         self.client: str | None = None
+        self.taken = 0                # the last seq taken
+        self.acked = 0                # the last seq answered
 
 
 class Relay:
     """The agent's side of the hand-off: listens on ``path`` and publishes what the ranks
     send through ``publisher`` (the agent's, with its spool), ``comm`` windows gathered
     into one ``comm_batch`` per job and window (``linger_s``: how long the first rank of a
-    window waits for the others). Runs in its own thread (``start`` / ``stop``)."""
+    window waits for the others), each batch its own message. Runs in its own thread
+    (``start`` / ``stop``)."""
 
     def __init__(self, path: str, publisher: Any, linger_s: float = 0.5) -> None:
         self.path = path
@@ -253,22 +257,25 @@ class Relay:
             self._thread.join()
         self._sel.unregister(self._server)
         self._server.close()
-        with suppress(OSError, KeyError, ValueError):
+        with suppress(OSError):
             os.unlink(self.path)
-        for key in list(self._sel.get_map().values()):
-            conn = key.data
-            self._read(conn)
+        conns = [key.data for key in list(self._sel.get_map().values())]
+        self._take(conns)
+        for conn in conns:
             self._close(conn)
         self._send(self.batcher.flush())
         self._sel.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            ready = []
             for key, _ in self._sel.select(timeout=0.1):
                 if key.data is None:
                     self._accept()
                 else:
-                    self._read(key.data)
+                    ready.append(key.data)
+            if ready:
+                self._take(ready)
             self._send(self.batcher.due(time.monotonic()))
 
     def _accept(self) -> None:
@@ -279,64 +286,86 @@ class Relay:
         sock.setblocking(False)
         self._sel.register(sock, selectors.EVENT_READ, _Conn(sock))
 
+    def _take(self, conns: list[_Conn]) -> None:
+        """Read the ready connections, then take their frames one per rank in turn (a
+        backlog, ranks back after an agent restart, still batches window by window), then
+        answer each rank with the last frame taken."""
+        for conn in conns:
+            self._read(conn)
+        out: list[dict] = []
+        turn = conns
+        while turn:
+            turn = [c for c in turn if self._frame(c, out)]
+        self._send(out)
+        for conn in conns:
+            del conn.buf[:conn.at]
+            conn.at = 0
+            if conn.taken > conn.acked:
+                conn.acked = conn.taken
+                with suppress(OSError):
+                    conn.sock.send(_ACK.pack(conn.taken))
+
     def _read(self, conn: _Conn) -> None:
         try:
             while data := conn.sock.recv(1 << 20):
                 conn.buf += data
                 if len(data) < 1 << 20:
-                    break
-            else:
-                self._close(conn)        # the rank went away
+                    return
+            self._close(conn)        # the rank went away; what it sent is still taken
         except BlockingIOError:
             pass
         except OSError:
             self._close(conn)
-            return
-        acked = self._frames(conn)
-        if acked:
-            with suppress(OSError, KeyError, ValueError):
-                conn.sock.send(_ACK.pack(acked))
 
-    def _frames(self, conn: _Conn) -> int:
-        """Take every whole frame in ``conn``'s buffer; returns the last seq taken."""
-        now, out, last, at = time.monotonic(), [], 0, 0
+    def _frame(self, conn: _Conn, out: list[dict]) -> bool:
+        """Take the next whole frame of ``conn`` (its events into ``out``, through the
+        batcher); False when there is none."""
         buf = conn.buf
-        while len(buf) - at >= _HEAD.size:
-            seq, length = _HEAD.unpack_from(buf, at)
+        while len(buf) - conn.at >= _HEAD.size:
+            seq, length = _HEAD.unpack_from(buf, conn.at)
             if length > FRAME_MAX:
                 log.warning("relay: a frame of %d bytes from a rank: dropping the connection",
                             length)
                 self._close(conn)
-                return 0
-            if len(buf) - at - _HEAD.size < length:
-                break
-            payload = bytes(buf[at + _HEAD.size:at + _HEAD.size + length])
-            at += _HEAD.size + length
+                del buf[:]
+                conn.at = 0
+                return False
+            start = conn.at + _HEAD.size
+            if len(buf) - start < length:
+                return False
+            payload = bytes(buf[start:start + length])
+            conn.at = start + length
             if seq == 0:
-                conn.client = orjson.loads(payload).get("client")
+                with suppress(orjson.JSONDecodeError, AttributeError):
+                    conn.client = orjson.loads(payload).get("client")
                 continue
-            last = seq
-            if conn.client is not None and seq <= self._taken.get(conn.client, 0):
-                self.counts["duplicates"] += 1
-                continue
+            conn.taken = seq
             if conn.client is not None:
+                if seq <= self._taken.get(conn.client, 0):
+                    self.counts["duplicates"] += 1
+                    return True
                 self._taken[conn.client] = seq
             self.counts["frames"] += 1
             try:
                 events = orjson.loads(payload)
             except orjson.JSONDecodeError:
                 self.counts["bad"] += 1
-                continue
+                return True
+            now = time.monotonic()
             for ev in events if type(events) is list else (events,):
                 self.counts["events"] += 1
                 out += self.batcher.add(ev, now)
-        del buf[:at]
-        self._send(out)
-        return last
+            return True
+        return False
 
     def _send(self, events: list[dict]) -> None:
-        if events:
-            self.publisher.publish(events)
+        """Each batch as its own message (one per host and window); the rest together."""
+        rest = [ev for ev in events if not is_batch(ev)]
+        for ev in events:
+            if is_batch(ev):
+                self.publisher.publish([ev])
+        if rest:
+            self.publisher.publish(rest)
 
     def _close(self, conn: _Conn) -> None:
         with suppress(OSError, KeyError, ValueError):

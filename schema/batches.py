@@ -188,7 +188,7 @@ def group_key(ev: dict) -> tuple | None:
     return (kind, *shared) if all(type(x) is str for x in shared) else None
 
 
-def to_batches(events: Iterable[dict]) -> list[dict]:
+def to_batches(events: Iterable[Any]) -> list[Any]:
     """``events`` with each group of batchable ones (same kind and shared fields) as one
     batch, in place of the group's first event; the others as they are, in order. A group
     that one batch cannot hold stays per rank."""
@@ -223,15 +223,21 @@ def _short(value: Any) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
+def _shown(name: str) -> str:
+    """A field name from the input as it goes into an error line (one line, whatever it
+    holds)."""
+    return name if name.isidentifier() else repr(name)
+
+
 def _fill(where: str, targets: list[dict], name: str, value: Any, list_only: bool) -> None:
     n = len(targets)
     if type(value) is list:
         if len(value) != n:
-            raise SchemaError(f"{where}.{name}: {len(value)} values for {n} rows")
+            raise SchemaError(f"{where}.{_shown(name)}: {len(value)} values for {n} rows")
         for row, x in zip(targets, value, strict=True):
             row[name] = x
     elif list_only:
-        raise SchemaError(f"{where}.{name}: expected a list with one value per row, got "
+        raise SchemaError(f"{where}.{_shown(name)}: expected a list with one value per row, got "
                           f"{type(value).__name__} {_short(value)}")
     else:
         for row in targets:
@@ -245,10 +251,10 @@ def _remove_absent(where: str, targets: list[dict], absent: Any) -> None:
     n = len(targets)
     for name, idxs in absent.items():
         if type(idxs) is not list or any(type(i) is not int or not 0 <= i < n for i in idxs):
-            raise SchemaError(f"{where}.{name}: expected a list of indexes below {n}")
+            raise SchemaError(f"{where}.{_shown(name)}: expected a list of indexes below {n}")
         for i in idxs:
             if name not in targets[i]:
-                raise SchemaError(f"{where}.{name}: names index {i} twice, or a field "
+                raise SchemaError(f"{where}.{_shown(name)}: names index {i} twice, or a field "
                                   "that is not a column")
             del targets[i][name]
 
@@ -257,8 +263,8 @@ def expand(obj: dict[str, Any]) -> list[dict]:
     """The per-rank events of one batch, in its row order; raises ``SchemaError`` (one line
     naming the field) when the batch's layout is wrong. The rows themselves are not
     validated here: the caller validates them as any event."""
-    kind = obj.get("kind")
-    bk = BATCH_KINDS[kind]  # type: ignore[index]
+    kind: str = obj["kind"]
+    bk = BATCH_KINDS[kind]
     v = obj.get("v")
     if v != VERSION or type(v) is not int:
         raise SchemaError(f"{kind}.v: unknown version {v!r} (this reader knows v=1)")
@@ -313,7 +319,8 @@ def _expand_nested(kind: str, name: str, obj: dict[str, Any], rows: list[dict]) 
     scalar = _NESTED_SCALAR[name]
     for field, value in cols.items():
         if type(value) is list and len(value) != total:
-            raise SchemaError(f"{where}.{field}: {len(value)} values for {total} entries")
+            raise SchemaError(f"{where}.{_shown(field)}: {len(value)} values for {total} "
+                              "entries")
         _fill(where, entries, field, value, list_only=field not in scalar)
     if f"{name}_{ABSENT}" in obj:
         _remove_absent(f"{where}_{ABSENT}", entries, obj[f"{name}_{ABSENT}"])
@@ -362,73 +369,105 @@ def expand_all(items: list[Any]) -> Iterator[tuple[int, list[Any], list[str]]]:
 
 # -- gathering a stream of per-rank events into batches -------------------------------------
 
+class _Group:
+    __slots__ = ("gid", "key", "t0", "rows", "names")
+
+    def __init__(self, gid: int, key: tuple, t0: float) -> None:
+        self.gid, self.key, self.t0 = gid, key, t0
+        self.rows: list[dict] = []
+        self.names: set = set()
+
+
 class Batcher:
     """Gathers a stream of per-rank events into one batch per host (and job) and window.
 
     ``add(event, now)`` returns what is ready to send: the event itself when it is not
-    batchable (a step, a NIC sample), else the batches that closed. A group (kind and
-    shared fields) closes when a row it already holds comes again (the next window), when
-    it holds every row the group's previous batch held (all of the host's ranks are in),
-    or once its oldest row waited ``linger_s`` (``due(now)``; a rank that is late or gone
-    does not hold the others back longer). ``now`` is any clock: the relay's monotonic
-    one, or event time when converting a trace (``batch_trace``)."""
+    batchable (a step, a NIC sample), else the batches that closed. An event joins the
+    oldest open group of its kind and shared fields that lacks its row (its rank, its
+    GPU), so a rank that sends several windows at once (a backlog after an agent restart)
+    still fills one batch per window. A group closes when it holds every row of the last
+    ``remember`` batches of its kind and shared fields (all of the host's ranks are in;
+    before any, when a row comes again), or once its first row waited ``linger_s`` (``due(now)``: a rank that is late or gone does not hold
+    the others back longer). ``now`` is any clock: the relay's monotonic one, or event
+    time when converting a trace (``batch_trace``). At most ``max_open`` groups of one
+    kind and shared fields are open: beyond, the oldest closes."""
 
-    def __init__(self, linger_s: float = 0.5) -> None:
+    def __init__(self, linger_s: float = 0.5, max_open: int = 64, remember: int = 3) -> None:
         self.linger_s = linger_s
-        self._open: dict[tuple, tuple[float, list[dict], set]] = {}
-        self._last: dict[tuple, frozenset] = {}   # group -> the rows of its last batch
+        self.max_open = max_open
+        self.remember = remember
+        self._open: dict[tuple, list[_Group]] = {}
+        # key -> the rows of its last ``remember`` batches: a group holding all of them
+        # is complete (a rank gone for that many windows no longer holds it back)
+        self._last: dict[tuple, deque[frozenset]] = {}
+        self._gids = 0
 
     def add(self, ev: dict, now: float) -> list[dict]:
-        return _flat(self._add(ev, now))
+        return _flat(self._add(ev, now)[0])
 
     def due(self, now: float) -> list[dict]:
-        """The batches whose oldest row waited ``linger_s``."""
+        """The batches whose first row waited ``linger_s``."""
         return _flat(self._due(now))
 
     def flush(self) -> list[dict]:
-        return _flat([self._close(key) for key in list(self._open)])
+        return _flat(self._flush())
 
     @property
     def pending(self) -> int:
         """Rows held in open groups."""
-        return sum(len(g[1]) for g in self._open.values())
+        return sum(len(g.rows) for groups in self._open.values() for g in groups)
 
-    def _add(self, ev: dict, now: float) -> list[tuple[tuple | None, list[dict]]]:
-        """(group or None, what to send) pairs; a group opened by ``ev`` is ``_open``."""
+    def _add(self, ev: dict, now: float) -> tuple[list[tuple[int | None, list[dict]]],
+                                                   int | None]:
+        """(group id or None, what to send) pairs, and the id of the group ``ev`` opened."""
         key = group_key(ev) if type(ev) is dict else None
         if key is None:
-            return [(None, [ev])]
+            return [(None, [ev])], None
         row = ev.get(BATCH_KINDS[key[0]].row_key)
+        groups = self._open.setdefault(key, [])
         out = []
-        group = self._open.get(key)
-        if group is not None and row in group[2]:
-            out.append(self._close(key))
-            group = None
+        opened = None
+        group = next((g for g in groups if row not in g.names), None)
         if group is None:
-            group = self._open[key] = (now, [], set())
-        group[1].append(ev)
-        group[2].add(row)
-        last = self._last.get(key)
-        if (last is not None and group[2] >= last) or len(group[1]) >= ROWS_MAX:
-            out.append(self._close(key))
-        return out
+            # a row again with nothing known of the host yet: its first window is whole
+            if len(groups) >= self.max_open or (groups and key not in self._last):
+                out.append(self._close(groups[0]))
+                groups = self._open.setdefault(key, [])
+            self._gids += 1
+            group = _Group(self._gids, key, now)
+            opened = group.gid
+            groups.append(group)
+        group.rows.append(ev)
+        group.names.add(row)
+        known = self._last.get(key)
+        if (known is not None and group.names >= frozenset().union(*known)
+                or len(group.rows) >= ROWS_MAX):
+            out.append(self._close(group))
+        return out, opened
 
-    def _due(self, now: float) -> list[tuple[tuple | None, list[dict]]]:
-        return [self._close(key) for key, g in list(self._open.items())
-                if now - g[0] >= self.linger_s]
+    def _due(self, now: float) -> list[tuple[int | None, list[dict]]]:
+        return [self._close(g) for groups in list(self._open.values()) for g in list(groups)
+                if now - g.t0 >= self.linger_s]
 
-    def _close(self, key: tuple) -> tuple[tuple | None, list[dict]]:
-        _, rows, names = self._open.pop(key)
-        self._last[key] = frozenset(names)
+    def _flush(self) -> list[tuple[int | None, list[dict]]]:
+        return [self._close(g) for groups in list(self._open.values()) for g in list(groups)]
+
+    def _close(self, group: _Group) -> tuple[int | None, list[dict]]:
+        groups = self._open[group.key]
+        groups.remove(group)
+        if not groups:
+            del self._open[group.key]
+        self._last.setdefault(group.key, deque(maxlen=self.remember)).append(
+            frozenset(group.names))
         if len(self._last) > 4 * ROWS_MAX:   # hosts and jobs long gone
             self._last = {k: v for k, v in self._last.items() if k in self._open}
         try:
-            return key, [to_batch(rows)]
+            return group.gid, [to_batch(group.rows)]
         except BatchError:
-            return key, rows
+            return group.gid, group.rows
 
 
-def _flat(pairs: list[tuple[tuple | None, list[dict]]]) -> list[dict]:
+def _flat(pairs: list[tuple[int | None, list[dict]]]) -> list[dict]:
     return [ev for _, items in pairs for ev in items]
 
 
@@ -439,32 +478,27 @@ def batch_trace(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict]
     before (a rank's window before its step end): ``failslow detect`` gives the same
     incidents on both."""
     batcher = Batcher(linger_s)
-    slots: deque[list] = deque()                  # [what to send, or None while open]
-    waiting: dict[tuple, deque[list]] = {}        # group -> its unfilled slots, oldest first
+    slots: deque[list] = deque()          # [what to send], or [None] while its group is open
+    waiting: dict[int, list] = {}         # group id -> its slot
 
-    def fill(pairs: list[tuple[tuple | None, list[dict]]]) -> None:
-        for key, items in pairs:
-            if key is None:
-                slots.append([items])  # type: ignore[list-item]
+    def fill(pairs: list[tuple[int | None, list[dict]]]) -> None:
+        for gid, items in pairs:
+            if gid is None:
+                slots.append([items])
             else:
-                waiting[key].popleft()[0] = items
+                waiting.pop(gid)[0] = items
 
     for ev in events:
-        key = group_key(ev) if type(ev) is dict else None
-        group = batcher._open.get(key) if key is not None else None
-        repeat = group is not None and ev.get(BATCH_KINDS[key[0]].row_key) in group[2]
-        pairs = batcher._add(ev, ev["ts"])
-        if key is not None and (group is None or repeat):   # ev opened a group: its slot
-            fill(pairs[:1] if repeat else [])
-            waiting.setdefault(key, deque()).append(slot := [None])
+        pairs, opened = batcher._add(ev, ev["ts"])
+        if opened is not None:
+            waiting[opened] = slot = [None]
             slots.append(slot)
-            pairs = pairs[1:] if repeat else pairs
         fill(pairs)
         if batcher._open:
             fill(batcher._due(ev["ts"]))
         while slots and slots[0][0] is not None:
             yield from slots.popleft()[0]
-    fill([batcher._close(key) for key in list(batcher._open)])
+    fill(batcher._flush())
     while slots:
         yield from slots.popleft()[0]
 
