@@ -119,7 +119,9 @@ def test_rank_that_becomes_the_last_arriver_is_confirmed(grain, seed):
     paged = [i for i in mine if i["severity"] != "info"]
     assert paged and abs(paged[-1]["slowdown_pct"] - 100 * measured) <= 0.5 * 100 * measured, \
         (paged[-1]["slowdown_pct"], measured)
-    assert paged[-1]["evidence"]["waited_share"] >= 0.75
+    # its group waited for it in 12 of 16 steps when it was paged (later cost updates,
+    # issue 30, carry the share as it drifts)
+    assert max(i["evidence"]["waited_share"] for i in paged) >= 0.75
 
 
 @pytest.mark.parametrize("grain", ["collective", "comm"])
