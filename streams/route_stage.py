@@ -21,6 +21,7 @@ import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from failslow.schema import decode_lenient
+from failslow.schema.batches import expand_checked, is_batch
 from failslow.schema.kafka_security import reader_conf
 from failslow.schema.limits import too_large
 from failslow.streams import quiet
@@ -143,7 +144,11 @@ class RouteStage:
         except orjson.JSONDecodeError:
             return
         n, parts = self.shard_ranks, self.partitions
-        for ev in items if type(items) is list else (items,):
+        items = items if type(items) is list else [items]
+        if any(map(is_batch, items)):   # a host's gpu_batch: its rows name the ranks
+            items = [r for ev in items for r in (expand_checked(ev)[0] if is_batch(ev)
+                                                  else (ev,))]
+        for ev in items:
             if type(ev) is not dict:
                 continue
             job, rank = ev.get("job_id"), ev.get("rank")

@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-s", type=float, default=DEFAULT_WINDOW_S,
                         help="comm grain: a window closes every WINDOW_S seconds inside a step "
                         f"and at its end (default {DEFAULT_WINDOW_S:g})")
+    parser.add_argument("--batch", action="store_true",
+                        help="write comm windows and GPU samples as a host agent publishes "
+                        "them: one comm_batch / gpu_batch per host and window "
+                        "(docs/contract.md, 'Batch kinds'); detect gives the same incidents")
     parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
     parser.add_argument("--kafka", action="store_true",
                         help="also publish the events to Kafka (--bootstrap, --topic-prefix)")
@@ -66,12 +70,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"published {n} events to {resolve(args).bootstrap}", file=sys.stderr)
     if args.out:
         try:
-            n = trace.write_jsonl(args.out)
+            n = _write_batched(trace, args.out) if args.batch else trace.write_jsonl(args.out)
         except OSError as exc:
             raise SimulatorError(f"cannot write {args.out}: {exc.strerror or exc}") from None
         print(f"wrote {n} events to {args.out} and the truth to {args.out}.truth.json",
               file=sys.stderr)
     return 0
+
+
+def _write_batched(trace, out: str) -> int:
+    """The trace through ``schema.batches.batch_trace``, and its truth; returns the lines
+    written."""
+    import orjson
+
+    from failslow.schema.batches import batch_trace
+
+    n = 0
+    with open(out, "wb") as f:
+        for ev in batch_trace(trace.events()):
+            f.write(orjson.dumps(ev) + b"\n")
+            n += 1
+    with open(out + ".truth.json", "wb") as f:
+        f.write(orjson.dumps(trace.truth, option=orjson.OPT_INDENT_2))
+    return n
 
 
 def _stop_on_sigterm(_signum, _frame) -> None:
