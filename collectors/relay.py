@@ -104,15 +104,18 @@ class AgentPublisher:
 
     def flush(self, timeout: float = 10.0) -> int:
         """Wait until the agent took everything, at most ``timeout`` seconds; returns the
-        number of events it has not taken."""
+        number of events it has not taken. With the agent down (one try to reach it
+        fails) it returns at once: a job that ends does not wait for an agent that is
+        not there."""
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
-                if self._sock is None and time.monotonic() >= self._next_try:
+                if self._sock is None:
                     self._next_try = 0.0
                 self._pump()
                 left = sum(n for _, n, _ in self._frames)
-            if not left or time.monotonic() >= deadline:
+                down = self._sock is None
+            if not left or down or time.monotonic() >= deadline:
                 return left
             time.sleep(0.01)
 
