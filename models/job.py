@@ -37,9 +37,8 @@ from failslow.models.ranks import RankState
 from failslow.models.stats import EWMeanVar, RollingMedian, median
 from failslow.models.substep import SubStep
 
-# Sub-step judgements per episode of a member confirmed inside a long step: it opens, and
-# pages at once when its evidence spans the tracker's ``page_after_s`` (``sustained_s``),
-# else once the tracker saw it confirmed ``page_after_steps`` (2) more.
+# Sub-step judgements per episode of a member confirmed inside a long step: it opens there,
+# and the paging policy grades it from the seconds its evidence spans (``sustained_s``).
 SUB_EMITS = 4
 # A job without step events: a derived step is this many producer windows, its length
 # learned once one rank sent NOSTEP_LEARN windows (``JobState._nostep_comm``).
@@ -315,8 +314,8 @@ class JobState(Attribution):
         The two ticks sit at the same place in their steps, so they are diluted alike (the
         step's first op left out, the work still running when the window closed): they
         are compared with each other, each at least ``2 * min_rel`` (a rank's speed varies
-        a few per cent inside a step). ``sustained_s`` is the time since the onset, so it
-        pages at once from the tracker's ``page_after_s``."""
+        a few per cent inside a step). ``sustained_s`` is the time since the onset, which the
+        paging policy weighs (``models.policy``)."""
         cfg = self.cfg
         if s != self.evaluated + 1 or self.job_step_s <= 0.0 \
                 or self.job_step_s >= 1.5 * (self.substep.window_s or 1.0):

@@ -67,7 +67,7 @@ class GroupState:
         self.rel = 0.0
         # log(1 + relative excess) of each step of the evidence run (since the CUSUM left
         # zero, the newest last, RUN_MAX at most) and the newest step's z: the per-step
-        # series the incident tracker's fade check reads (``IncidentTracker.steady``)
+        # series its evidence reports (``mean_excess``, ``step_z``)
         self.run: list[float] = []
         self.z = 0.0
 
@@ -280,8 +280,7 @@ class LinkMonitor:
         evidence["ambiguous"] = ambiguous
         # The worst group's steps of evidence, as a rank's window (``mean_excess`` over
         # ``mean_excess_steps``) and its z this step: a confirmation whose latest step is as
-        # slow as the earlier ones is a rate, not a lump, and pages at once
-        # (``IncidentTracker.steady``); one that fades waits for a second confirmation.
+        # slow as the earlier ones is a rate, not a lump (the evidence an operator reads).
         worst = max(sts, key=lambda st: st.rel)
         run = worst.run
         if run:

@@ -43,8 +43,8 @@ leaves its neighbour's ops long but not its own). An observation is compared wit
 latest observations of the other cross-host pairs moving ops of the same size (no past
 needed): at least ``far_rel`` slower and ``z_min`` of their spread. A pair whose every
 observation stays so for ``sustain_s`` seconds or more (two observations at least) is
-confirmed from windows: a ``slow_link`` finding with ``sustained_s`` (the incident
-tracker pages it at once from ``page_after_s``) and ``p2p_windows``, kept while its run
+confirmed from windows: a ``slow_link`` finding with ``sustained_s`` (the paging policy
+weighs it, ``models.policy``) and ``p2p_windows``, kept while its run
 lasts and the per-step evidence has not taken it over. One slow observation below the
 bar ends the run; pairs slow together that share a rank or a host are left to the
 per-step grouping (a host's NICs). Short steps (under 1.5 windows) keep the step rule.

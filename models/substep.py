@@ -49,8 +49,8 @@ it, so a member far outside its peers from the first op is found inside that ste
 
 A confirmation is sustained (consistent over ticks spanning ``sustain_s``) by
 construction: ``models.job`` reports the seconds its ticks span (``sustained_s``) and the
-incident tracker pages it at once from ``page_after_s`` seconds, without waiting for
-steps to end.
+paging policy (``models.policy``) pages it from ``page_sustained_s`` seconds in long
+steps, without waiting for steps to end.
 
 Cost: a tick is plain Python over the group's few members (numpy's fixed cost per call
 dominated on eight values) and runs ``Windows.test`` only when some trailing window's
