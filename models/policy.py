@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from failslow.schema.events import SEVERITY_RANK
-
 
 @dataclass
 class PolicyConfig:
@@ -137,7 +135,3 @@ class PagingPolicy:
         """The gap (fraction) a culprit known as steady imbalance must reach to page."""
         cfg = self.cfg
         return max(steady_gap * cfg.imbalance_ratio, steady_gap + cfg.imbalance_points)
-
-    @staticmethod
-    def louder(a: str, b: str) -> str:
-        return a if SEVERITY_RANK[a] >= SEVERITY_RANK[b] else b
