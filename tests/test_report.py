@@ -52,6 +52,9 @@ def test_incident_page_shows_culprit_timeline_telemetry_and_cost(thermal):
     page = incident_page(client, inc_id)
     _self_contained(page)
     assert "rank 5" in page and "gpu_thermal" in page and inc_id in page
+    # why it pages (issue 30): the rule that confirmed it and the policy's reason
+    loud = [i for i in incidents if i["severity"] != "info"][-1]["evidence"]
+    assert f"why: rule <b>{loud['rule']}</b>" in page and "-&gt; " in page
     # every incident row is in the timeline table, in order, the last one resolved
     rows = re.findall(r"<tr><td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)</td>", page)
     assert len(rows) == len(incidents) == len({i["ts"] for i in incidents})

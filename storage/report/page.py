@@ -141,8 +141,8 @@ def _incident_markers(inc: dict[str, Any], ref: float, scale: float = 1.0) -> li
     return out
 
 
-def _acted(rows: list[dict]) -> str | None:
-    """The newest ``evidence.action`` of the incident's rows (JSON text in ClickHouse)."""
+def _acted(rows: list[dict], key: str = "action") -> str | None:
+    """The newest ``evidence.<key>`` of the incident's rows (JSON text in ClickHouse)."""
     for row in reversed(rows):
         evidence = row.get("evidence")
         if isinstance(evidence, str):
@@ -150,8 +150,8 @@ def _acted(rows: list[dict]) -> str | None:
                 evidence = json.loads(evidence) if evidence else None
             except ValueError:
                 evidence = None
-        if isinstance(evidence, dict) and evidence.get("action"):
-            return str(evidence["action"])
+        if isinstance(evidence, dict) and evidence.get(key):
+            return str(evidence[key])
     return None
 
 
@@ -172,6 +172,10 @@ def incident_page(client: Client, incident_id: str) -> str:
             + (f", GPU {escape(str(last['gpu']))}" if last["gpu"] is not None else "")
             + f" &middot; root cause <b>{escape(str(last['root_cause'] or 'unknown'))}</b> "
             f"&middot; mitigation <b>{escape(str(last['mitigation'] or '-'))}</b></div>"]
+    rule, policy = _acted(rows, "rule"), _acted(rows, "policy")
+    if rule or policy:  # issue 30: why it pages (CONTRACT.md evidence.rule / policy)
+        body.append(f"<div class=\"sub\">why: rule <b>{escape(rule or '-')}</b> &middot; "
+                    f"{escape(policy or '-')}</div>")
     done = _acted(rows)
     if done:  # issue 32: what failslow did about it, and its measured effect
         body.append(f"<div class=\"sub\">done: <b>{escape(done)}</b></div>")
