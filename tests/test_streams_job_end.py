@@ -6,7 +6,7 @@ counts it (issue 17)."""
 from __future__ import annotations
 
 import pytest
-from test_models_job_end import telemetry_after
+from test_models_job_end import CUT_TS, telemetry_after
 from test_streams_worker import canon, metric, publish
 
 from failslow.models.pipeline import Detector
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def test_the_worker_ends_a_silent_job_like_the_offline_detector(broker, topics):
     events = [e for e in simulate(SCENARIOS["gpu_thermal_30"], seed=0).events()
-              if e["ts"] < 1767225700.0]
+              if e["ts"] < CUT_TS]
     events += telemetry_after(events, 60.0, every=1.0)
     ref = Detector(job_idle_s=20.0).process_batch(events)
     ended = [i for i in ref if i.get("resolved_reason") == "job ended"]

@@ -10,6 +10,7 @@ cause ``unknown``, its telemetry was gone) and was paged a second time.
 from __future__ import annotations
 
 import orjson
+from test_models_job_end import CUT_TS
 from test_streams_partition import canon, messages
 
 from failslow.models.pipeline import Detector
@@ -21,10 +22,10 @@ IDLE_S = 20.0
 
 
 def jobs() -> tuple[list[dict], list[dict]]:
-    """The first 100 s of a faulty job (its incident is open when it stops), and a second
-    job on other hosts starting 40 s after it stopped, running 100 s."""
+    """The first 80 s of a faulty job (its incident is open when it stops), and a second
+    job on other hosts starting 60 s after it stopped, running 100 s."""
     a = [e for e in simulate(SCENARIOS["gpu_thermal_30"], seed=0).events()
-         if e["ts"] < 1_767_225_700.0]
+         if e["ts"] < CUT_TS]
     b = [relocate(e, 140.0, "b") for e in simulate(SCENARIOS["healthy_16"], seed=1).events()]
     return a, [e for e in b if e["ts"] < 1_767_225_840.0]
 
