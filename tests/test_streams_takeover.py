@@ -14,6 +14,7 @@ import threading
 import orjson
 import pytest
 
+from failslow.models.acting import ActingDetector
 from failslow.models.shard import ShardedDetector
 from failslow.streams import job_stage
 from failslow.streams.config import WorkerConfig
@@ -82,7 +83,10 @@ def test_a_partition_with_a_snapshot_is_restored_from_its_read_back(no_broker):
 
     state = asyncio.run(run())
     assert state._skip_below == snap["o_next"] == 8      # replays below it as restored
-    assert isinstance(state.detector, ShardedDetector)
+    # the worker's detector plans actions (issue 32, suggest by default) around the
+    # sharded detector the snapshot restores
+    assert isinstance(state.detector, ActingDetector)
+    assert isinstance(state.detector.inner, ShardedDetector)
 
 
 def test_a_partition_revoked_before_its_first_message_is_read_again(no_broker):
