@@ -212,7 +212,9 @@ def client_conf(bootstrap: str, extra: dict[str, Any] | None = None) -> dict[str
     ``KafkaAuthError`` from the client's next poll()/consume()/flush() in the main thread
     (one line and exit status 2 from the command line) instead of being retried forever
     (librdkafka's way: a wrong password cannot become right by retrying)."""
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap}
+    # librdkafka's info lines (level 6, e.g. "Purging 1 unserved events from background
+    # queue" when a client is destroyed) are noise on a terminal; warnings and errors stay.
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 4}
     conf.update(_current[0].confluent())
     if _current[0].uses_sasl:
         conf["error_cb"] = _raise_on_auth_error
