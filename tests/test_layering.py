@@ -33,16 +33,22 @@ def module_name(path: Path) -> str:
     return ".".join(parts).removesuffix(".__init__")
 
 
-def upward_imports(source: str) -> list[str]:
-    """The ``failslow`` modules one source file imports or names."""
+def imported(source: str, named: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The modules one source file imports, and the strings in ``named`` it holds."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append(node.module)
-        elif isinstance(node, ast.Constant) and node.value in CLI_MODULES:
+        elif isinstance(node, ast.Constant) and node.value in named:
             found.append(node.value)
+    return found
+
+
+def upward_imports(source: str) -> list[str]:
+    """The ``failslow`` modules one source file imports or names."""
+    found = imported(source, CLI_MODULES)
     return [n for n in found if n == "failslow" or n in CLI_MODULES
             or any(n.startswith(f"{m}.") for m in CLI_MODULES)]
 
@@ -122,13 +128,7 @@ def test_circles_are_found() -> None:
 
 def bare_imports(source: str) -> list[str]:
     """Imports of a part by its bare top-level name (``from models.job import X``)."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append(node.module)
-    return [n for n in found if n.split(".")[0] in LOWER]
+    return [n for n in imported(source) if n.split(".")[0] in LOWER]
 
 
 def test_every_import_goes_through_the_package() -> None:
