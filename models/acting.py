@@ -21,21 +21,43 @@ from __future__ import annotations
 import base64
 import pickle
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from failslow.models.actions import ActionPlanner, MitigationConfig
 
 # settings the worker sets on its detector after a restore (streams/detector.py)
 _FORWARDED = ("telemetry_delay_s", "job_idle_s")
+# The planner reads a job's steps only up to the incident it answers (by ts), so what it
+# plans does not depend on how the events were batched: `failslow detect` (one file) and
+# the worker (one Kafka message at a time) annotate the same incident the same way. A
+# step is held until an incident of its job at or after its ts, or until its job is
+# HOLD_STEPS steps further (past the detector's lag_steps, 3: no incident comes for it
+# later), so rollbacks still come a few steps after the recovery.
+HOLD_STEPS = 4
+# a job whose newest held step is this much older than the newest event has ended or
+# stalled: its held steps go to the planner (memory stays bounded)
+STALE_S = 600.0
+_STEP_FIELDS = ("kind", "ts", "job_id", "rank", "world_size", "step", "duration_s",
+                "compute_s", "comm_s", "data_s", "samples")
+
+
+def _order(ev: dict[str, Any]) -> tuple[float, int]:
+    return ev["ts"], ev["rank"]
+
 
 
 class ActingDetector:
     """``inner``: any stream detector (``process_batch``, ``state_dict``); ``planner``: the
     ActionPlanner its incidents feed."""
 
-    def __init__(self, inner: Any, planner: ActionPlanner) -> None:
+    def __init__(self, inner: Any, planner: ActionPlanner,
+                 held: dict[str, list[dict[str, Any]]] | None = None) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "planner", planner)
+        # step events not yet handed to the planner, per job (see HOLD_STEPS)
+        object.__setattr__(self, "held", held or {})
+        object.__setattr__(self, "_newest", {j: max(ev["step"] for ev in evs)
+                                              for j, evs in self.held.items() if evs})
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -49,16 +71,68 @@ class ActingDetector:
     def process_batch(self, events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         events = list(events)
         incidents = self.inner.process_batch(events)
-        actions: list[dict[str, Any]] = []
-        planner = self.planner
+        # A job cut into shards is judged on several partitions, each seeing its own
+        # ranks' steps: no partition can plan the job's shares, so none does (nor detect)
+        shard = getattr(self.inner, "shard_ranks", None)
         for ev in events:
-            if ev.get("kind") == "step":
-                actions += planner.observe(ev)
+            if ev.get("kind") == "step" and (shard is None or ev["world_size"] <= shard):
+                self._hold(ev)
+        actions = self._on_incidents(incidents)
+        now = max((ev["ts"] for ev in events if "ts" in ev), default=None)
+        for job in list(self.held):
+            stale = now is not None and self.held[job][-1]["ts"] < now - STALE_S
+            actions += self._release(job, step=self._newest[job] - (0 if stale else HOLD_STEPS))
+        return [*incidents, *actions]
+
+    def flush(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        incidents = self.inner.flush(*args, **kwargs)
+        return [*incidents, *self._on_incidents(incidents)]
+
+    def end_jobs(self) -> list[dict[str, Any]]:
+        incidents = self.inner.end_jobs()
+        return [*incidents, *self._on_incidents(incidents)]
+
+    def _hold(self, ev: dict[str, Any]) -> None:
+        job, step = ev["job_id"], ev["step"]
+        self.held.setdefault(job, []).append({k: ev[k] for k in _STEP_FIELDS if k in ev})
+        if step > self._newest.get(job, -1):
+            self._newest[job] = step
+
+    def _on_incidents(self, incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each incident planned on the steps up to its own time, whatever the batches."""
+        actions: list[dict[str, Any]] = []
         for inc in incidents:
-            new = planner.on_incident(inc)
+            if inc.get("kind", "incident") != "incident":
+                continue
+            actions += self._release(inc["job_id"], ts=inc["ts"])
+            new = self.planner.on_incident(inc)
             actions += new
             self._annotate(inc, new)
-        return [*incidents, *actions]
+        return actions
+
+    def _release(self, job: str, ts: float | None = None, step: int | None = None
+                 ) -> list[dict[str, Any]]:
+        """Hand the planner the held steps of ``job`` up to ``ts`` or ``step``, in (ts,
+        rank) order; returns the actions (rollbacks) they cause."""
+        held = self.held.get(job)
+        if not held:
+            return []
+        go: list[dict[str, Any]] = []
+        keep: list[dict[str, Any]] = []
+        for ev in held:
+            due = ev["ts"] <= ts if ts is not None else ev["step"] <= cast(int, step)
+            (go if due else keep).append(ev)
+        if not go:
+            return []
+        if keep:
+            self.held[job] = keep
+        else:
+            del self.held[job]
+            del self._newest[job]
+        actions: list[dict[str, Any]] = []
+        for ev in sorted(go, key=_order):
+            actions += self.planner.observe(ev)
+        return actions
 
     def _annotate(self, inc: dict[str, Any], new: list[dict[str, Any]]) -> None:
         """The incident says what was done about it (``evidence.action``): the action it
@@ -75,7 +149,7 @@ class ActingDetector:
         """JSON-able, like the wrapped detector's: the planner pickled, base64."""
         blob = pickle.dumps(self.planner, protocol=pickle.HIGHEST_PROTOCOL)
         return {"acting": 1, "inner": self.inner.state_dict(),
-                "planner": base64.b64encode(blob).decode("ascii")}
+                "planner": base64.b64encode(blob).decode("ascii"), "held": self.held}
 
     @classmethod
     def restore(cls, state: Any, inner_restore: Callable[[Any], Any],
@@ -85,7 +159,7 @@ class ActingDetector:
         if isinstance(state, dict) and state.get("acting") == 1:
             planner = pickle.loads(base64.b64decode(state["planner"]))
             planner.config = config
-            return cls(inner_restore(state["inner"]), planner)
+            return cls(inner_restore(state["inner"]), planner, state.get("held"))
         return cls(inner_restore(state), ActionPlanner(config))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from test_models_job_end import CUT_TS, telemetry_after
-from test_streams_worker import canon, metric, publish
+from test_streams_worker import acting, canon, metric, publish
 
 from failslow.models.pipeline import Detector
 from failslow.simulator import SCENARIOS, simulate
@@ -21,7 +21,7 @@ def test_the_worker_ends_a_silent_job_like_the_offline_detector(broker, topics):
     events = [e for e in simulate(SCENARIOS["gpu_thermal_30"], seed=0).events()
               if e["ts"] < CUT_TS]
     events += telemetry_after(events, 60.0, every=1.0)
-    ref = Detector(job_idle_s=20.0).process_batch(events)
+    ref = acting(Detector(job_idle_s=20.0), events)
     ended = [i for i in ref if i.get("resolved_reason") == "job ended"]
     assert ended
     publish(broker, topics, events)

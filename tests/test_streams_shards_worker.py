@@ -7,7 +7,7 @@ emits for the same events."""
 from __future__ import annotations
 
 import pytest
-from test_streams_worker import brief, canon, metric, publish, scenario_events, two_workers
+from test_streams_worker import acting, brief, canon, metric, publish, scenario_events, two_workers
 
 from failslow.models.shard import ShardedDetector
 from failslow.worker_process import WorkerProcess, read_incidents, wait_for_incidents
@@ -21,7 +21,7 @@ def sharded(monkeypatch):
 
 
 def reference(events: list[dict]) -> list[dict]:
-    return ShardedDetector(shard_ranks=SHARD).process_batch(events)
+    return acting(ShardedDetector(shard_ranks=SHARD), events)
 
 
 def test_two_workers_judge_one_jobs_shards_as_detect_does(broker, topics, sharded, tmp_path):

@@ -27,12 +27,15 @@ from contextlib import ExitStack, contextmanager
 from itertools import chain, islice
 from operator import itemgetter, methodcaller
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from failslow.commands.incident_text import IncidentLines
 from failslow.commands.replay import REORDER_WINDOW
 from failslow.errors import FailslowError
+from failslow.models.acting import ActingDetector
+from failslow.models.actions import ActionPlanner, MitigationConfig
 from failslow.models.pipeline import Detector
 from failslow.models.settings import DetectionConfig
 from failslow.models.shard import ShardedDetector
@@ -153,13 +156,15 @@ def detect_sources(sources: list[Iterable], det: Detector, write, warn,
         n_inc = 0
         for batch in _rebatch(ordered_chunks(chunks, window), BATCH):
             for inc in det.process_batch(batch):
-                write(inc)
-                n_inc += 1
+                if inc["kind"] == "incident":   # not the planner's actions (the worker's
+                    write(inc)                  # other topic)
+                    n_inc += 1
         # A file ends its jobs: their open incidents resolve "job ended" (a stream ends a
         # job once it was silent for the Detector's job_idle_s instead).
         for inc in [*det.flush(), *det.end_jobs()]:
-            write(inc)
-            n_inc += 1
+            if inc["kind"] == "incident":
+                write(inc)
+                n_inc += 1
     return counts.events, counts.bad, n_inc
 
 
@@ -299,6 +304,19 @@ def _line_by_line(chunk: list, first: int, warn) -> tuple[list, int]:
     return batch, bad
 
 
+def offline_detector(telemetry_delay_s: float, config: DetectionConfig) -> Any:
+    """The worker's detector: sharded (issue 16), and planning actions with the same
+    mitigation policy (issue 32: the config's [mitigate] table, else $FAILSLOW_MITIGATE,
+    suggest by default), so detect's incidents carry the worker's ``evidence.action``;
+    the actions themselves are not printed."""
+    from failslow.streams.config import mitigate_from_env  # confluent-kafka: only here
+
+    det = ShardedDetector(telemetry_delay_s=telemetry_delay_s, config=config)
+    policy = MitigationConfig.from_mapping(dict(config.mitigate)) \
+        if config.mitigate is not None else mitigate_from_env(os.environ)
+    return det if policy is None else ActingDetector(det, ActionPlanner(policy))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.telemetry_delay < 0:
         raise DetectError("--telemetry-delay must be >= 0")
@@ -340,8 +358,8 @@ def run(args: argparse.Namespace) -> int:
 
         # issue 16: a job larger than models.shard.SHARD_RANKS is judged in shards, as the
         # worker judges it on several partitions
-        det = ShardedDetector(telemetry_delay_s=args.telemetry_delay,
-                              config=detection_config(getattr(args, "config", None)))
+        det = offline_detector(args.telemetry_delay,
+                               detection_config(getattr(args, "config", None)))
         try:
             n_events, n_bad, n_inc = detect_sources(sources, det, write, warn, REORDER_WINDOW)
             if text is not None:
