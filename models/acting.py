@@ -1,8 +1,9 @@
 """A detector that also plans actions (issue 32): the stream worker's detector, wrapped.
 
 ``ActingDetector`` hands every batch to the detector it wraps and the step events and
-the incidents that come out to a ``models.actions.ActionPlanner``; it returns the incident
-events followed by the ``action`` events (the worker sends each kind to its own topic).
+the incidents that come out to a ``models.actions.ActionPlanner`` (each incident after
+the steps up to its ts only, whatever the batches); it returns the incident events
+followed by the ``action`` events (the worker sends each kind to its own topic).
 Each incident event says what was done about it in ``evidence.action`` (the action it
 caused, or the measured effect of the rebalance in force: "rebalanced: rank 2 takes 31%
 less; job step 0.41 s -> 0.27 s"), which the Slack / PagerDuty text and the report page
@@ -29,14 +30,8 @@ from failslow.models.actions import ActionPlanner, MitigationConfig
 _FORWARDED = ("telemetry_delay_s", "job_idle_s")
 # The planner reads a job's steps only up to the incident it answers (by ts), so what it
 # plans does not depend on how the events were batched: `failslow detect` (one file) and
-# the worker (one Kafka message at a time) annotate the same incident the same way. A
-# step is held until an incident of its job at or after its ts, or until its job is
-# HOLD_STEPS steps further (past the detector's lag_steps, 3: no incident comes for it
-# later), so rollbacks still come a few steps after the recovery.
-HOLD_STEPS = 4
-# a job whose newest held step is this much older than the newest event has ended or
-# stalled: its held steps go to the planner (memory stays bounded)
-STALE_S = 600.0
+# the worker (one Kafka message at a time) annotate the same incident the same way (see
+# ActingDetector's hold_steps and stale_s).
 _STEP_FIELDS = ("kind", "ts", "job_id", "rank", "world_size", "step", "duration_s",
                 "compute_s", "comm_s", "data_s", "samples")
 
@@ -45,16 +40,24 @@ def _order(ev: dict[str, Any]) -> tuple[float, int]:
     return ev["ts"], ev["rank"]
 
 
-
 class ActingDetector:
     """``inner``: any stream detector (``process_batch``, ``state_dict``); ``planner``: the
-    ActionPlanner its incidents feed."""
+    ActionPlanner its incidents feed; ``held``: steps not yet planned on (a snapshot's).
+
+    A step is held until an incident of its job at or after its ts, or until its job is
+    ``hold_steps`` steps further (past the detector's ``lag_steps``, 3: no incident comes
+    for an older step after that), so a rollback comes at most that many steps late. A
+    job whose newest held step is ``stale_s`` (event s) older than the newest event has
+    ended or stalled: its held steps go to the planner, memory stays bounded."""
 
     def __init__(self, inner: Any, planner: ActionPlanner,
-                 held: dict[str, list[dict[str, Any]]] | None = None) -> None:
+                 held: dict[str, list[dict[str, Any]]] | None = None,
+                 hold_steps: int = 4, stale_s: float = 600.0) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "planner", planner)
-        # step events not yet handed to the planner, per job (see HOLD_STEPS)
+        object.__setattr__(self, "hold_steps", hold_steps)
+        object.__setattr__(self, "stale_s", stale_s)
+        # step events not yet handed to the planner, per job (see hold_steps)
         object.__setattr__(self, "held", held or {})
         object.__setattr__(self, "_newest", {j: max(ev["step"] for ev in evs)
                                               for j, evs in self.held.items() if evs})
@@ -80,8 +83,9 @@ class ActingDetector:
         actions = self._on_incidents(incidents)
         now = max((ev["ts"] for ev in events if "ts" in ev), default=None)
         for job in list(self.held):
-            stale = now is not None and self.held[job][-1]["ts"] < now - STALE_S
-            actions += self._release(job, step=self._newest[job] - (0 if stale else HOLD_STEPS))
+            stale = now is not None and self.held[job][-1]["ts"] < now - self.stale_s
+            hold = 0 if stale else self.hold_steps
+            actions += self._release(job, step=self._newest[job] - hold)
         return [*incidents, *actions]
 
     def flush(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from failslow.models.acting import HOLD_STEPS, ActingDetector
+from failslow.models.acting import ActingDetector
 from failslow.models.actions import ActionPlanner, MitigationConfig
 from failslow.models.pipeline import Detector
 from failslow.models.shard import ShardedDetector
@@ -72,7 +72,7 @@ def test_steps_are_held_only_a_few_steps():
     assert det.process_batch(evs) == []      # no incident: nothing released for one
     held = det.held["job0"]
     newest = max(e["step"] for e in evs)
-    assert {e["step"] for e in held} == set(range(newest - HOLD_STEPS + 1, newest + 1))
+    assert {e["step"] for e in held} == set(range(newest - det.hold_steps + 1, newest + 1))
 
 
 def test_a_job_cut_into_shards_is_not_planned():
