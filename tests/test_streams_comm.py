@@ -155,7 +155,7 @@ def test_a_malformed_ops_entry_is_a_dead_letter_and_the_others_go_on():
 @pytest.mark.integration
 def test_a_worker_on_comm_grain_matches_offline_detection(broker, topics):
     from confluent_kafka import Producer
-    from test_streams_worker import brief, canon, publish, scenario_events
+    from test_streams_worker import acting, brief, canon, publish, scenario_events
 
     from failslow.streams.snapshots import scan
     from failslow.worker_process import WorkerProcess, wait_for_incidents
@@ -165,7 +165,7 @@ def test_a_worker_on_comm_grain_matches_offline_detection(broker, topics):
         # "team/<scenario>": a job id with "/" must not be cut like a collective key
         evs = to_comm(scenario_events(name, f"team/{name}"))
         events += evs
-        ref += Detector().process_batch(evs)
+        ref += acting(Detector(), evs)     # the worker plans actions (issue 32)
     assert ref and sum(e["kind"] == "comm" for e in events) > 100
     events.sort(key=lambda e: e["ts"])
     publish(broker, topics, events)
