@@ -36,12 +36,15 @@ chromium:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium not installable here: the report's browser tests will skip"
 
+# Three pytest workers (pytest-xdist), a test file each at a time (--dist loadfile: a
+# module's expensive fixtures are built once): most tests wait on a broker, a database
+# or a torch job rather than compute, so 3 workers fit the 2-core VM (docs/benchmarks.md).
 test: install lint clickhouse-server chromium
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=300 tests; rc=$$?; \
+	$(BIN)/pytest -q -p no:cacheprovider --timeout=300 -n 3 --dist loadfile tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests ran: failing"; exit 1; fi; exit $$rc
 
 # The inner loop: every test that starts no broker, no database and no multi-process
 # torch job (those are marked `integration`; tests/conftest.py marks any test using the
 # broker or database fixtures).
 test-fast: install
-	$(BIN)/pytest -q -p no:cacheprovider -m "not integration" tests
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not integration" tests
