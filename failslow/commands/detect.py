@@ -1,8 +1,9 @@
 """`failslow detect FILE...` — offline detection over JSON Lines traces.
 
 Runs the very same ``models.pipeline.Detector`` the stream workers run, with no
-broker or database, and prints every incident event (open / update /
-resolved) as one JSON line. Invalid lines are skipped with a one-line warning
+broker or database, wrapped like theirs in the mitigation planner (``offline_detector``:
+incidents carry the same ``evidence.action``), and prints every incident event (open /
+update / resolved) as one JSON line. Invalid lines are skipped with a one-line warning
 on stderr naming the line; a count of them ends the run. A run that read no
 valid event at all (an empty input, every line invalid) is an error.
 
