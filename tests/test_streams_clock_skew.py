@@ -191,11 +191,10 @@ def test_a_real_worker_dead_letters_a_year_ahead_job_and_judges_the_rest(broker,
     offline Detector's incidents."""
     import time
 
-    from test_streams_worker import brief, metric, publish
+    from test_streams_worker import brief, dead_letters, metric, publish
 
     from failslow.models.pipeline import Detector
     from failslow.stack import free_port
-    from failslow.streams.snapshots import scan
     from failslow.worker_process import WorkerProcess, wait_for_incidents
 
     events = list(simulate(SCENARIOS["gpu_thermal_30"], seed=0).events())
@@ -208,8 +207,7 @@ def test_a_real_worker_dead_letters_a_year_ahead_job_and_judges_the_rest(broker,
     try:
         got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
         assert brief(got) == brief(ref)
-        dead = [orjson.loads(m.value()) for p in range(4)
-                for m in scan(broker.bootstrap, topics.deadletter, p, idle_polls=1)]
+        dead = dead_letters(broker.bootstrap, topics)
         ahead = [d for d in dead if "ahead of the worker's clock" in d["error"]]
         assert sorted(orjson.loads(d["raw"])["step"] for d in ahead) == [0, 1]
         assert all("rogue-host" in d["error"] for d in ahead)

@@ -155,9 +155,8 @@ def test_a_malformed_ops_entry_is_a_dead_letter_and_the_others_go_on():
 @pytest.mark.integration
 def test_a_worker_on_comm_grain_matches_offline_detection(broker, topics):
     from confluent_kafka import Producer
-    from test_streams_worker import acting, brief, canon, publish, scenario_events
+    from test_streams_worker import acting, brief, canon, dead_letters, publish, scenario_events
 
-    from failslow.streams.snapshots import scan
     from failslow.worker_process import WorkerProcess, wait_for_incidents
 
     events, ref = [], []
@@ -181,8 +180,7 @@ def test_a_worker_on_comm_grain_matches_offline_detection(broker, topics):
         assert worker.stop() == 0
     assert brief(got) == brief(ref)
     assert canon(got) == canon(ref)
-    dead = [orjson.loads(m.value()) for p in range(4)
-            for m in scan(broker.bootstrap, topics.deadletter, p, idle_polls=1)]
+    dead = dead_letters(broker.bootstrap, topics)
     assert [(d["topic"], d["error"]) for d in dead] == [
         (topics.for_kind("comm"), "[0] comm.ops[0]: min_s 1.0 is above max_s 0.5")]
 

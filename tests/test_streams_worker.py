@@ -89,6 +89,12 @@ def metric(port: int, name: str) -> float:
                if line.startswith(name) and not line.startswith("#"))
 
 
+def dead_letters(bootstrap: str, topics: Topics) -> list[dict]:
+    """Every record on the dead-letter topic, decoded, partition by partition."""
+    return [orjson.loads(m.value()) for p in range(4)
+            for m in scan(bootstrap, topics.deadletter, p, idle_polls=1)]
+
+
 SCENARIO_SET = ["gpu_thermal_30", "slow_link_host_50", "gpu_clock_15", "input_stall_50",
                 "checkpoints_16"]
 
@@ -114,8 +120,7 @@ def test_scenarios_match_offline_detection_and_garbage_goes_to_deadletter(broker
     try:
         got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
         assert brief(got) == brief(ref)
-        dead = [orjson.loads(m.value()) for p in range(4)
-                for m in scan(broker.bootstrap, topics.deadletter, p, idle_polls=1)]
+        dead = dead_letters(broker.bootstrap, topics)
         assert metric(port, "failslow_stream_deadletters_total") == len(dead)
         assert metric(port, "failslow_stream_events_total") >= len(events)
         last = {i["incident_id"]: i["status"] for i in ref}
@@ -278,8 +283,7 @@ def test_a_message_near_the_broker_limit_does_not_stop_the_worker(broker, topics
     try:
         got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=90)
         assert metric(port, "failslow_stream_events_total") >= len(events) + len(big)
-        dead = [orjson.loads(m.value()) for p in range(4)
-                for m in scan(broker.bootstrap, topics.deadletter, p, idle_polls=1)]
+        dead = dead_letters(broker.bootstrap, topics)
     finally:
         assert worker.stop() == 0
     assert brief(got) == brief(ref)
