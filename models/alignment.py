@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from failslow.models.config import EvidenceConfig
+
 # A collective is a list (built on the hot path, grown member by member):
 # [step, group, op, bytes, (rank, start_ts, duration_s) of each member that arrived...]
 STEP, GROUP, OP, BYTES = range(4)
@@ -140,12 +142,12 @@ def member_ranks(c: Collective) -> tuple[int, ...]:
 
 
 P2P_OPS = frozenset(("send", "recv", "isend", "irecv", "p2p"))
-WAITED_MIN_MEMBERS = 3       # who a group waits for: groups of three members or more
 
 
-def waited_for(colls: list[Collective]) -> tuple[dict[int, float], set[int]]:
-    """Who each group waited for in one step: per group of ``WAITED_MIN_MEMBERS`` members
-    or more, the member charged the largest summed arrival lag (``lags``, > 0) over the
+def waited_for(colls: list[Collective], p: EvidenceConfig | None = None
+               ) -> tuple[dict[int, float], set[int]]:
+    """Who each group waited for in one step: per group of ``p.waited_min_members`` (3)
+    members or more, the member charged the largest summed arrival lag (``lags``, > 0) over the
     group's collectives of the step. Returns (rank -> the lag charged to it in the groups
     it was waited for in, seconds; the ranks that were members of such a group).
 
@@ -177,7 +179,8 @@ def waited_for(colls: list[Collective]) -> tuple[dict[int, float], set[int]]:
             g = per[c[GROUP]] = {}
             first[c[GROUP]] = c
         g[last_rank] = g.get(last_rank, 0.0) + lead
-    wide = {name for name, c in first.items() if len(c) >= HEAD + WAITED_MIN_MEMBERS}
+    least = (p or EvidenceConfig()).waited_min_members
+    wide = {name for name, c in first.items() if len(c) >= HEAD + least}
     members = {m[0] for name in wide for m in first[name][HEAD:]}
     top: dict[int, float] = {}
     gtop: dict[str, int] = {}

@@ -4,6 +4,92 @@ type without importing the job that holds them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _p(default: Any, doc: str) -> Any:
+    """A setting: its default and one line for docs/detection.md's reference."""
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class EvidenceConfig:
+    """``[rules.evidence]``: the windowed tests of ``models.evidence`` (``Windows``,
+    ``RankEvidence``, ``WaitedFor``) and the sub-step ticks that reuse them."""
+
+    scales: tuple[int, ...] = _p((6, 12, 24, 32), "trailing windows tested, steps")
+    min_fill: float = _p(0.5, "share of a window that must hold values")
+    mean_floor: float = _p(0.9, "a window's mean may fall this short of the bar and still "
+                           "confirm (a fault of exactly the bar measures within a few per "
+                           "cent of it either way)")
+    rho_prior: float = _p(0.3, "step-to-step noise correlation assumed before any is learned")
+    rho_prior_n: float = _p(20.0, "steps of weight of that prior")
+    rho_max: float = _p(0.8, "largest step-to-step correlation used")
+    window_z_extra: float = _p(0.0, "the windowed tests' bar over z_min")
+    suspect_z: float = _p(2.5, "window z from which a step is not learned (a drift)")
+    suspect_learn_z: float = _p(2.0, "window z (with half min_rel of mean excess) from "
+                                "which the own-past baseline learns nothing")
+    noise_delay: int = _p(8, "steps a value waits before its noise is learned")
+    winsor: float = _p(4.0, "learned deviations are clipped at this many sigmas")
+    block_n: int = _p(8, "steps per block mean whose variance is learned")
+    noise_min: int = _p(8, "clean steps before a series' noise is trusted")
+    rho_alpha: float = _p(0.03, "noise learning rate (~30 steps of memory)")
+    unlearned: float = _p(2.0, "noise multiplier while none is learned")
+    pool_cap: float = _p(1.25, "a rank's noise: at most this times its peers' median")
+    pool_floor: float = _p(0.75, "and at least this times it")
+    robust_min_n: int = _p(12, "shorter windows keep the mean and sample deviation")
+    robust_clip: float = _p(3.0, "a window's values are clipped this many spreads from its "
+                            "median")
+    long_n: int = _p(24, "windows holding this many values or more take long_z")
+    long_z: float = _p(3.0, "the far verdict's bar over long windows (near-normal mean, "
+                       "one-sided 3 sigma; healthy ranks peaked at 2.3 over 106 real traces)")
+    present_recent: int = _p(4, "present: the newest 1/this of a window must carry the "
+                             "excess too")
+    wait_n: int = _p(16, "waited for: judged steps in the window")
+    wait_k: int = _p(12, "waited for: steps of the window the group waited for the rank")
+    wait_prior_n: int = _p(32, "waited for: steps before the window, the rank's own past")
+    wait_prior_min: int = _p(8, "waited for: least steps of own past")
+    wait_prior_max: float = _p(0.5, "waited for: largest share of its own past (more is "
+                               "the layout: steady imbalance)")
+    wait_present: float = _p(0.5, "waited for: share of the window that keeps a finding "
+                             "alive")
+    waited_min_members: int = _p(3, "who a group waits for: groups of this many members or "
+                                 "more")
+
+    @property
+    def long_scales(self) -> tuple[int, ...]:
+        return tuple(n for n in self.scales if n >= self.long_n)
+
+    @property
+    def waited_bar(self) -> float:
+        """The share of its last steps its group waited for a rank that makes it a
+        rank fault (``wait_k / wait_n``)."""
+        return self.wait_k / self.wait_n
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """``[rules.links]``: collective groups and NICs (``models.links``, ``models.rootcause``)."""
+
+    run_max: int = _p(32, "steps of a group's evidence run kept (its fade check)")
+    clock_gain: float = _p(0.5, "share of a step's measured clock offset taken (the hosts' "
+                           "estimates depend on each other: a full step would overshoot)")
+    nic_agree: int = _p(2, "NIC counters that must agree before a port counts as congested "
+                        "or erroring")
+    nic_outlier: float = _p(20.0, "a NIC is congested / erroring when those counters grow "
+                            "this many times faster than the job's typical NIC")
+    sparse_floor_per_s: float = _p(1.0 / 60.0, "error counters that stay at zero on "
+                                   "healthy devices count from this rate up (one a minute)")
+
+
+SECTIONS: dict[str, type] = {"evidence": EvidenceConfig, "links": LinkConfig}
+
+
+def section_docs(cls: type) -> list[tuple[str, Any, str]]:
+    """(key, default, doc) of each setting of a section."""
+    return [(f.name, f.default, f.metadata.get("doc", "")) for f in fields(cls)]
+
 
 class JobConfig:
     """Scale-free thresholds (fractions and z-scores) shared by the job's models.
@@ -47,14 +133,23 @@ class JobConfig:
     rising together) holds single-rank verdicts (4; twice that once the host finding was
     confirmed); ``link_patience_steps``: extra steps a link whose transfers cannot tell
     which end is slow waits for the NIC counters before settling on the first candidate.
+
+    Sections (``SECTIONS``, TOML ``[rules.NAME]``): ``evidence`` (``EvidenceConfig``),
+    ``links`` (``LinkConfig``).
     """
+
+    # The defaults of the sections: a JobConfig unpickled from before a section existed
+    # reads these (the values it ran with).
+    evidence: EvidenceConfig = EvidenceConfig()
+    links: LinkConfig = LinkConfig()
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  lag_steps: int = 3, warm_steps: int = 10, max_behind: int = 16,
                  far_rel: float = 0.25, clean_steps: int = 5, learn_delay: int = 4,
                  sustain_s: float = 2.0, peer_warm_steps: int = 1, far_step_z: float = 6.0,
                  far_fade_ratio: float = 0.75, host_hold_steps: int = 4,
-                 link_patience_steps: int = 4) -> None:
+                 link_patience_steps: int = 4, evidence: EvidenceConfig | None = None,
+                 links: LinkConfig | None = None) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
@@ -71,3 +166,5 @@ class JobConfig:
         self.far_fade_ratio = far_fade_ratio
         self.host_hold_steps = host_hold_steps
         self.link_patience_steps = link_patience_steps
+        self.evidence = evidence or EvidenceConfig()
+        self.links = links or LinkConfig()

@@ -5,7 +5,7 @@ slower on a noisy job (4 ranks sharing 2 CPU cores: own work varies tens of
 per cent from step to step), yet the mean over a dozen steps does. For every
 rank ``Windows`` keeps the last ``width`` values of a relative-excess series
 (own work over a reference, minus one; NaN where the rank was not judged) and
-``test`` asks, over trailing windows of ``SCALES`` steps, whether the mean
+``test`` asks, over trailing windows of ``scales`` steps, whether the mean
 excess is at least ``delta`` and above ``delta / 2`` by ``z_crit`` standard
 errors of that mean. The standard error is the larger of the per-step noise
 learned from clean steps (``sigma``, many samples) and the window's own sample
@@ -32,39 +32,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from failslow.models.config import JobConfig
+from failslow.models.config import EvidenceConfig, JobConfig
 from failslow.models.cusum import capped_increment
 
-SCALES = (6, 12, 24, 32)     # trailing windows tested, steps
-MIN_FILL = 0.5               # share of a window that must hold values
-# A window's mean may fall this short of ``delta`` and still confirm: a fault of exactly
-# ``delta`` measures within a few per cent of it either way.
-MEAN_FLOOR = 0.9
-RHO_PRIOR, RHO_PRIOR_N, RHO_MAX = 0.3, 20.0, 0.8   # step-to-step correlation prior
-WINDOW_Z_EXTRA = 0.0          # the windowed tests' bar over z_min (several windows per step)
-SUSPECT_Z = 2.5              # window z from which a step is not learned
-SUSPECT_LEARN_Z = 2.0        # window z (with half min_rel of mean excess) from which the
-                             # own-past baseline (RankState.observe) learns nothing
-LEARN_DELAY = 8              # steps a value waits before its noise is learned
-WINSOR = 4.0                 # learned deviations are clipped at this many sigmas
-BLOCK_N = 8                  # steps per block mean whose variance is learned
-LEARN_MIN = 8               # clean steps before a series' noise is trusted
-RHO_ALPHA = 0.03             # noise learning rate (~30 steps of memory)
-UNLEARNED = 2.0              # noise multiplier while none is learned
-POOL_CAP = 1.25              # a rank's noise: at most this times its peers' median
-POOL_FLOOR = 0.75            # and at least this times it
-ROBUST_MAD = 1.4826          # MAD of normal noise -> its sigma
-ROBUST_MIN_N = 12            # shorter windows keep the mean and sample deviation
-ROBUST_CLIP = 3.0            # a window's values are clipped this many spreads from its median
-# The far verdict's bar over windows holding LONG_N values or more. Its evidence is its size
-# (a mean of at least 0.9 far_rel, twice the largest steady difference between healthy
-# parts); the winsorized mean of 24 values or more is close to normal, so its z only has to
-# show that mean is not noise at the usual one-sided 3 sigma (p ~ 1e-3). Shorter windows
-# keep z_min for the heavy tails of a few steps' mean (bursts). Over 106 kept real traces,
-# healthy ranks' far z at 24 and 32 steps peaked at 2.3 (at 6 steps: 5.7).
-LONG_N, LONG_Z = 24, 3.0
-LONG_SCALES = tuple(n for n in SCALES if n >= LONG_N)
-PRESENT_RECENT = 4           # ``present``: the newest 1/4 of a window must carry the excess too
+# Every threshold of these tests is a setting of ``EvidenceConfig`` (``[rules.evidence]``,
+# models/config.py, documented in docs/detection.md): ``Windows(width, p)``.
+#
+# The far verdict's bar over windows holding ``long_n`` (24) values or more, ``long_z``
+# (3): its evidence is its size (a mean of at least 0.9 far_rel, twice the largest steady
+# difference between healthy parts); the winsorized mean of 24 values or more is close to
+# normal, so its z only has to show that mean is not noise at the usual one-sided 3 sigma
+# (p ~ 1e-3). Shorter windows keep z_min for the heavy tails of a few steps' mean (bursts).
+# Over 106 kept real traces, healthy ranks' far z at 24 and 32 steps peaked at 2.3 (at 6
+# steps: 5.7).
+ROBUST_MAD = 1.4826          # MAD of normal noise -> its sigma (a property of the normal law)
+# TEMPORARY (issue 30, until substep.py and job.py read cfg.evidence): the defaults under
+# their old names for those two modules' imports.
+_D = EvidenceConfig()
+LEARN_DELAY, LEARN_MIN, SUSPECT_Z, SUSPECT_LEARN_Z = (_D.noise_delay, _D.noise_min,
+                                                      _D.suspect_z, _D.suspect_learn_z)
 
 
 def _rowmedian(w: np.ndarray) -> np.ndarray:
@@ -89,10 +75,16 @@ def _rowmedian(w: np.ndarray) -> np.ndarray:
 
 
 class Windows:
-    """The last ``width`` values of one series for every rank of a job."""
+    """The last ``width`` values of one series for every rank of a job; ``p`` the
+    thresholds of its tests."""
 
-    def __init__(self, width: int = 32) -> None:
+    # What a Windows unpickled from before its settings were stored ran with.
+    p: EvidenceConfig = EvidenceConfig()
+
+    def __init__(self, width: int = 32, p: EvidenceConfig | None = None) -> None:
         self.width = width
+        if p is not None:
+            self.p = p
         self.rows: dict[int, int] = {}
         self.vals = np.full((0, width), np.nan)
         # Per row: exponentially weighted mean, variance and lag-1 covariance of the
@@ -121,10 +113,11 @@ class Windows:
         """Learn the noise of ``rows`` where ``mask``: its variance, its step-to-step
         correlation (noise that persists a few steps, a rank that keeps losing the same
         core, makes a window's mean vary more than independent steps would) and the
-        variance of block means. From the value ``LEARN_DELAY`` steps old: ``mask``
+        variance of block means. From the value ``noise_delay`` steps old: ``mask``
         says that no drift was suspected since, so a fault's first steps are never
         taken for noise before the test had a chance to see them."""
-        d = LEARN_DELAY
+        p = self.p
+        d = p.noise_delay
         x, y = self.vals[rows, -1 - d], self.vals[rows, -2 - d]
         ok = mask & ~np.isnan(x)
         pair = ~np.isnan(y[ok])         # the correlation needs the step before, too
@@ -132,23 +125,23 @@ class Windows:
         if not r.size:
             return
         m = self.mom[r]
-        a = np.maximum(RHO_ALPHA, 1.0 / (m[:, 3] + 1.0))    # a plain mean while few
-        # Winsorized at WINSOR noise sigmas once known: the first steps of a fault (or a
+        a = np.maximum(p.rho_alpha, 1.0 / (m[:, 3] + 1.0))    # a plain mean while few
+        # Winsorized at ``winsor`` noise sigmas once known: the first steps of a fault (or a
         # one-off pause) must not pass for noise and mask the steps that follow.
-        known = m[:, 3] >= LEARN_MIN
-        cap = np.where(known, WINSOR * np.sqrt(np.maximum(m[:, 1], 0.0)), np.inf)
+        known = m[:, 3] >= p.noise_min
+        cap = np.where(known, p.winsor * np.sqrt(np.maximum(m[:, 1], 0.0)), np.inf)
         dx = np.clip(x[ok] - m[:, 0], -cap, cap)
         dy = np.clip(np.where(pair, y[ok], m[:, 0]) - m[:, 0], -cap, cap)
         mu = m[:, 0] + a * dx
         m[:, 1] += a * (dx ** 2 - m[:, 1])
         m[:, 2] += np.where(pair, a * (dx * dy - m[:, 2]), 0.0)
         m[:, 0] = mu
-        # The variance of a BLOCK_N-step mean, measured: whatever the correlation
+        # The variance of a ``block_n``-step mean, measured: whatever the correlation
         # structure of the noise (persistent contention plus white reference noise),
         # this is what a window's mean really does on a clean rank.
-        cnt, mean, _ = self.stats(r, BLOCK_N, d)
-        full = cnt >= MIN_FILL * BLOCK_N
-        bcap = np.where(known, WINSOR * np.sqrt(np.maximum(m[:, 1], 0.0)), np.inf)
+        cnt, mean, _ = self.stats(r, p.block_n, d)
+        full = cnt >= p.min_fill * p.block_n
+        bcap = np.where(known, p.winsor * np.sqrt(np.maximum(m[:, 1], 0.0)), np.inf)
         db = np.clip(mean - mu, -bcap, bcap)
         m[:, 4] += np.where(full, a * (db ** 2 - m[:, 4]), 0.0)
         m[:, 3] += 1
@@ -158,37 +151,38 @@ class Windows:
         """Variance of an ``n``-step mean over that of independent steps, for AR(1)
         noise with each row's learned correlation (shrunk to a prior while few steps
         were learned): 1 + 2 sum_k (1 - k/n) rho^k."""
+        p = self.p
         m = self.mom[rows]
         rho = np.where(m[:, 1] > 0, m[:, 2] / np.maximum(m[:, 1], 1e-12), 0.0)
-        rho = (m[:, 3] * rho + RHO_PRIOR_N * RHO_PRIOR) / (m[:, 3] + RHO_PRIOR_N)
-        known = self.mom[:, 3] >= LEARN_MIN
+        rho = (m[:, 3] * rho + p.rho_prior_n * p.rho_prior) / (m[:, 3] + p.rho_prior_n)
+        known = self.mom[:, 3] >= p.noise_min
         if known.sum() >= 3:
             k = self.mom[known]
             rho = np.maximum(rho, float(np.median(k[:, 2] / np.maximum(k[:, 1], 1e-12))))
-        rho = np.clip(rho, 0.0, RHO_MAX)
+        rho = np.clip(rho, 0.0, p.rho_max)
         lag = np.arange(1, n)
         return 1.0 + 2.0 * ((1.0 - lag / n) * rho[:, None] ** lag).sum(axis=1)
 
     def learned(self, rows: np.ndarray) -> np.ndarray:
         """Whether each row's noise is known: learned over enough clean steps, its own
         or (``_pooled``) that of three or more peers."""
-        known = self.mom[:, 3] >= LEARN_MIN
+        known = self.mom[:, 3] >= self.p.noise_min
         return known[rows] | (known.sum() >= 3)
 
     def _pooled(self, rows: np.ndarray, col: int) -> np.ndarray:
         """Column ``col`` of the learned moments of ``rows``, between the median over the
-        job's rows and POOL_CAP times it (in sigma): ranks doing the same work have
+        job's rows and ``pool_cap`` times it (in sigma): ranks doing the same work have
         about the same noise; one whose estimate came out low by chance is not
         trusted below its peers', and a fault that slipped into one rank's estimate
         cannot blind it."""
-        m = self.mom
-        known = m[:, 3] >= LEARN_MIN
+        m, p = self.mom, self.p
+        known = m[:, 3] >= p.noise_min
         own = np.where(known[rows], np.maximum(m[rows, col], 0.0), 0.0)
         if known.sum() >= 3:
             # A rank whose noise is not learned yet (new, or slow since before it
             # could be) takes its peers'.
             pool = float(np.median(m[known, col]))
-            own = np.where(known[rows], np.clip(own, POOL_FLOOR ** 2 * pool, POOL_CAP ** 2 * pool), pool)
+            own = np.where(known[rows], np.clip(own, p.pool_floor ** 2 * pool, p.pool_cap ** 2 * pool), pool)
         return own
 
     def noise(self, rows: np.ndarray, sigma: np.ndarray) -> np.ndarray:
@@ -197,15 +191,15 @@ class Windows:
         (a mean feels every spike that a robust sigma ignores). Until one is learned,
         twice ``sigma``: a robust sigma misses the tails of noisy jobs."""
         learned = self._pooled(rows, 1)
-        return np.where(learned > 0, np.maximum(sigma, np.sqrt(learned)), UNLEARNED * sigma)
+        return np.where(learned > 0, np.maximum(sigma, np.sqrt(learned)), self.p.unlearned * sigma)
 
     def mean_se(self, rows: np.ndarray, sigma: np.ndarray, sd: np.ndarray, cnt: np.ndarray,
                 n: int) -> np.ndarray:
         """Standard error of an ``n``-step mean: per-step noise (``sigma`` or the
         window's own ``sd``) inflated for step-to-step correlation, or the measured
-        variance of BLOCK_N-step means scaled to n steps, whichever is larger."""
+        variance of ``block_n``-step means scaled to n steps, whichever is larger."""
         se = np.maximum(sigma, sd) * np.sqrt(self.inflation(rows, n) / np.maximum(cnt, 1))
-        return np.maximum(se, np.sqrt(self._pooled(rows, 4) * BLOCK_N / n))
+        return np.maximum(se, np.sqrt(self._pooled(rows, 4) * self.p.block_n / n))
 
     def stats(self, rows: np.ndarray, n: int, skip: int = 0
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -225,8 +219,8 @@ class Windows:
         """(count, winsorized mean, robust spread) of the last ``n`` values of ``rows``.
 
         The spread is the window's MAD (as a normal sigma, 1.4826 MAD), at least
-        ``sigma``; values are clipped at ``ROBUST_CLIP`` spreads from the window's
-        median before the mean, so a spike moves the mean by at most ROBUST_CLIP
+        ``sigma``; values are clipped at ``robust_clip`` spreads from the window's
+        median before the mean, so a spike moves the mean by at most ``robust_clip``
         spreads / n whatever its size, and the mean's noise is that of values
         within a few spreads: spread / sqrt(n). A sample standard deviation would
         count a fault's own step-to-step swings (a straggler whose slowdown comes on
@@ -246,12 +240,13 @@ class Windows:
         if pool is None:
             pool = self._mad_pool(rows)
         spread = np.maximum(np.maximum(mad, pool), sigma)
-        c = np.clip(w, (med - ROBUST_CLIP * spread)[:, None], (med + ROBUST_CLIP * spread)[:, None])
+        clip = self.p.robust_clip
+        c = np.clip(w, (med - clip * spread)[:, None], (med + clip * spread)[:, None])
         mean = np.where(ok, c, 0.0).sum(axis=1) / np.maximum(cnt, 1)
         # A median and MAD of a few values are no estimate: rows with fewer than
-        # ROBUST_MIN_N values keep the plain mean and the larger of sigma and their
+        # ``robust_min_n`` values keep the plain mean and the larger of sigma and their
         # sample deviation (a job's first steps, a rank that just joined).
-        few = cnt < ROBUST_MIN_N
+        few = cnt < self.p.robust_min_n
         if few.any():
             _, m0, sd0 = self.stats(rows, n)
             mean = np.where(few, m0, mean)
@@ -264,7 +259,7 @@ class Windows:
         ranks at least, else 0)."""
         w = self.vals[rows]
         cnt = (~np.isnan(w)).sum(axis=1)
-        full = cnt >= MIN_FILL * self.width
+        full = cnt >= self.p.min_fill * self.width
         if full.sum() < 3:
             return 0.0
         w = w[full]
@@ -272,17 +267,18 @@ class Windows:
         return float(ROBUST_MAD * np.median(mad))
 
     def test(self, rows: np.ndarray, sigma: np.ndarray, delta: float, z_crit: float,
-             scales: tuple[int, ...] = SCALES, robust: bool = False,
+             scales: tuple[int, ...] | None = None, robust: bool = False,
              z_long: float | None = None, memo: dict | None = None
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per row: (confirmed, mean excess, z, window) of the best trailing window,
         ``z = (mean - delta / 2) / (max(sigma, sample std) / sqrt(count))``;
         confirmed where some window holds mean >= 0.9 delta and z >= z_crit.
         ``robust``: the window's winsorized mean and MAD spread (``robust_stats``)
-        instead of its mean and sample deviation. ``z_long``: the bar for windows holding
-        ``LONG_N`` values or more, where lower than ``z_crit``. ``memo``: a dict shared by
+        instead of its mean and sample deviation. ``scales``: the windows (``p.scales``
+        unless given). ``z_long``: the bar for windows holding ``p.long_n`` values or more, where lower than ``z_crit``. ``memo``: a dict shared by
         tests of the same rows, ``sigma`` and ``robust`` this step (only ``delta`` and the
         bars differ): each window's count, mean and standard error are computed once."""
+        p = self.p
         k = rows.size
         best_z = np.full(k, -np.inf)
         best_m = np.zeros(k)
@@ -293,21 +289,21 @@ class Windows:
             memo["sigma"] = self.noise(rows, sigma)
             memo["pool"] = self._mad_pool(rows) if robust else 0.0
         sigma, pool = memo["sigma"], memo["pool"]
-        for n in scales:
+        for n in p.scales if scales is None else scales:
             if n > self.width:
                 break
             if n not in memo:
-                rob = robust and n >= ROBUST_MIN_N
+                rob = robust and n >= p.robust_min_n
                 cnt, mean, sd = self.robust_stats(rows, n, sigma, pool) if rob \
                     else self.stats(rows, n)
                 # robust: ``sd`` is the robust spread, floored by the learned noise already
                 memo[n] = (cnt, mean, self.mean_se(rows, sd if rob else sigma, sd, cnt, n))
             cnt, mean, se = memo[n]
-            z = np.where(cnt >= MIN_FILL * n, (mean - delta / 2) / np.maximum(se, 1e-9), -np.inf)
-            # the long bar where the window holds LONG_N values or more (near-normal mean)
-            bar = np.where(cnt >= LONG_N, min(z_crit, z_long), z_crit) \
-                if z_long is not None and n >= LONG_N else z_crit
-            hit = (z >= bar) & (mean >= MEAN_FLOOR * delta)
+            z = np.where(cnt >= p.min_fill * n, (mean - delta / 2) / np.maximum(se, 1e-9), -np.inf)
+            # the long bar where the window holds long_n values or more (near-normal mean)
+            bar = np.where(cnt >= p.long_n, min(z_crit, z_long), z_crit) \
+                if z_long is not None and n >= p.long_n else z_crit
+            hit = (z >= bar) & (mean >= p.mean_floor * delta)
             # The confirming window wins over a longer, stronger-looking one that did not.
             take = (hit & ~ok) | ((hit == ok) & (z > best_z))
             best_z = np.where(take, z, best_z)
@@ -319,7 +315,7 @@ class Windows:
     def present(self, rows: np.ndarray, sigma: np.ndarray, delta: float) -> np.ndarray:
         """Still there: over the last 8, 16 or 32 steps the mean excess is at least
         ``delta / 2`` and one standard error above zero, and so is the mean of that
-        window's newest quarter (``PRESENT_RECENT``: the excess has not left the recent
+        window's newest quarter (``present_recent``: the excess has not left the recent
         steps). Looser than ``test``, so an open incident outlives noisy steps, and
         clears once the recent steps are clean: a long window's mean alone would keep
         an episode that ended alive for most of its length (a 12-step stall, over, in a
@@ -329,8 +325,8 @@ class Windows:
         for n in (8, 16, 32):
             cnt, mean, sd = self.stats(rows, n)
             se = self.mean_se(rows, sigma, sd, cnt, n)
-            _, recent, _ = self.stats(rows, max(n // PRESENT_RECENT, 2))
-            out |= (cnt >= MIN_FILL * n) & (mean >= delta / 2) & (mean >= se) \
+            _, recent, _ = self.stats(rows, max(n // self.p.present_recent, 2))
+            out |= (cnt >= self.p.min_fill * n) & (mean >= delta / 2) & (mean >= se) \
                 & (recent >= delta / 2)
         return out
 
@@ -394,10 +390,10 @@ class RankEvidence:
 
     def __init__(self, cfg: JobConfig, width: int = 32) -> None:
         self.cfg = cfg
-        self.peer = Windows(width)
-        self.own = Windows(width)
+        self.peer = Windows(width, cfg.evidence)
+        self.own = Windows(width, cfg.evidence)
         self.calm = np.zeros(0, dtype=np.int64)   # per row: steps clean and unsuspected
-        self.waited = WaitedFor()
+        self.waited = WaitedFor(cfg.evidence)
 
     def judge_waited(self, v: Verdict, ranks: list[int], top: np.ndarray, lag: np.ndarray,
                      other: np.ndarray, job_s: float) -> None:
@@ -418,7 +414,7 @@ class RankEvidence:
         # imbalance (info, never a page) with the share of the step charged to it.
         rel = mean / (1.0 - np.minimum(mean, 0.9))
         new = steady & ~v.confirmed & ~ok & ~v.imbalance
-        held = present & (before > WAIT_PRIOR_MAX)
+        held = present & (before > self.cfg.evidence.wait_prior_max)
         v.imbalance = v.imbalance | new
         v.peer_mean = np.where(new | held, np.maximum(v.peer_mean, rel), v.peer_mean)
         v.peer_n = np.where(new, self.waited.width, v.peer_n)
@@ -439,6 +435,7 @@ class RankEvidence:
               early: bool, recent: np.ndarray, job_s: float, floor: float,
               clean: np.ndarray) -> Verdict:
         cfg = self.cfg
+        p = cfg.evidence
         k = cfg.z_min / 2
         nan = np.nan
         rows = self.peer.rows_for(ranks)
@@ -470,14 +467,14 @@ class RankEvidence:
             return recent * m / (1.0 + m) >= cfg.min_rel / 2 * job_s
 
         lo, far = math.log1p(cfg.min_rel), math.log1p(cfg.far_rel)
-        zc = cfg.z_min + WINDOW_Z_EXTRA   # several windows are tested each step
+        zc = cfg.z_min + p.window_z_extra   # several windows are tested each step
         own_memo: dict = {}     # the two own-past tests share their windows' statistics
         ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc, robust=True, memo=own_memo)
-        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=True, z_long=LONG_Z)
+        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=True, z_long=p.long_z)
         # A large change against its own past (far_rel, as large as the far verdict's
-        # offset) over a long window: the far verdict's bar (LONG_Z), its evidence its size.
-        ok_l, m_l, z_l, n_l = self.own.test(rows, sig2, far, zc, scales=LONG_SCALES,
-                                            robust=True, z_long=LONG_Z, memo=own_memo)
+        # offset) over a long window: the far verdict's bar (long_z), its evidence its size.
+        ok_l, m_l, z_l, n_l = self.own.test(rows, sig2, far, zc, scales=p.long_scales,
+                                            robust=True, z_long=p.long_z, memo=own_memo)
         # Imbalance never pages: the plain bar, over the whole window.
         ok_i, m_i, _, n_i = self.peer.test(rows, sig_p, lo, cfg.z_min, scales=(self.peer.width,))
         m_s, m_f, m_i, m_l = np.expm1(m_s), np.expm1(m_f), np.expm1(m_i), np.expm1(m_l)
@@ -490,7 +487,7 @@ class RankEvidence:
         # that has not confirmed yet must not become its usual.
         # Only a drift against its own past: a rank always that far from its peers
         # still has a noise to learn, around its offset.
-        suspect = z_s >= SUSPECT_Z
+        suspect = z_s >= p.suspect_z
         if ok_l.any():
             ok_s = ok_s | ok_l
             m_s, z_s, n_s = (np.where(ok_l, m_l, m_s), np.where(ok_l, z_l, z_s),
@@ -498,12 +495,12 @@ class RankEvidence:
         if self.calm.size < len(self.peer.rows):
             self.calm = np.concatenate([self.calm, np.zeros(len(self.peer.rows) - self.calm.size,
                                                             dtype=np.int64)])
-        # Noise is learned from steps outside a finding, LEARN_DELAY steps late so that a
+        # Noise is learned from steps outside a finding, ``noise_delay`` steps late so that a
         # fault confirms before it is learned, and not around a strong drift (z >= 3 is
         # rare enough on a clean rank that its excursions are still learned).
         calm = np.where(clean & ~suspect, self.calm[rows] + 1, 0)
         self.calm[rows] = calm
-        learn = calm > LEARN_DELAY
+        learn = calm > p.noise_delay
         self.peer.learn(rows, learn)
         self.own.learn(rows, learn)
         own_present = self.own.present(rows, sig2, lo)
@@ -525,7 +522,7 @@ class RankEvidence:
                        confirmed=confirmed, self_driven=self_driven, present=present,
                        suspect=suspect,
                        back=back, warm=warm,
-                       imbalance=ok_i & share(m_i) & warm & ~confirmed & (own32 < MEAN_FLOOR * lo),
+                       imbalance=ok_i & share(m_i) & warm & ~confirmed & (own32 < p.mean_floor * lo),
                        imb_present=self.peer.present(rows, sig_p, cfg.min_rel),
                        peer_mean=m_i, peer_n=n_i, mean=mean,
                        z=np.where(ok_s | ~ok_f, z_s, z_f), n=np.where(ok_s | ~ok_f, n_s, n_f))
@@ -534,23 +531,20 @@ class RankEvidence:
 # "Waited for by its group" (``WaitedFor``): in a synchronous collective the group waits
 # for the member that arrives last (``models.alignment.waited_for``). A healthy member of
 # an n-member group is the one waited for in a step with probability about 1/n, so being
-# it in WAIT_K or more of the last WAIT_N judged steps is a binomial tail: for n = 4,
+# it in ``wait_k`` (12) or more of the last ``wait_n`` (16) judged steps is a binomial tail: for n = 4,
 # P(X >= 12 | 16, 1/4) ~ 1e-4 (n = 3: ~3e-3 before the other bars; n = 8: ~1e-8), while
-# a straggler is it nearly every step. WAIT_N = 16 outlasts the correlated disturbances
+# a straggler is it nearly every step. wait_n = 16 outlasts the correlated disturbances
 # measured on a shared 2-core VM (another tenant slowing one rank for 8-9 steps: healthy
 # shares reach 0.88 over 8 steps, at most 0.81 over 16 in 144 healthy real-job series).
 # It is a change against the rank's own past: over the steps before the window (at least
-# WAIT_PRIOR_MIN of them, the job's steps while no other rank had a finding) its share is
-# at most WAIT_PRIOR_MAX (a rank waited for since the first steps is the layout: steady
+# ``wait_prior_min`` of them, the job's steps while no other rank had a finding) its share is
+# at most ``wait_prior_max`` (a rank waited for since the first steps is the layout: steady
 # imbalance, never a page). And the wait costs the job: the lag charged to it over the
 # window is on average at least ``min_rel`` of the job's step, and the job's step time
 # over the window is at least ``min_rel / 2`` above that over the steps before (a member
 # that became the last because the others sped up cost nothing: victims are not culprits).
-WAIT_N, WAIT_K = 16, 12
-WAIT_PRIOR_N = 32            # steps before the window that make the rank's own past
-WAIT_PRIOR_MIN = 8
-WAIT_PRIOR_MAX = 0.5
-WAIT_PRESENT = 0.5           # share of the last WAIT_N steps that keeps a finding alive
+# (Settings of ``EvidenceConfig``: wait_n, wait_k, wait_prior_n, wait_prior_min,
+# wait_prior_max, wait_present.)
 
 
 class WaitedFor:
@@ -558,8 +552,13 @@ class WaitedFor:
     it (a fraction of the job's step); per step the job's step time. Numpy over the
     job's ranks, once per judged step."""
 
-    def __init__(self) -> None:
-        self.width = WAIT_N + WAIT_PRIOR_N
+    # What a WaitedFor unpickled from before its settings were stored ran with.
+    p: EvidenceConfig = EvidenceConfig()
+
+    def __init__(self, p: EvidenceConfig | None = None) -> None:
+        if p is not None:
+            self.p = p
+        self.width = self.p.wait_n + self.p.wait_prior_n
         self.rows: dict[int, int] = {}
         self.top = np.full((0, self.width), np.nan)    # 1 waited for, 0 not, NaN no group
         self.lag = np.zeros((0, self.width))
@@ -594,36 +593,38 @@ class WaitedFor:
     def now(self, rank: int) -> float:
         """The lag charged to ``rank`` in the newest judged step (fraction of the job's
         step), 0 when its group did not wait for it then: the step's own excess, where
-        ``judge``'s mean spans WAIT_N steps."""
+        ``judge``'s mean spans ``wait_n`` steps."""
         row = self.rows.get(rank)
         if row is None or self.top[row, -1] != 1.0:
             return 0.0
         return float(self.lag[row, -1])
 
     def judge(self, rows: np.ndarray, min_rel: float) -> tuple[np.ndarray, ...]:
-        """Per row: (confirmed, present, share of the last WAIT_N steps, mean lag charged
+        """Per row: (confirmed, present, share of the last wait_n steps, mean lag charged
         over them as a fraction of the job's step, steps back to the onset, steady: as
         confirmed but waited for before the window too, its share before the window)."""
+        p = self.p
+        wn = p.wait_n
         top = self.top[rows]
-        win = top[:, -WAIT_N:]
+        win = top[:, -wn:]
         hit = np.nan_to_num(win).sum(axis=1)
-        share = hit / WAIT_N
-        lag = self.lag[rows, -WAIT_N:].mean(axis=1)
-        prior = np.where(self.other[rows, :-WAIT_N], np.nan, top[:, :-WAIT_N])
+        share = hit / wn
+        lag = self.lag[rows, -wn:].mean(axis=1)
+        prior = np.where(self.other[rows, :-wn], np.nan, top[:, :-wn])
         pn = (~np.isnan(prior)).sum(axis=1)
         pshare = np.nan_to_num(prior).sum(axis=1) / np.maximum(pn, 1)
-        jw, jp = self.job[-WAIT_N:], self.job[:-WAIT_N]
+        jw, jp = self.job[-wn:], self.job[:-wn]
         jw, jp = jw[~np.isnan(jw)], jp[~np.isnan(jp)]
         rise = float(np.median(jw)) / float(np.median(jp)) - 1.0 \
             if jw.size and jp.size and np.median(jp) > 0 else 0.0
-        confirmed = (hit >= WAIT_K) & (pn >= WAIT_PRIOR_MIN) & (pshare <= WAIT_PRIOR_MAX) \
+        confirmed = (hit >= p.wait_k) & (pn >= p.wait_prior_min) & (pshare <= p.wait_prior_max) \
             & (lag >= min_rel) & (rise >= min_rel / 2)
-        present = (share >= WAIT_PRESENT) & (lag >= min_rel / 2)
+        present = (share >= p.wait_present) & (lag >= min_rel / 2)
         back = np.zeros(rows.size, dtype=np.int64)
         for i in np.flatnonzero(confirmed):
             # the CUSUM change-point of the 0/1 series: the suffix that gains the most
-            v = np.nan_to_num(top[i, -WAIT_N:]) - (share[i] + pshare[i]) / 2
+            v = np.nan_to_num(top[i, -wn:]) - (share[i] + pshare[i]) / 2
             back[i] = int(np.argmax(np.cumsum(v[::-1]))) + 1
-        steady = (hit >= WAIT_K) & (pn >= WAIT_PRIOR_MIN) & (pshare > WAIT_PRIOR_MAX) \
+        steady = (hit >= p.wait_k) & (pn >= p.wait_prior_min) & (pshare > p.wait_prior_max) \
             & (lag >= min_rel)
         return confirmed, present, share, lag, back, steady, np.where(pn > 0, pshare, 0.0)

@@ -33,24 +33,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from failslow.models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
-from failslow.models.config import JobConfig
+from failslow.models.config import JobConfig, LinkConfig
 from failslow.models.cusum import capped_increment, cusum_update
 from failslow.models.findings import Finding
 from failslow.models.peers import lower_half_ref
-from failslow.models.rootcause import (
-    CONGESTION,
-    NIC_AGREE,
-    NIC_ERRORS,
-    NIC_OUTLIER,
-    lower_quartiles,
-)
+from failslow.models.rootcause import CONGESTION, NIC_ERRORS, lower_quartiles
 from failslow.models.stats import RollingMedian
 from failslow.models.telemetry import TelemetryStore
 
 P2P = ("send", "recv")
-RUN_MAX = 32        # steps of a group's evidence run kept (its fade check)
-CLOCK_GAIN = 0.5    # share of a step's measured clock offset taken (the hosts' estimates
-                    # depend on each other: a full step would overshoot)
 
 
 class GroupState:
@@ -66,7 +57,7 @@ class GroupState:
         self.extra_s = 0.0
         self.rel = 0.0
         # log(1 + relative excess) of each step of the evidence run (since the CUSUM left
-        # zero, the newest last, RUN_MAX at most) and the newest step's z: the per-step
+        # zero, the newest last, ``run_max`` at most) and the newest step's z: the per-step
         # series its evidence reports (``mean_excess``, ``step_z``)
         self.run: list[float] = []
         self.z = 0.0
@@ -121,7 +112,7 @@ class LinkMonitor:
             for h, e in zip(hosts, ends, strict=True):
                 resid.setdefault(h, []).append(e - mid)
         for h, rs in resid.items():
-            clock[h] = clock.get(h, 0.0) + CLOCK_GAIN * _median(rs)
+            clock[h] = clock.get(h, 0.0) + self.cfg.links.clock_gain * _median(rs)
         if not clock:
             return {}
         return {r: clock.get(h, 0.0) for r, h in rank_host.items()}
@@ -207,7 +198,7 @@ class LinkMonitor:
             st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
             if st.cusum > 0:
                 st.run.append(math.log1p(max(rel, -0.5)))
-                del st.run[:-RUN_MAX]
+                del st.run[:-cfg.links.run_max]
                 st.z = zi
             if not weak:
                 if cost[i] > 0:
@@ -325,9 +316,10 @@ def far_end(f: Finding, members: Sequence[tuple[int, ...]], rank_host: dict[int,
 
 def refine_with_nics(f: Finding, slow_members: Sequence[tuple[int, ...]], store: TelemetryStore,
                      rank_host: dict[int, str], rank_gpu: dict[int, int],
-                     memo: dict[Any, Any] | None = None) -> tuple[Finding, bool]:
+                     memo: dict[Any, Any] | None = None, p: LinkConfig | None = None
+                     ) -> tuple[Finding, bool]:
     """Re-aim a slow_link finding at the host or rank pair whose NIC counters
-    stand out (``NIC_OUTLIER`` x the job's other NICs), when that explanation is
+    stand out (``p.nic_outlier`` x the job's other NICs), when that explanation is
     consistent with every slow group: most NICs of one host, or a single NIC,
     -> that host; one NIC at each of two hosts -> the rank pair they serve.
     Returns (the finding, possibly re-aimed; whether the NICs decided it).
@@ -338,7 +330,7 @@ def refine_with_nics(f: Finding, slow_members: Sequence[tuple[int, ...]], store:
     got = memo.get(hosts) if memo is not None else None
     if got is None:
         nics = {k: d for k, d in store.nics.items() if k[0] in hosts}
-        got = (nics, outlier_nics(nics) if len(nics) >= 4 else [])
+        got = (nics, outlier_nics(nics, p) if len(nics) >= 4 else [])
         if memo is not None:
             memo[hosts] = got
     nics, bad = got
@@ -378,20 +370,22 @@ def _median(xs: list[float]) -> float:
 _OUTLIER_NAMES = CONGESTION + NIC_ERRORS   # outlier_nics' counters, in its rows' order
 
 
-def outlier_nics(nics: dict[tuple[str, str, int], Any]) -> list[tuple[str, str]]:
+def outlier_nics(nics: dict[tuple[str, str, int], Any],
+                 p: LinkConfig | None = None) -> list[tuple[str, str]]:
     """(host, nic) of the ports whose congestion or error counters grow at least
-    ``NIC_OUTLIER`` times the ports' lower quartile, on ``NIC_AGREE`` counters.
+    ``p.nic_outlier`` times the ports' lower quartile, on ``p.nic_agree`` counters.
     The quartile is taken once per counter over all ports (one port more or
     less in the reference does not move a quartile). One numpy pass over a
     (counter x port) matrix of rates."""
     if not nics:
         return []
+    p = p or LinkConfig()
     devs = [d.rates for d in nics.values()]
     rates = np.array([[r.get(name, 0.0) for r in devs] for name in _OUTLIER_NAMES])
     refs = lower_quartiles(rates)
-    hit = (rates > 0) & (rates >= NIC_OUTLIER * np.maximum(refs[:, None], 0.01 * rates))
+    hit = (rates > 0) & (rates >= p.nic_outlier * np.maximum(refs[:, None], 0.01 * rates))
     k = len(CONGESTION)
-    bad = (hit[:k].sum(axis=0) >= NIC_AGREE) | (hit[k:].sum(axis=0) >= NIC_AGREE)
+    bad = (hit[:k].sum(axis=0) >= p.nic_agree) | (hit[k:].sum(axis=0) >= p.nic_agree)
     keys = list(nics)
     return [(keys[i][0], keys[i][1]) for i in np.flatnonzero(bad).tolist()]
 

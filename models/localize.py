@@ -11,7 +11,7 @@ import numpy as np
 
 from failslow.models.alignment import Collective, lags
 from failslow.models.config import JobConfig
-from failslow.models.evidence import WAIT_K, WAIT_N, RankEvidence
+from failslow.models.evidence import RankEvidence
 from failslow.models.findings import Finding, job_pct
 from failslow.models.ranks import RankState
 from failslow.models.stats import median
@@ -52,7 +52,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
     # (``models.evidence.WaitedFor``) is a rank fault whatever its host-mates do: when
     # a host is slow, the group waits for one of its ranks or another, never one alone.
     solo = {r for r in left if r in job.ranks and job.ranks[r].kind is not None
-            and job.ranks[r].waited_share >= WAIT_K / WAIT_N}
+            and job.ranks[r].waited_share >= job.cfg.evidence.waited_bar}
     hosted = left - solo
     for h, members in per_host.items():
         if len(members) < 2:
@@ -132,7 +132,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
             hosts=[rh] if rh else [],
             gpus=[(rh, g)] if rh is not None and g is not None else [],
             data_share=_share(st.data_excess_s, st.excess_s),
-            lost_s=st.lost_s, world=job.world, rule=_rank_rule(st),
+            lost_s=st.lost_s, world=job.world, rule=_rank_rule(st, job.cfg.evidence.waited_bar),
             evidence={"work_excess_s": round(st.excess_s, 4),
                       "rel_to_peers": round(st.rel, 3),
                       "rel_to_own_past": round(st.self_rel, 3),
@@ -180,10 +180,11 @@ def imbalances(job: JobState, ranks: list[int], job_s: float) -> list[Finding]:
     return out
 
 
-def _rank_rule(st: RankState) -> str:
+def _rank_rule(st: RankState, waited_bar: float) -> str:
     """The signal behind a rank's finding: its group waiting for it in most of its last
-    steps, else what confirmed it (a change against its own past, or its peers)."""
-    if st.waited_share >= WAIT_K / WAIT_N:
+    steps (``waited_bar``), else what confirmed it (a change against its own past, or its
+    peers)."""
+    if st.waited_share >= waited_bar:
         return "step-waited"
     return "step-own-past" if st.kind == "change" else "step-peers"
 

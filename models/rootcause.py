@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow.models.config import LinkConfig
 from failslow.models.stats import median
 from failslow.models.telemetry import Device, TelemetryStore
 
@@ -27,14 +28,12 @@ GPU_ERROR_COUNTERS = ("ecc_dbe_total", "ecc_sbe_total", "nvlink_crc_errors_total
 TIERS = (("gpu_errors", "pcie_degraded", "gpu_thermal", "gpu_power", "nic_errors",
           "nic_congestion"), ("cpu_contention",), ("input_stall",), ("gpu_clock",))
 Scores = dict[str, tuple[float, dict[str, Any]]]
-# Error counters that stay at zero on healthy devices (ECC, PCIe replays): a rate
-# counts from one event a minute up, so a lone correctable error is no fault.
-SPARSE_FLOOR_PER_S = 1.0 / 60.0
-NIC_AGREE = 2     # NIC counters that must agree before a port counts as congested/erroring
-# A NIC is congested / erroring when those counters grow this many times faster than
-# the job's typical NIC (incast bursts on healthy ports reach ~30x for one sample;
-# smoothing spreads that below this, real congestion is orders of magnitude above).
-NIC_OUTLIER = 20.0
+# Thresholds: ``LinkConfig`` (``[rules.links]``). ``sparse_floor_per_s``: error counters
+# that stay at zero on healthy devices (ECC, PCIe replays) count as a rate from one event
+# a minute up, so a lone correctable error is no fault. ``nic_outlier``: a NIC is congested
+# / erroring when ``nic_agree`` of its counters grow this many times faster than the job's
+# typical NIC (incast bursts on healthy ports reach ~30x for one sample; smoothing spreads
+# that below 20x, real congestion is orders of magnitude above).
 
 
 def _peer_stats(values: list[float]) -> tuple[float, float]:
@@ -90,7 +89,8 @@ def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
     return (ratios[agree - 1] if len(ratios) >= agree else 0.0), ev
 
 
-def gpu_scores(dev: Device, peers: list[Device]) -> Scores:
+def gpu_scores(dev: Device, peers: list[Device], p: LinkConfig | None = None) -> Scores:
+    p = p or LinkConfig()
     out: Scores = {}
 
     def throttled(group: str) -> bool:
@@ -111,14 +111,14 @@ def gpu_scores(dev: Device, peers: list[Device]) -> Scores:
         out["gpu_power"] = (-limit[0] / 4, {"power_limit_w": limit[1]})
     if dev.xids:
         out["gpu_errors"] = (5.0, {"xid": sorted(set(dev.xids))[:8]})
-    ratio, ev = rate_ratio(dev, peers, GPU_ERROR_COUNTERS, floor_per_s=SPARSE_FLOOR_PER_S)
+    ratio, ev = rate_ratio(dev, peers, GPU_ERROR_COUNTERS, floor_per_s=p.sparse_floor_per_s)
     if ratio >= 5 and "gpu_errors" not in out:
         out["gpu_errors"] = (min(ratio / 5, 5.0), ev)
     g = dev.gauges
     for cur, top in (("pcie_gen", "pcie_max_gen"), ("pcie_width", "pcie_max_width")):
         if cur in g and top in g and g[cur] < g[top] - 0.5:
             out["pcie_degraded"] = (4.0, {cur: g[cur], top: g[top]})
-    ratio, ev = rate_ratio(dev, peers, ("pcie_replay_total",), floor_per_s=SPARSE_FLOOR_PER_S)
+    ratio, ev = rate_ratio(dev, peers, ("pcie_replay_total",), floor_per_s=p.sparse_floor_per_s)
     if ratio >= 5 and "pcie_degraded" not in out:
         out["pcie_degraded"] = (min(ratio / 5, 3.0), ev)
     for name in ("pcie_gen", "pcie_width"):
@@ -155,38 +155,41 @@ def host_scores(dev: Device, peers: list[Device]) -> Scores:
     return out
 
 
-def nic_scores(devs: list[Device], peers: list[Device]) -> Scores:
+def nic_scores(devs: list[Device], peers: list[Device], p: LinkConfig | None = None) -> Scores:
+    p = p or LinkConfig()
+    bar = p.nic_outlier
     out: Scores = {}
     for dev in devs:
-        ratio, ev = rate_ratio(dev, peers, CONGESTION, NIC_AGREE)
-        if ratio >= NIC_OUTLIER and ratio / NIC_OUTLIER > out.get("nic_congestion", (0.0, {}))[0]:
-            out["nic_congestion"] = (ratio / NIC_OUTLIER, ev)
-        ratio, ev = rate_ratio(dev, peers, NIC_ERRORS, NIC_AGREE)
+        ratio, ev = rate_ratio(dev, peers, CONGESTION, p.nic_agree)
+        if ratio >= bar and ratio / bar > out.get("nic_congestion", (0.0, {}))[0]:
+            out["nic_congestion"] = (ratio / bar, ev)
+        ratio, ev = rate_ratio(dev, peers, NIC_ERRORS, p.nic_agree)
         if dev.down:
-            ratio, ev = max(ratio, 2 * NIC_OUTLIER), {**ev, "state": "down"}
+            ratio, ev = max(ratio, 2 * bar), {**ev, "state": "down"}
         speed = _gauge_z(dev, peers, "speed_gbps")
         if speed and speed[0] <= -4:
-            ratio, ev = max(ratio, 2 * NIC_OUTLIER), {**ev, "speed_gbps": speed[1]}
-        if ratio >= NIC_OUTLIER and ratio / NIC_OUTLIER > out.get("nic_errors", (0.0, {}))[0]:
-            out["nic_errors"] = (ratio / NIC_OUTLIER, ev)
+            ratio, ev = max(ratio, 2 * bar), {**ev, "speed_gbps": speed[1]}
+        if ratio >= bar and ratio / bar > out.get("nic_errors", (0.0, {}))[0]:
+            out["nic_errors"] = (ratio / bar, ev)
     return out
 
 
 def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tuple[str, int]],
               job_hosts: set[str], data_share: float,
-              nic_slots: set[tuple[str, str]] | None = None) -> tuple[str, dict[str, Any]]:
+              nic_slots: set[tuple[str, str]] | None = None,
+              p: LinkConfig | None = None) -> tuple[str, dict[str, Any]]:
     """Pick the root cause of a located fault.
 
     ``hosts`` / ``gpus`` are the culprit's devices; ``job_hosts`` bound the
     peers; ``nic_slots`` optionally names the culprit's NICs as (host, nic name); ``data_share`` is the part of the culprit's extra time spent waiting
-    for input (0..1). Returns ``(root_cause, evidence)``.
+    for input (0..1); ``p`` the job's thresholds. Returns ``(root_cause, evidence)``.
     """
     scores: Scores = {}
     if data_share >= 0.5:
         scores["input_stall"] = (2.0 * data_share, {"data_share_of_excess": round(data_share, 2)})
     if fault in ("slow_rank", "slow_host"):
         peers_g = [d for (h, i), d in store.gpus.items() if h in job_hosts and (h, i) not in gpus]
-        per_gpu = [(key, gpu_scores(store.gpus[key], peers_g)) for key in gpus
+        per_gpu = [(key, gpu_scores(store.gpus[key], peers_g, p)) for key in gpus
                    if key in store.gpus]
         # A host-wide fault must show on at least half of the host's GPUs.
         need = (len(per_gpu) + 1) // 2 if fault == "slow_host" else 1
@@ -207,7 +210,7 @@ def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tu
             return (key[0], key[1]) in nic_slots if nic_slots else key[0] in hosts
         job_nics = [(k, d) for k, d in store.nics.items() if k[0] in job_hosts]
         scores.update(nic_scores([d for k, d in job_nics if mine(k)],
-                                 [d for k, d in job_nics if not mine(k)]))
+                                 [d for k, d in job_nics if not mine(k)], p))
     # Sorted: the output bytes must not depend on the order causes were scored in.
     evidence = {c: {"score": round(s, 2), **ev} for c, (s, ev) in sorted(scores.items())}
     strong = {c: s for c, (s, _) in scores.items() if s >= 1.0}

@@ -2,7 +2,9 @@
 
 Sections (TOML tables; docs/detection.md lists every key):
 
-- ``[rules]``: the thresholds the rules share (``models.config.JobConfig``);
+- ``[rules]``: the thresholds the rules share (``models.config.JobConfig``), with its
+  sections ``[rules.evidence]`` (``EvidenceConfig``: the windowed tests) and
+  ``[rules.links]`` (``LinkConfig``: collective groups, NIC counters);
 - ``[policy]``: the paging policy (``models.policy.PolicyConfig``);
 - ``[planner]``: the mitigation ladder (``models.mitigation.Planner``);
 - ``[mitigate]``: closing the loop (``models.actions.MitigationConfig``), kept as given;
@@ -25,6 +27,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from failslow.models.config import SECTIONS as RULE_SECTIONS
 from failslow.models.config import JobConfig
 from failslow.models.mitigation import Planner
 from failslow.models.policy import PolicyConfig
@@ -46,6 +49,13 @@ def _params(cls: type) -> dict[str, Any]:
 def _typed(where: str, key: str, value: Any, default: Any) -> Any:
     """``value`` as the type of ``default`` (an int where an int is due, a number where a
     float is); DetectionConfigError otherwise."""
+    if isinstance(default, tuple):      # a list of whole numbers (window lengths)
+        ok = isinstance(value, list | tuple) and bool(value) and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+        if not ok:
+            raise DetectionConfigError(f"{where}.{key}: {value!r} is not a list of whole "
+                                       "numbers >= 1")
+        return tuple(value)
     if isinstance(default, bool) or default is None:
         ok = isinstance(value, bool) or default is None
     elif isinstance(default, int):
@@ -72,6 +82,23 @@ def _table(where: str, table: Any, known: dict[str, Any]) -> dict[str, Any]:
             raise DetectionConfigError(
                 f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
         out[key] = _typed(where, key, value, known[key])
+    return out
+
+
+def _rules(where: str, table: Any, base: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (a ``[rules]`` table as given so far) updated with ``table``: its keys
+    are ``JobConfig``'s parameters, its sub-tables (``RULE_SECTIONS``) merge key by key."""
+    if not isinstance(table, dict):
+        raise DetectionConfigError(f"{where}: expected a table, got {table!r}")
+    known = {k: v for k, v in _params(JobConfig).items() if k not in RULE_SECTIONS}
+    out = dict(base)
+    out.update(_table(where, {k: v for k, v in table.items() if k not in RULE_SECTIONS},
+                      {**known, **dict.fromkeys(RULE_SECTIONS)}))
+    for name, cls in RULE_SECTIONS.items():
+        if name in table:
+            sec = _table(f"{where}.{name}", table[name],
+                         {f.name: f.default for f in fields(cls)})
+            out[name] = {**base.get(name, {}), **sec}
     return out
 
 
@@ -131,8 +158,7 @@ class DetectionConfig:
         return base
 
     def _with(self, data: dict[str, Any], prefix: str) -> DetectionConfig:
-        rules = dict(self.rules)
-        rules.update(_table(prefix + "rules", data.get("rules", {}), _params(JobConfig)))
+        rules = _rules(prefix + "rules", data.get("rules", {}), self.rules)
         planner = dict(self.planner)
         planner.update(_table(prefix + "planner", data.get("planner", {}), _params(Planner)))
         pol_known = {f.name: f.default for f in fields(PolicyConfig)}
@@ -167,14 +193,23 @@ class DetectionConfig:
         return self.for_job(job_id).policy
 
     def job_config(self) -> JobConfig:
-        return JobConfig(**self.rules)
+        plain = {k: v for k, v in self.rules.items() if k not in RULE_SECTIONS}
+        return JobConfig(**plain, **{name: cls(**self.rules.get(name, {}))
+                                     for name, cls in RULE_SECTIONS.items()})
 
     def make_planner(self) -> Planner:
         return Planner(**self.planner)
 
     def describe(self) -> dict[str, Any]:
         """Every setting with its value (defaults filled in): what docs/detection.md lists."""
-        return {"rules": {**_params(JobConfig), **self.rules},
+        plain = {k: v for k, v in self.rules.items() if k not in RULE_SECTIONS}
+        rules: dict[str, Any] = {k: v for k, v in _params(JobConfig).items()
+                                 if k not in RULE_SECTIONS}
+        rules.update(plain)
+        for name, cls in RULE_SECTIONS.items():
+            rules[name] = {**{f.name: f.default for f in fields(cls)},
+                           **self.rules.get(name, {})}
+        return {"rules": rules,
                 "policy": {f.name: getattr(self.policy, f.name) for f in fields(PolicyConfig)},
                 "planner": {**_params(Planner), **self.planner},
                 "mitigate": self.mitigate}

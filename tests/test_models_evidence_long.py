@@ -1,4 +1,4 @@
-"""The far verdict's bar over long windows (models/evidence.py ``LONG_N``, ``LONG_Z``).
+"""The far verdict's bar over long windows (``EvidenceConfig.long_n``, ``long_z``).
 
 A rank far outside its peers (its mean excess at least 0.9 x ``far_rel``, 25 %) over a
 window of 24 steps or more confirms at z 3 instead of z_min (4): the far verdict's
@@ -16,11 +16,11 @@ import math
 
 import numpy as np
 
-from failslow.models import evidence
-from failslow.models.config import JobConfig
-from failslow.models.evidence import LONG_N, LONG_Z, RankEvidence, Windows
+from failslow.models.config import EvidenceConfig, JobConfig
+from failslow.models.evidence import RankEvidence, Windows
 
 FAR = math.log1p(0.25)
+LONG_N, LONG_Z = EvidenceConfig().long_n, EvidenceConfig().long_z
 
 
 def _job(after: list[float], seed: int, before: int = 40) -> tuple[Windows, np.ndarray]:
@@ -106,7 +106,7 @@ def test_large_change_against_own_past_confirms_over_a_long_window(monkeypatch):
     # +65 % (0.5 in log) on a stage whose own work moves 45 % a step: the own-past test at
     # 5 % needs z 4; a change of 25 % or more over 24+ values confirms at z 3, earlier
     with_long = {seed: _first_confirmed(seed) for seed in (3, 8)}
-    monkeypatch.setattr(evidence, "LONG_SCALES", ())
+    monkeypatch.setattr(EvidenceConfig, "long_scales", property(lambda self: ()))
     without = {seed: _first_confirmed(seed) for seed in (3, 8)}
     for seed in (3, 8):
         assert with_long[seed] is not None and without[seed] is not None

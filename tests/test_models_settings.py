@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,11 +58,68 @@ rules = {min_rel = 0.1}
     ("[[override]]\npolicy = {page_steps = 3}\n", "override[0]: needs jobs"),
     ("[[override]]\njobs = 'a*'\npolicy = {nope = 3}\n", "override[0].policy: unknown key"),
     ("page_steps = [\n", "not TOML"),
+    ("[rules.evidence]\nscales = [6, 0.5]\n", "rules.evidence.scales: [6, 0.5] is not a list"),
+    ("[rules.links]\nnic_outlyer = 30\n", "rules.links: unknown key 'nic_outlyer'"),
+    ("[rules]\nevidence = 3\n", "rules.evidence: expected a table"),
+    ("[[override]]\njobs = 'a*'\nrules.evidence.long_z = -1\n",
+     "override[0].rules.evidence.long_z: -1.0 must be >= 0"),
 ])
 def test_an_unknown_key_or_a_bad_value_is_one_line(tmp_path, text, words):
     with pytest.raises(DetectionConfigError) as e:
         DetectionConfig.load(write(tmp_path, text))
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_rule_sections_reach_every_model_of_the_job(tmp_path):
+    """``[rules.evidence]`` / ``[rules.links]`` and per-job overrides of them land in the
+    job's windows, its waited-for record and its link thresholds."""
+    from failslow.models.job import JobState
+
+    cfg = DetectionConfig.load(write(tmp_path, """
+[rules.evidence]
+long_z = 2.5
+scales = [6, 12]
+[rules.links]
+nic_outlier = 30
+[[override]]
+jobs = "llm-*"
+rules.evidence.noise_delay = 4
+"""))
+    det = Detector(config=cfg)
+    llm, other = det._job_cfg("llm-1"), det._job_cfg("bert")
+    assert (llm.evidence.noise_delay, llm.evidence.long_z, llm.evidence.scales) == (4, 2.5, (6, 12))
+    assert other.evidence.noise_delay == 8 and other.links.nic_outlier == 30.0
+    job = JobState("llm-1", llm)
+    assert job.evidence.own.p.noise_delay == 4 and job.evidence.peer.p.scales == (6, 12)
+    assert job.evidence.waited.p is llm.evidence and job.links.cfg.links.nic_outlier == 30.0
+    described = cfg.describe()["rules"]
+    assert described["evidence"]["long_z"] == 2.5 and described["links"]["run_max"] == 32
+
+
+def test_docs_list_every_key_of_the_tree():
+    text = (ROOT / "docs" / "detection.md").read_text()
+    described = DetectionConfig().describe()
+    missing = [f"{sec}.{k}" for sec in ("rules", "policy", "planner")
+               for k in described[sec] if not re.search(rf"\b{k}\b", text)]
+    missing += [f"rules.{name}.{k}" for name in ("evidence", "links")
+                for k in described["rules"][name] if f"| `{k}` |" not in text]
+    assert not missing, f"docs/detection.md does not list {missing}"
+
+
+def test_nic_outlier_bar_decides_which_ports_stand_out():
+    from failslow.models.config import LinkConfig
+    from failslow.models.links import outlier_nics
+    from failslow.models.telemetry import Device
+
+    nics = {}
+    for h in range(8):
+        d = Device()
+        d.rates = {"rx_pause_total": 1.0, "cnp_sent_total": 1.0}
+        nics[(f"h{h}", "mlx5_0", 0)] = d
+    nics[("h3", "mlx5_0", 0)].rates = {"rx_pause_total": 25.0, "cnp_sent_total": 25.0}
+    assert outlier_nics(nics) == [("h3", "mlx5_0")]                     # 25x >= 20x
+    assert outlier_nics(nics, LinkConfig(nic_outlier=30.0)) == []        # 25x < 30x
+    assert outlier_nics(nics, LinkConfig(nic_agree=3)) == []             # two counters agree
 
 
 @pytest.mark.parametrize("command", [["detect", "TRACE"], ["worker"], ["demo"]])
@@ -101,20 +159,36 @@ def test_detect_applies_the_file(tmp_path):
 NOT_THRESHOLDS = {
     "incidents": {"RECHECK_S", "UNEXPLAINED_MAX", "PERIOD_N", "ENDS_N"},
     "job": {"NOSTEP_WINDOWS", "NOSTEP_LEARN", "SUB_EMITS"},
-    "migrate": {"STATE_VERSION"},
+    # the snapshot's version, its migrations by version, defaults of fields added to it
+    "migrate": {"STATE_VERSION", "STEPS", "INCIDENT_SLOTS"},
+    # constants of the normal law (MAD, lower-half MAD and IQR per sigma): units, not bars
+    "evidence": {"ROBUST_MAD"},
+    "peers": {"LOWER_HALF_MAD",
+              "PARTITION_MIN"},   # sort or partition: the same order statistics either way
+    "stats": {"IQR_PER_SIGMA"},
+    # array layout: the header entries of an open collective and their indexes
+    "alignment": {"HEAD", "STEP", "GROUP", "OP", "BYTES"},
+    "telemetry": {"REASON_GROUPS"},   # NVML clock-event reason bitmasks (wire format)
+    # deployment sizing from FAILSLOW_SHARD_RANKS: how a job is split over workers
+    "shard": {"SHARD_RANKS"},
+    "pipeline": {"TELEMETRY_QUEUE_CAP"},   # memory bound of the telemetry queue
 }
 
 
 def _module_numbers(path: Path) -> set[str]:
+    """Upper-case module-level names assigned an expression holding a number (also
+    ``A, B = 1, 2``)."""
     names = set()
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper():
-            value = node.value
-            nums = [n for n in ast.walk(value) if isinstance(n, ast.Constant)
-                    and isinstance(n.value, int | float) and not isinstance(n.value, bool)]
-            if nums:
-                names.add(node.targets[0].id)
+        if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        found = [n.id for t in targets for n in ast.walk(t)
+                 if isinstance(n, ast.Name) and n.id.isupper()]
+        nums = [n for n in ast.walk(node.value) if isinstance(n, ast.Constant)
+                and isinstance(n.value, int | float) and not isinstance(n.value, bool)]
+        if found and nums:
+            names.update(found)
     return names
 
 
