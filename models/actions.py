@@ -14,15 +14,15 @@ the tests feed it the same events.
 * ``whole_counts``: those fractions as whole samples (or micro-batches) of a global
   batch, the same on every rank (a pure function of its inputs).
 * ``ActionPlanner``: incidents and step events in, ``action`` events out (one per
-  incident at a time; a rollback to equal shares when the culprit's time per sample is
-  back within its peers').
+  incident at a time, refined on the new shares' own measurements; a rollback to equal
+  shares when the incident resolves).
 
-Why the rollback watches time per sample and not only the incident: a rebalance that
-works makes the culprit's step look like its peers', so the detector resolves its
-incident while the fault is still there. Rolling back on that resolve would bring the
-slowdown straight back (and the incident, and the action: a flap). Time per sample
-(``compute_s / samples``, the ``samples`` the hook reports for its share) stays slow for
-as long as the fault does, so it is what says the culprit recovered.
+Why the rollback may follow the incident's resolve: the detector judges a rank's own
+work per unit of its share (``models.job``: steps carry ``samples``), so a rebalance
+that works does not make the culprit look like its peers; its incident stays open as
+long as the fault does, and resolves when the rank is fast again per sample. (Judged
+per step, it resolved 7 steps after the switch while the fault was still there, and a
+rollback on that resolve brought the slowdown straight back: a flap.)
 
 >>> plan_shares({0: 1.0, 1: 1.0, 2: 2.0, 3: 1.0})
 {0: 0.2857, 1: 0.2857, 2: 0.1429, 3: 0.2857}
@@ -62,7 +62,13 @@ class MitigationConfig:
     start, an ``info`` incident), never by default. floor: the least share a rank gets,
     as a fraction of an equal share (0.25: a quarter). warm_steps: no action in a job's
     first steps (compilation and caches make them noisy). min_gain: the culprit's time per
-    sample must be at least this much above its peers' (0.2: 20 %) to act. window_steps: steps of time per sample the plan reads.
+    sample must be at least this much above its peers' (0.2: 20 %) to act. window_steps:
+    steps of time per sample the plan reads. persist_steps: an ``info`` (not paged)
+    compute straggler gets its rebalance once its incident has stayed open this many
+    steps (a transient never does) and its time per sample is ``min_gain`` slower.
+    refine: refinements per incident: after ``window_steps`` steps on the new shares
+    the plan is made again from the time per sample measured on them, and sent when it
+    moves the culprit's share by ``refine_gain`` (10 %) or more of it.
     lead_steps: ``apply_at_step`` is this many steps after the newest step seen (time for
     the action to reach every rank). ttl_s: an action not applied by ``ts + ttl_s`` is
     dropped. drain_command: a command run once per escalation of a persistent hardware
@@ -81,6 +87,8 @@ class MitigationConfig:
     min_gain: float = 0.20
     window_steps: int = 8
     warm_steps: int = 20
+    persist_steps: int = 16
+    refine: int = 3
     lead_steps: int = 2
     ttl_s: float = 120.0
     drain_command: str | None = None
@@ -98,10 +106,12 @@ class MitigationConfig:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise MitigationConfigError(f"mitigate.{name}: {v!r} is not a positive number")
-        for name in ("window_steps", "lead_steps", "warm_steps"):
+        for name in ("window_steps", "lead_steps", "warm_steps", "persist_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise MitigationConfigError(f"mitigate.{name}: {v!r} is not an integer >= 1")
+        if not isinstance(self.refine, int) or isinstance(self.refine, bool) or self.refine < 0:
+            raise MitigationConfigError(f"mitigate.refine: {self.refine!r} is not an integer >= 0")
 
     @classmethod
     def from_mapping(cls, table: dict[str, Any]) -> MitigationConfig:
@@ -189,7 +199,7 @@ class _Held:
     incident_id: str
     rank: int
     action: dict[str, Any]
-    clean: int = 0
+    refined: int = 0
 
 
 class ActionPlanner:
@@ -197,27 +207,25 @@ class ActionPlanner:
 
     ``observe(step_event)`` keeps each rank's recent time per sample
     (``compute_s / samples``; ``samples`` absent: one, equal shares) and the job's newest
-    step; ``on_incident(incident)`` returns the actions the incident causes (a
-    ``rebalance_microbatches`` for a paged compute straggler, a ``drain_host`` on an
-    escalation); ``observe`` itself returns a rollback once a held culprit recovered
-    (from ``recover_window`` steps on the new shares on, the median of its steps since the
-    switch back within ``recover_gain`` x ``min_gain`` of its peers' (hysteresis: a
-    smaller share carries the same per-step overhead over fewer samples, so a recovered
-    rank still looks a little slower per sample), ``recover_steps`` steps in a row:
-    quick, because every step of a rebalance past the recovery makes the healthy ranks
-    do the recovered rank's work). Nothing is planned in a job's first ``warm_steps``.
-    Nothing is published for a job whose mode is ``off``; ``suggest`` marks every action
-    ``dry_run`` (the job ignores those). ``now`` is the event time (seconds) the actions
-    are stamped with: the newest event's, so replays give the same actions.
+    step; ``on_incident(incident)`` returns the actions the incident causes: a
+    ``rebalance_microbatches`` for a paged compute straggler, a rollback to equal shares
+    when the incident it answers resolves, a ``drain_host`` on an escalation. ``observe``
+    itself returns the actions the steps cause: the rebalance of an ``info`` straggler
+    whose incident persisted ``persist_steps`` steps, and the refinements (up to
+    ``refine``: after ``window_steps`` steps on the new shares, the plan made again from
+    the time per sample measured on them, sent when it moves the culprit's share by
+    ``refine_gain`` of it or more; on shared cores, where a rank's wall time blurs with
+    its peers', the first plan undershoots and this converges on equal compute per
+    step). Nothing is planned in a job's first ``warm_steps``. Nothing is published for
+    a job whose mode is ``off``; ``suggest`` marks every action ``dry_run`` (the job
+    ignores those). ``now`` is the event time (seconds) the actions are stamped with: the
+    newest event's, so replays give the same actions.
     """
 
-    def __init__(self, config: MitigationConfig | None = None, recover_steps: int = 2,
-                 recover_window: int = 6, recover_gain: float = 0.75,
+    def __init__(self, config: MitigationConfig | None = None, refine_gain: float = 0.10,
                  forget_s: float = 3600.0) -> None:
         self.config = config or MitigationConfig()
-        self.recover_gain = recover_gain
-        self.recover_steps = recover_steps
-        self.recover_window = recover_window
+        self.refine_gain = refine_gain
         self.forget_s = forget_s
         self._observed = 0
         # job -> rank -> recent (step, compute_s / samples)
@@ -227,8 +235,16 @@ class ActionPlanner:
         self._newest: dict[str, tuple[int, float]] = {}
         self._world: dict[str, int] = {}
         self._held: dict[str, _Held] = {}          # job -> the action in effect
+        # job -> an open info straggler's incident and the step it was first seen
+        self._waiting: dict[str, tuple[dict[str, Any], float]] = {}
         self._drained: set[str] = set()            # incidents whose drain went out
         self._version: dict[str, int] = {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a planner pickled before persist_steps and refinements (a worker's snapshot)
+        state.setdefault("_waiting", {})
+        state.setdefault("refine_gain", 0.10)
+        self.__dict__.update(state)
 
     # -- measurement ---------------------------------------------------------------------------
 
@@ -239,8 +255,8 @@ class ActionPlanner:
             compute = ev["duration_s"] - (ev.get("comm_s") or 0.0) - (ev.get("data_s") or 0.0)
         samples = ev.get("samples") or 1
         step = ev["step"]
-        # enough for the window and for the rollback's look at the steps since the switch
-        keep = max(self.config.window_steps, self.recover_window + self.config.lead_steps + 8)
+        # enough for the window, and for a window on new shares past their lead
+        keep = 2 * self.config.window_steps + self.config.lead_steps
         per = self._per_sample[job].setdefault(rank, deque(maxlen=keep))
         per.append((step, max(compute, 0.0) / samples))
         self._world[job] = ev["world_size"]
@@ -253,13 +269,19 @@ class ActionPlanner:
             self._observed += 1
             if self._observed % PRUNE_EVERY == 0:
                 self._prune(ev["ts"])
-        return self._maybe_rollback(job, rank)
+        held = self._held.get(job)
+        if held is not None:
+            return self._maybe_refine(job, held)
+        waiting = self._waiting.get(job)
+        if waiting is not None and rank == waiting[0]["rank"]:
+            return self._maybe_persisted(job)
+        return []
 
     def _prune(self, now: float) -> None:
         """Forget jobs silent for ``forget_s`` (ended): the planner's memory stays bounded."""
         for job in [j for j, (_, ts) in self._newest.items() if ts < now - self.forget_s]:
             for table in (self._per_sample, self._step_s, self._newest, self._world,
-                          self._held, self._version, self._first):
+                          self._held, self._version, self._first, self._waiting):
                 table.pop(job, None)
 
     def per_sample(self, job: str, since: int | None = None) -> dict[int, float]:
@@ -291,25 +313,58 @@ class ActionPlanner:
                 and inc.get("host") and inc["incident_id"] not in self._drained:
             self._drained.add(inc["incident_id"])
             out.append(self._drain(inc, mode))
-        if self._wants_rebalance(inc) and job not in self._held:
+        held = self._held.get(job)
+        if held is not None and inc["status"] != "open" \
+                and inc["incident_id"] == held.incident_id:
+            out.append(self._rollback(job, held))
+            return out
+        waiting = self._waiting.get(job)
+        if waiting is not None and waiting[0]["incident_id"] == inc["incident_id"]:
+            if inc["status"] != "open":
+                del self._waiting[job]
+            else:
+                self._waiting[job] = (inc, waiting[1])
+        want = self._wants_rebalance(inc)
+        if want == "persist" and held is None and job not in self._waiting:
+            self._waiting[job] = (inc, self._newest.get(job, (0, 0.0))[0])
+        if want == "now" and held is None:
             action = self._rebalance(inc, mode)
             if action is not None:
                 out.append(action)
         return out
 
-    def _wants_rebalance(self, inc: dict[str, Any]) -> bool:
+    def _wants_rebalance(self, inc: dict[str, Any]) -> str | None:
+        """``now``: a paged compute straggler (the policy confirmed it persists); ``persist``:
+        an ``info`` one, acted on once its incident stayed open ``persist_steps`` steps;
+        None: nothing to rebalance (a transient that resolves first never gets one)."""
         if not (inc["status"] == "open" and inc.get("mitigation") == "rebalance_microbatches"
                 and inc["fault"] == "slow_rank" and inc.get("rank") is not None):
-            return False
+            return None
         if (inc.get("evidence") or {}).get("imbalance"):
-            return self.config.steady  # the layout, not a fault: only when opted into
-        return inc["severity"] in ("warning", "critical")  # paged: confirmed, not a blip
+            # the layout, not a fault: only when opted into
+            return "now" if self.config.steady else None
+        return "now" if inc["severity"] in ("warning", "critical") else "persist"
 
-    def _rebalance(self, inc: dict[str, Any], mode: str) -> dict[str, Any] | None:
+    def _maybe_persisted(self, job: str) -> list[dict[str, Any]]:
+        inc, since = self._waiting[job]
+        if self._newest[job][0] - since < self.config.persist_steps:
+            return []
+        mode = self.config.mode_for(job)
+        action = self._rebalance(inc, mode, f"open {self.config.persist_steps} steps")
+        if action is None:
+            return []  # not slower per sample (yet): looked at again next step
+        if job in self._waiting:  # a dry run: one per incident, not one per persist_steps
+            self._waiting[job] = (inc, math.inf)
+        return [action]
+
+    def _rebalance(self, inc: dict[str, Any], mode: str, why: str = "paged"
+                   ) -> dict[str, Any] | None:
         job, rank = inc["job_id"], int(inc["rank"])
         newest = self._newest.get(job, (0, 0.0))[0]
         if newest - self._first.get(job, newest) < self.config.warm_steps:
             return None  # the job's first steps (compilation, caches) say nothing of speed
+        if mode == "off":
+            return None
         gain = self._gain(job, rank)
         if gain is None or gain < self.config.min_gain:
             return None  # the rank's own work is not slower per sample: nothing to move
@@ -317,7 +372,7 @@ class ActionPlanner:
         equal = 1.0 / len(shares)
         less = 100.0 * (1.0 - shares[rank] / equal)
         reason = (f"rank {rank} takes {less:.0f}% less: {100 * gain:.0f}% slower per sample "
-                  f"than its peers ({inc['incident_id']})")
+                  f"than its peers, {why} ({inc['incident_id']})")
         action = self._action(job, inc["incident_id"], "rebalance_microbatches",
                               "apply" if mode == "auto" else "dry_run", shares, reason)
         action["rank"] = rank
@@ -326,27 +381,49 @@ class ActionPlanner:
             action["step_s_before"] = round(median(s for _, s in recent), 4)
         if mode == "auto":
             self._held[job] = _Held(inc["incident_id"], rank, action)
+            self._waiting.pop(job, None)
         return action
 
-    def _maybe_rollback(self, job: str, rank: int) -> list[dict[str, Any]]:
-        held = self._held.get(job)
-        if held is None or rank != held.rank:
+    def _maybe_refine(self, job: str, held: _Held) -> list[dict[str, Any]]:
+        """The plan made again from the steps on the shares in force (``window_steps`` of
+        them, every rank): sent when it moves the culprit's share by ``refine_gain``."""
+        if held.refined >= self.config.refine:
             return []
         since = held.action["apply_at_step"]
-        if sum(1 for s, _ in self._per_sample[job][rank] if s >= since) < self.recover_window:
-            return []  # judged on the new shares only: steps before the switch are the old
-        gain = self._gain(job, rank, since)
-        back = gain is not None and gain < self.recover_gain * self.config.min_gain
-        held.clean = held.clean + 1 if back else 0
-        if held.clean < self.recover_steps:
-            return []
-        del self._held[job]
         world = self._world[job]
+        ranks = self._per_sample[job]
+        if len(ranks) < world or any(
+                sum(1 for s, _ in ranks[r] if s >= since) < self.config.window_steps
+                for r in range(world) if r in ranks):
+            return []
+        shares = plan_shares(self.per_sample(job, since), self.config.floor)
+        old = held.action["shares"]
+        if len(shares) != len(old) or \
+                abs(shares[held.rank] - old[held.rank]) < self.refine_gain * old[held.rank]:
+            return []
+        equal = 1.0 / len(shares)
+        less = 100.0 * (1.0 - shares[held.rank] / equal)
+        reason = (f"refined: rank {held.rank} takes {less:.0f}% less (was "
+                  f"{100.0 * (1.0 - old[held.rank] / equal):.0f}%): time per sample on the "
+                  f"new shares ({held.incident_id})")
+        action = self._action(job, held.incident_id, "rebalance_microbatches", "apply",
+                              shares, reason)
+        action["rank"] = held.rank
+        if "step_s_before" in held.action:
+            action["step_s_before"] = held.action["step_s_before"]
+        held.action, held.refined = action, held.refined + 1
+        return [action]
+
+    def _rollback(self, job: str, held: _Held) -> dict[str, Any]:
+        effect = self.effect(job)  # what the rebalance did, said once more in the audit
+        del self._held[job]
+        world = self._world.get(job, len(held.action["shares"]))
         shares = {r: round(1.0 / world, 4) for r in range(world)}
         action = self._action(job, held.incident_id, "rebalance_microbatches", "apply", shares,
-                              f"rollback: rank {rank} recovered, equal shares again")
-        action["rank"], action["rollback"] = rank, True
-        return [action]
+                              f"rollback: incident resolved, rank {held.rank} back among its "
+                              f"peers; equal shares again; what it did: {effect}")
+        action["rank"], action["rollback"] = held.rank, True
+        return action
 
     def _drain(self, inc: dict[str, Any], mode: str) -> dict[str, Any]:
         configured = self.config.drain_command or self.config.drain_webhook

@@ -478,6 +478,12 @@ class JobState(Attribution):
                 self.rank_gpu[r] = g
         # Time inside collectives is only counted while steps lack compute_s and comm_s.
         self.aligner.need_time = need_time
+        # Ranks given uneven shares of the batch (issue 32's rebalance: steps carry
+        # ``samples``) are judged on their own work per unit of share, at the median
+        # share: a rebalanced straggler stays slow until it is fast again per sample.
+        share = np.array([row[r].get("samples") or 0 for r in ranks], dtype=float)
+        if share.min() > 0 and share.min() != share.max():
+            work *= float(np.median(share)) / share
         return work, data, dur, groups, ts_max
 
     def _scores(self, row: dict[int, dict[str, Any]], ranks: list[int], work: np.ndarray,

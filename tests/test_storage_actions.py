@@ -69,6 +69,8 @@ def test_the_report_page_says_what_was_done(ch):  # noqa: F811
     acts = [e for e in out if e["kind"] == "action"]
     assert acts and acts[0]["rank"] == 5
     page = incident_page(ch, acts[0]["incident_id"])
-    assert "done: <b>rebalanced: rank 5 takes" in page and "job step" in page
+    # resolved: the rollback, and what the rebalance did
+    assert "done: <b>apply rebalance_microbatches: rollback: incident resolved" in page
+    assert "what it did: rebalanced: rank 5 takes" in page and "job step" in page
     _, rows = ch.query("SELECT count() FROM actions")
     assert rows == [(len(acts),)]
