@@ -40,6 +40,11 @@ def _order(ev: dict[str, Any]) -> tuple[float, int]:
     return ev["ts"], ev["rank"]
 
 
+def _newest(ts: Any) -> float:
+    """An event's ts; a batch's (one ts per row) newest."""
+    return max(ts) if type(ts) is list else ts
+
+
 class ActingDetector:
     """``inner``: any stream detector (``process_batch``, ``state_dict``); ``planner``: the
     ActionPlanner its incidents feed; ``held``: steps not yet planned on (a snapshot's).
@@ -81,7 +86,7 @@ class ActingDetector:
             if ev.get("kind") == "step" and (shard is None or ev["world_size"] <= shard):
                 self._hold(ev)
         actions = self._on_incidents(incidents)
-        now = max((ev["ts"] for ev in events if "ts" in ev), default=None)
+        now = max((_newest(ev["ts"]) for ev in events if "ts" in ev), default=None)
         for job in list(self.held):
             stale = now is not None and self.held[job][-1]["ts"] < now - self.stale_s
             hold = 0 if stale else self.hold_steps

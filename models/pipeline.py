@@ -53,6 +53,7 @@ from failslow.models.p2p import P2P_OPS, P2PMonitor
 from failslow.models.rootcause import attribute
 from failslow.models.settings import DetectionConfig
 from failslow.models.telemetry import TelemetryStore
+from failslow.schema.batches import expand, take
 
 _PRE_PACKAGE = ("schema", "simulator", "collectors", "streams", "models", "storage",
                 "alerting")
@@ -70,6 +71,9 @@ class _PackageUnpickler(pickle.Unpickler):
 
 CAUSE_EVERY_STEPS = 3
 TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
+# Device samples the telemetry queue takes: the per-sample kinds and a host's GPUs
+# sampled together (``gpu_batch``, one queue item, applied in one array step).
+QUEUED_KINDS = frozenset((*TELEMETRY_KINDS, "gpu_batch"))
 # Queued samples beyond which the oldest half of each host's queue is applied regardless
 # of the steps (hosts that run no job here, or jobs that judge no step for a long while,
 # must not grow the queue without bound).
@@ -80,7 +84,34 @@ TELEMETRY_QUEUE_CAP = 1 << 17
 JOB_IDLE_S = 300.0
 JOB_IDLE_STEPS = 20       # ... or this many of the job's step times, for very long steps
 _TS = itemgetter("ts")
+
+
+def _qts(ev: dict[str, Any]) -> float:
+    """When a queued sample may be applied: its ts; a ``gpu_batch``'s earliest row's."""
+    t = ev["ts"]
+    return min(t) if type(t) is list else t
+
+
 log = logging.getLogger("failslow.detector")
+
+
+def _cut_batch(ev: dict[str, Any], cut: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A ``gpu_batch`` whose rows straddle ``cut``: (its rows up to ``cut``, the rest), so
+    a step judged at a cut sees exactly the rows it would see sent one by one."""
+    ts = ev["ts"]
+    early = [i for i, x in enumerate(ts) if x <= cut]
+    return take(ev, early), take(ev, [i for i, x in enumerate(ts) if x > cut])
+
+
+def _comm_rows(events: Any) -> Any:
+    """``events`` with each ``comm_batch`` as its rows (``schema.batches.expand``), in its
+    place, until the comm path takes a batch's columns; the batch was validated at
+    decode."""
+    for ev in events:
+        if ev.get("kind") == "comm_batch":
+            yield from expand(ev)
+        else:
+            yield ev
 
 
 class Detector:
@@ -180,10 +211,12 @@ class Detector:
         now = self._now
         next_sweep = (math.floor(now / sweep_every) + 1) * sweep_every \
             if math.isfinite(now) else -math.inf
-        for ev in events:
+        for ev in _comm_rows(events):
             try:
                 kind = ev["kind"]
                 t = ev["ts"]
+                if type(t) is list:     # a batch: its newest row
+                    t = max(t)
                 if t > now:
                     # Event time comes from the data; one event far ahead (a broken clock)
                     # does not move it, a second one does.
@@ -253,27 +286,36 @@ class Detector:
                 elif kind == "step":
                     for s, findings, ts in job.add_step(ev):
                         out.extend(self._judge(job, s, findings, ts))
-                elif kind in TELEMETRY_KINDS:
+                elif kind in QUEUED_KINDS:
                     # Queued only for hosts a judged step has already used: samples of
                     # other hosts (no job here yet, or telemetry sent to every partition
                     # until its host is known) are applied at once and cost no memory.
                     h = ev["host"]
                     cut = cuts.get(h)
-                    if cut is not None and ev["ts"] > cut:
+                    late = ev
+                    if cut is not None and t > cut:
+                        if kind == "gpu_batch" and _qts(ev) <= cut:
+                            # a batch whose early rows are late: those now, the rest queued
+                            late, ev = _cut_batch(ev, cut)
+                        else:
+                            late = None
                         q = tq.get(h)
                         if q is None:
                             q = tq[h] = []
                         q.append(ev)
                         queued += 1
-                    else:
+                    if late is not None:
                         if cut is not None:
-                            self.late_samples += 1
-                        self._observe(ev)
+                            self.late_samples += len(late["gpu"]) if kind == "gpu_batch" \
+                                else 1
+                        self._observe(late)
                         if cut is not None and self.tracker.late_pending():
                             # issue 17 hook (owner of models/incidents.py): a cause left
                             # unknown is attributed again when its late samples arrive
+                            lt = late["ts"]
                             out.extend(self.tracker.late_sample(
-                                h, ev["ts"], now, self.store, self._job_hosts))
+                                h, max(lt) if type(lt) is list else lt, now, self.store,
+                                self._job_hosts))
             except (KeyError, TypeError, ValueError):
                 self.rejected += 1
             except Exception as exc:  # noqa: BLE001 - a defect must not stop the stream
@@ -281,7 +323,7 @@ class Detector:
         self._queued += queued
         if self._queued > TELEMETRY_QUEUE_CAP:
             for q in tq.values():
-                q.sort(key=_TS)
+                q.sort(key=_qts)
                 self._apply(q[:len(q) // 2])
                 del q[:len(q) // 2]
             self._queued = sum(map(len, tq.values()))
@@ -302,34 +344,56 @@ class Detector:
         kind = ev["kind"]
         if kind == "gpu":
             self.store.observe_gpu(ev)
+        elif kind == "gpu_batch":
+            self.store.observe_gpu_batch(ev)
         elif kind == "nic":
             self.store.observe_nic(ev)
         else:
             self.store.observe_host(ev)
 
     def _apply(self, samples: list[dict[str, Any]]) -> None:
+        """Apply device samples (of any hosts, each host's in ts order); the GPUs' all
+        together, a numpy step per round (``TelemetryStore.observe_gpu_items``)."""
+        gpus = []
         for ev in samples:
+            kind = ev.get("kind")
+            if kind == "gpu" or kind == "gpu_batch":
+                gpus.append(ev)
+                continue
             try:
                 self._observe(ev)
             except (KeyError, TypeError, ValueError):
                 self.rejected += 1
+        if gpus:
+            self.rejected += self.store.observe_gpu_items(gpus)
 
     def _release(self, hosts: set[str], cut: float) -> None:
         """Apply the queued device samples of ``hosts`` up to ``cut`` (event-time s), in
         ts order."""
         cuts, tq = self._cut, self._tq
+        ready: list[dict[str, Any]] = []      # every host's, applied together
         for h in hosts:
             if cut > cuts.get(h, -math.inf):
                 cuts[h] = cut
             q = tq.get(h)
             if not q:
                 continue
-            q.sort(key=_TS)        # nearly sorted already: linear
-            n = bisect_right(q, cuts[h], key=_TS)
+            q.sort(key=_qts)       # nearly sorted already: linear
+            c = cuts[h]
+            n = bisect_right(q, c, key=_qts)
             if n:
-                self._apply(q[:n])
+                at = len(ready)
+                ready += q[:n]
                 del q[:n]
                 self._queued -= n
+                for i in range(at, len(ready)):
+                    t = ready[i]["ts"]
+                    if type(t) is list and max(t) > c:   # a batch's rows after the cut wait
+                        ready[i], rest = _cut_batch(ready[i], c)
+                        q.insert(0, rest)
+                        self._queued += 1
+        if ready:
+            self._apply(ready)
 
     def flush(self, now_ts: float | None = None) -> list[dict[str, Any]]:
         """End of input: judge the steps still buffered. Open incidents stay open
@@ -388,7 +452,7 @@ class Detector:
             for h in set(job.rank_host.values()) - others:
                 q = self._tq.pop(h, None)
                 if q:
-                    q.sort(key=_TS)
+                    q.sort(key=_qts)
                     self._apply(q)
                     self._queued -= len(q)
                 self._cut.pop(h, None)

@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from failslow.models.pipeline import Detector
+from failslow.schema.batches import expand
 
 # Ranks per shard; FAILSLOW_SHARD_RANKS sets it, for failslow detect and the workers alike
 # (they must agree, as on --telemetry-delay).
@@ -113,8 +114,16 @@ class ShardedDetector(Detector):
 
     def _split(self, events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         n = self.shard_ranks
-        out = []
+        out: list[dict[str, Any]] = []
         for ev in events:
+            if ev.get("kind") == "comm_batch":
+                # a batch of a job cut in shards: its rows, each to its shard (one host's
+                # ranks: mostly one shard)
+                rs, w = ev["rank"], ev.get("world_size")
+                if max(rs) >= n or any(type(x) is int and x > n
+                                      for x in (w if type(w) is list else [w])):
+                    out += map(self.shard_event, expand(ev))
+                    continue
             if ev.get("kind") in JOB_KINDS:
                 r = ev.get("rank")
                 w = ev.get("world_size")

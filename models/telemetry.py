@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 # Only what the root-cause attribution reads (``models.rootcause``, ``models.links``)
 # is kept: a sample's other fields (power draw, utilization, byte counters) decide
 # nothing, and skipping them saves ~15% of the per-sample work.
@@ -75,33 +77,384 @@ class Device:
         self.n += 1
 
 
-class TelemetryStore:
-    """Latest state of every GPU ``(host, gpu)``, NIC ``(host, nic, port)`` and host."""
+_NAN = float("nan")
+_REASON_BITS = tuple(REASON_GROUPS.values())
+_REASON_NAMES = tuple(REASON_GROUPS)
+_NG, _NC, _NR = len(GPU_GAUGES), len(GPU_COUNTERS), len(REASON_GROUPS)
+
+
+class GpuTable:
+    """Every GPU's state as arrays, a row per GPU ``(host, gpu)``: what a ``Device``
+    holds, so that the samples released for a judged step (a ``gpu_batch`` per host, or
+    per-GPU ``gpu`` events) update all of a job's GPUs in one numpy step. NaN: no value
+    yet (where a ``Device`` lacks the key). ``update`` (many GPUs) and ``update_one`` (one
+    sample) do ``Device.observe``'s arithmetic, so the state is the same floats whichever
+    form the samples came in and however they were grouped."""
+
+    __slots__ = ("rows", "gauges", "first", "rates", "last", "reasons", "last_ts", "n",
+                 "xids", "ver")
 
     def __init__(self) -> None:
-        self.gpus: dict[tuple[str, int], Device] = {}
+        self.rows: dict[tuple[str, int], int] = {}
+        self.gauges = np.empty((0, _NG))
+        self.first = np.empty((0, _NG))
+        self.rates = np.empty((0, _NC))
+        self.last = np.empty((0, _NC))
+        self.reasons = np.empty((0, _NR))
+        self.last_ts = np.empty(0)
+        self.n = np.empty(0, dtype=np.int64)
+        self.xids: list[list[int]] = []
+        self.ver = 0                      # bumped by every change (the views' caches)
+
+    def index(self, keys: list[tuple[str, int]]) -> tuple[list[int], list[tuple[str, int]]]:
+        """The rows of ``keys``, and the keys that got a new row."""
+        rows = self.rows
+        new = [k for k in dict.fromkeys(keys) if k not in rows]
+        if new:
+            m = len(new)
+            for k in new:
+                rows[k] = len(rows)
+            self.gauges = np.concatenate((self.gauges, np.full((m, _NG), np.nan)))
+            self.first = np.concatenate((self.first, np.full((m, _NG), np.nan)))
+            self.rates = np.concatenate((self.rates, np.full((m, _NC), np.nan)))
+            self.last = np.concatenate((self.last, np.full((m, _NC), np.nan)))
+            self.reasons = np.concatenate((self.reasons, np.full((m, _NR), np.nan)))
+            self.last_ts = np.concatenate((self.last_ts, np.zeros(m)))
+            self.n = np.concatenate((self.n, np.zeros(m, dtype=np.int64)))
+            self.xids += [[] for _ in range(m)]
+        return [rows[k] for k in keys], new
+
+    def drop(self, keys: set[tuple[str, int]]) -> None:
+        """Forget ``keys`` (a later sample starts them afresh)."""
+        keep = [(k, r) for k, r in self.rows.items() if k not in keys]
+        idx = [r for _, r in keep]
+        for name in ("gauges", "first", "rates", "last", "reasons", "last_ts", "n"):
+            setattr(self, name, getattr(self, name)[idx])
+        self.xids = [self.xids[r] for r in idx]
+        self.rows = {k: i for i, (k, _) in enumerate(keep)}
+        self.ver += 1
+
+    def update(self, rows: list[int], ts: np.ndarray, gauges: np.ndarray,
+               counters: np.ndarray, reasons: list[Any]) -> None:
+        """One sample for each of ``rows`` (distinct): ``ts`` (k,), ``gauges`` (k, G) and
+        ``counters`` (k, C) with NaN where the sample lacks the field, ``reasons`` the
+        clocks_event_reasons (None: none)."""
+        idx = np.asarray(rows)
+        has = ~np.isnan(gauges)
+        old = self.gauges[idx]
+        new = np.where(np.isnan(old), gauges, old + GAUGE_ALPHA * (gauges - old))
+        np.copyto(new, old, where=~has)
+        self.gauges[idx] = new
+        early = has & (self.n[idx] < 3)[:, None]
+        if early.any():
+            first = self.first[idx]
+            np.copyto(first, new, where=early)
+            self.first[idx] = first
+        dt = ts - self.last_ts[idx]
+        prev = self.last[idx]
+        hasc = ~np.isnan(counters)
+        last = prev.copy()
+        np.copyto(last, counters, where=hasc)
+        self.last[idx] = last
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ok = hasc & (counters >= prev) & (dt > 0)[:, None]   # NaN prev: False
+            if ok.any():
+                r = (counters - prev) / dt[:, None]
+                oldr = self.rates[idx]
+                rate = np.where(np.isnan(oldr), r, oldr + RATE_ALPHA * (r - oldr))
+                np.copyto(oldr, rate, where=ok)
+                self.rates[idx] = oldr
+        if any(x is not None for x in reasons):
+            hit = np.array([[_NAN] * _NR if x is None else
+                            [1.0 if x & bits else 0.0 for bits in _REASON_BITS]
+                            for x in reasons])
+            olds = self.reasons[idx]
+            share = np.where(np.isnan(olds), hit, olds + RATE_ALPHA * (hit - olds))
+            np.copyto(olds, share, where=~np.isnan(hit))
+            self.reasons[idx] = olds
+        self.last_ts[idx] = ts
+        self.n[idx] += 1
+        self.ver += 1
+
+    def update_one(self, row: int, ev: dict[str, Any]) -> None:
+        """One GPU's sample (a ``gpu`` event), in plain Python on its row: for a lone
+        sample numpy's per-call cost would outweigh the work."""
+        ts = ev["ts"]
+        n = int(self.n[row])
+        g = self.gauges[row].tolist()
+        first = self.first[row].tolist() if n < 3 else None
+        for j, name in enumerate(GPU_GAUGES):
+            x = ev.get(name)
+            if x is not None:
+                old = g[j]
+                g[j] = x if old != old else old + GAUGE_ALPHA * (x - old)
+                if first is not None:
+                    first[j] = g[j]
+        self.gauges[row] = g
+        if first is not None:
+            self.first[row] = first
+        dt = ts - float(self.last_ts[row])
+        last, rates = self.last[row].tolist(), self.rates[row].tolist()
+        for j, name in enumerate(GPU_COUNTERS):
+            x = ev.get(name)
+            if x is None:
+                continue
+            prev = last[j]
+            last[j] = x
+            if prev == prev and dt > 0 and x >= prev:
+                r = (x - prev) / dt
+                old = rates[j]
+                rates[j] = r if old != old else old + RATE_ALPHA * (r - old)
+        self.last[row], self.rates[row] = last, rates
+        reasons = ev.get("clocks_event_reasons")
+        if reasons is not None:
+            share = self.reasons[row].tolist()
+            for j, bits in enumerate(_REASON_BITS):
+                hit = 1.0 if reasons & bits else 0.0
+                old = share[j]
+                share[j] = hit if old != old else old + RATE_ALPHA * (hit - old)
+            self.reasons[row] = share
+        self.last_ts[row] = ts
+        self.n[row] = n + 1
+        self.ver += 1
+
+
+class GpuView:
+    """One GPU of the ``GpuTable`` as a ``Device`` reads (``gauges``, ``first``, ``rates``,
+    ``last``, ``reasons``: dicts of the values it has; ``xids``, ``last_ts``, ``n``,
+    ``down``), for the readers of a few devices (``models.rootcause``, ``models.links``,
+    ``models.incidents``). A dict is made when read and kept until the table changes."""
+
+    __slots__ = ("table", "key", "_ver", "_dicts")
+    down = False
+    _PARTS = (("gauges", GPU_GAUGES), ("first", GPU_GAUGES), ("rates", GPU_COUNTERS),
+              ("last", GPU_COUNTERS), ("reasons", _REASON_NAMES))
+
+    def __init__(self, table: GpuTable, key: tuple[str, int]) -> None:
+        self.table = table
+        self.key = key
+        self._ver = -1
+        self._dicts: list[dict[str, float] | None] = [None] * 5
+
+    def _get(self, i: int) -> dict[str, float]:
+        t = self.table
+        if self._ver != t.ver:
+            self._dicts = [None] * 5
+            self._ver = t.ver
+        d = self._dicts[i]
+        if d is None:
+            attr, names = self._PARTS[i]
+            values = getattr(t, attr)[t.rows[self.key]].tolist()
+            d = self._dicts[i] = {k: x for k, x in zip(names, values, strict=True) if x == x}
+        return d
+
+    gauges = property(lambda self: self._get(0))
+    first = property(lambda self: self._get(1))
+    rates = property(lambda self: self._get(2))
+    last = property(lambda self: self._get(3))
+    reasons = property(lambda self: self._get(4))
+
+    @property
+    def xids(self) -> list[int]:
+        return self.table.xids[self.table.rows[self.key]]
+
+    @property
+    def last_ts(self) -> float:
+        return float(self.table.last_ts[self.table.rows[self.key]])
+
+    @property
+    def n(self) -> int:
+        return int(self.table.n[self.table.rows[self.key]])
+
+
+def _matrix(cols: list[list[Any]]) -> np.ndarray:
+    """Columns (None: missing) as a (rows, columns) float matrix, NaN where missing."""
+    return np.array(cols, dtype=float).T
+
+
+def _is_batch(item: dict[str, Any]) -> bool:
+    return item["kind"] == "gpu_batch"
+
+
+class TelemetryStore:
+    """Latest state of every GPU ``(host, gpu)``, NIC ``(host, nic, port)`` and host.
+
+    GPUs are kept as arrays (``GpuTable``), updated a round of samples at a time
+    (``observe_gpu_items``); ``gpus`` maps each to a view that reads like a ``Device``.
+    NICs and hosts are ``Device`` objects."""
+
+    def __init__(self) -> None:
+        self.table = GpuTable()
+        self._gpus: dict[tuple[str, int], GpuView] = {}
         self.nics: dict[tuple[str, str, int], Device] = {}
         self.hosts: dict[str, Device] = {}
         self.gpu_rank: dict[tuple[str, int], int] = {}   # from gpu samples that name a rank
 
+    @property
+    def gpus(self) -> dict[tuple[str, int], Any]:   # GpuView: reads as a Device
+        return self._gpus
+
+    @gpus.setter
+    def gpus(self, keep: dict[tuple[str, int], Any]) -> None:
+        """Keep only the GPUs of ``keep`` (a filtered ``gpus``): the others are forgotten."""
+        self._drop([k for k in self._gpus if k not in keep])
+
+    def _drop(self, keys: list[tuple[str, int]]) -> None:
+        if keys:
+            for k in keys:
+                del self._gpus[k]
+            self.table.drop(set(keys))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_gpus"]                 # views: made again from the table
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        old = state.pop("gpus", None)      # a snapshot from before the table: Devices
+        self.__dict__.update(state)
+        if old is not None:
+            self.table = GpuTable()
+            for key, dev in old.items():
+                self._load(key, dev)
+        self._gpus = {k: GpuView(self.table, k) for k in self.table.rows}
+
+    def _load(self, key: tuple[str, int], dev: Device) -> None:
+        t = self.table
+        (r,), _ = t.index([key])
+        for arr, names, d in ((t.gauges, GPU_GAUGES, dev.gauges), (t.first, GPU_GAUGES, dev.first),
+                              (t.rates, GPU_COUNTERS, dev.rates), (t.last, GPU_COUNTERS, dev.last),
+                              (t.reasons, _REASON_NAMES, dev.reasons)):
+            for j, name in enumerate(names):
+                if name in d:
+                    arr[r, j] = d[name]
+        t.last_ts[r] = dev.last_ts
+        t.n[r] = dev.n
+        t.xids[r] = list(dev.xids)
+        t.ver += 1
+
+    def _rows(self, keys: list[tuple[str, int]]) -> list[int]:
+        rows, new = self.table.index(keys)
+        for k in new:
+            self._gpus[k] = GpuView(self.table, k)
+        return rows
+
     def observe_gpu(self, ev: dict[str, Any]) -> None:
         key = (ev["host"], ev["gpu"])
-        dev = self.gpus.get(key)
-        if dev is None:
-            dev = self.gpus[key] = Device()
-        dev.observe(ev, GPU_GAUGES, GPU_COUNTERS)
-        reasons = ev.get("clocks_event_reasons")
-        if reasons is not None:
-            share = dev.reasons
-            for name, bits in REASON_GROUPS.items():
-                hit = 1.0 if reasons & bits else 0.0
-                old = share.get(name)
-                share[name] = hit if old is None else old + RATE_ALPHA * (hit - old)
+        ts = ev["ts"]
+        if type(ts) is not float and type(ts) is not int:
+            raise TypeError("a sample's ts is not a number")
+        (row,) = self._rows([key])
+        self.table.update_one(row, ev)
         xid = ev.get("xid")
         if xid:
-            dev.xids.extend(xid)
+            self.table.xids[row].extend(xid)
         if ev.get("rank") is not None:
             self.gpu_rank[key] = ev["rank"]
+
+    def observe_gpu_batch(self, batch: dict[str, Any]) -> None:
+        if self.observe_gpu_items([batch]):
+            raise ValueError("a gpu_batch column of the wrong type")
+
+    def observe_gpu_items(self, items: list[dict[str, Any]]) -> int:
+        """GPU samples, ``gpu`` events and ``gpu_batch``es (valid: ``schema.batches.valid``,
+        read from their columns, no per-GPU event made), in the order given. They are
+        applied in rounds, each a numpy step over GPUs that differ: a GPU's samples in
+        their order, each in the round after its previous one. Returns how many items were
+        rejected (a field of the wrong type: the items of its round go one by one)."""
+        rounds: list[list[tuple[dict[str, Any], list[tuple[str, int]]]]] = []
+        done: dict[tuple[str, int], int] = {}
+        for it in items:
+            h = it["host"]
+            if _is_batch(it):
+                keys = [(h, g) for g in it["gpu"]]
+                if len(set(keys)) != len(keys):      # a GPU twice: its rows as events
+                    from failslow.schema.batches import expand
+                    for ev in expand(it):
+                        self._place(rounds, done, ev, [(h, ev["gpu"])])
+                    continue
+            else:
+                keys = [(h, it["gpu"])]
+            self._place(rounds, done, it, keys)
+        bad = 0
+        for rnd in rounds:
+            try:
+                if len(rnd) == 1 and not _is_batch(rnd[0][0]):
+                    self.observe_gpu(rnd[0][0])
+                else:
+                    self._round(rnd)
+            except (KeyError, TypeError, ValueError):
+                if len(rnd) == 1:
+                    bad += 1
+                    continue
+                for it, _ in rnd:               # the round again, item by item
+                    bad += self.observe_gpu_items([it])
+        return bad
+
+    @staticmethod
+    def _place(rounds: list, done: dict, it: dict[str, Any], keys: list) -> None:
+        r = max(done.get(k, 0) for k in keys)
+        for k in keys:
+            done[k] = r + 1
+        if r == len(rounds):
+            rounds.append([])
+        rounds[r].append((it, keys))
+
+    def _round(self, rnd: list[tuple[dict[str, Any], list[tuple[str, int]]]]) -> None:
+        """One numpy step over samples of distinct GPUs."""
+        keys: list[tuple[str, int]] = []
+        ts: list[Any] = []
+        gauges: list[list[Any]] = [[] for _ in GPU_GAUGES]
+        counters: list[list[Any]] = [[] for _ in GPU_COUNTERS]
+        reasons: list[Any] = []
+        xids: list[Any] = []
+        ranks: list[Any] = []
+        for it, its in rnd:
+            keys += its
+            if not _is_batch(it):
+                ts.append(it["ts"])
+                for j, name in enumerate(GPU_GAUGES):
+                    gauges[j].append(it.get(name))
+                for j, name in enumerate(GPU_COUNTERS):
+                    counters[j].append(it.get(name))
+                reasons.append(it.get("clocks_event_reasons"))
+                xids.append(it.get("xid"))
+                ranks.append(it.get("rank"))
+                continue
+            k = len(its)
+            absent = it.get("absent") or {}
+            get = it.get
+
+            def col(name: str, k: int = k, absent: dict = absent, get: Any = get) -> list[Any]:
+                v = get(name)
+                v = v if type(v) is list else [v] * k
+                gone = absent.get(name)
+                if gone:
+                    v = list(v)
+                    for i in gone:
+                        v[i] = None
+                return v
+
+            ts += col("ts")
+            for j, name in enumerate(GPU_GAUGES):
+                gauges[j] += col(name)
+            for j, name in enumerate(GPU_COUNTERS):
+                counters[j] += col(name)
+            reasons += col("clocks_event_reasons")
+            xids += col("xid")
+            ranks += col("rank")
+        if any(type(t) is not float and type(t) is not int for t in ts):
+            raise TypeError("a sample's ts is not a number")
+        rows = self._rows(keys)
+        self.table.update(rows, np.array(ts, dtype=float), _matrix(gauges), _matrix(counters),
+                          reasons)
+        txids = self.table.xids
+        for r, xid in zip(rows, xids, strict=True):
+            if xid:
+                txids[r].extend(xid)
+        for key, rank in zip(keys, ranks, strict=True):
+            if rank is not None:
+                self.gpu_rank[key] = rank
 
     def observe_nic(self, ev: dict[str, Any]) -> None:
         key = (ev["host"], ev["nic"], ev["port"])
@@ -124,9 +477,11 @@ class TelemetryStore:
         """Drop every device whose newest sample is older than ``before_ts`` and whose host
         is not in ``keep_hosts`` (issue 17: the devices of hosts no job runs on any more
         would otherwise be kept for ever); returns how many were dropped."""
-        gone_g = [k for k, d in self.gpus.items() if d.last_ts < before_ts and k[0] not in keep_hosts]
+        t = self.table
+        gone_g = [k for k, r in t.rows.items()
+                  if k[0] not in keep_hosts and t.last_ts[r] < before_ts]
+        self._drop(gone_g)
         for g in gone_g:
-            del self.gpus[g]
             self.gpu_rank.pop(g, None)
         gone_n = [k for k, d in self.nics.items() if d.last_ts < before_ts and k[0] not in keep_hosts]
         for nk in gone_n:

@@ -36,8 +36,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from failslow.schema.events import NESTED, SPECS, VERSION, SchemaError
-from failslow.schema.fast import all_valid
+from failslow.schema.events import NESTED, OPS_MAX, SPECS, VERSION, SchemaError
+from failslow.schema.fast import all_valid, columns_ok
 
 
 @dataclass(frozen=True)
@@ -332,6 +332,109 @@ def _expand_nested(kind: str, name: str, obj: dict[str, Any], rows: list[dict]) 
 
 # An entry list longer than this fails row validation anyway (schema.events.OPS_MAX).
 NESTED_MAX = 1024
+
+
+def _absent_ok(absent: Any, cols: dict[str, Any], n: int) -> bool:
+    """An ``absent`` map that ``expand`` takes: fields given as columns, each row once."""
+    if type(absent) is not dict:
+        return False
+    for name, idxs in absent.items():
+        if (type(cols.get(name)) is not list or type(idxs) is not list
+                or not all(type(i) is int for i in idxs)):
+            return False
+        if idxs and (min(idxs) < 0 or max(idxs) >= n or len(set(idxs)) != len(idxs)):
+            return False
+    return True
+
+
+def valid(obj: dict[str, Any]) -> bool:
+    """True when ``obj`` (a batch: ``is_batch``) certainly expands and every row passes
+    ``validate``: its layout and its columns checked at once, a column per pass, with no
+    row made. False sends the caller to ``expand_checked``, which names what is wrong
+    and keeps the valid rows. A consumer that reads a batch's columns (the detector's
+    telemetry) takes only batches that pass."""
+    try:
+        return _valid(obj)
+    except (TypeError, ValueError):     # a column of mixed types that min() cannot order
+        return False
+
+
+def _valid(obj: dict[str, Any]) -> bool:
+    kind: str = obj["kind"]
+    bk = BATCH_KINDS[kind]
+    v = obj.get("v")
+    if type(v) is not int or v != VERSION:
+        return False
+    keys = obj.get(bk.row_key)
+    if type(keys) is not list or not 0 < len(keys) <= ROWS_MAX:
+        return False
+    n = len(keys)
+    for name in bk.shared:
+        if type(obj.get(name)) is not str:
+            return False
+    reserved = _reserved(bk)
+    scalar = _SCALAR[kind]
+    for name, value in obj.items():
+        if name in reserved or name == bk.nested:
+            continue
+        if type(value) is list:
+            if len(value) != n or name in bk.shared:
+                return False
+        elif name not in scalar:
+            return False
+    absent = obj.get(ABSENT, {})
+    if absent and not _absent_ok(absent, obj, n):
+        return False
+    if not columns_ok(bk.row_kind, obj, n, absent):
+        return False
+    if bk.nested is None:
+        return True
+    name = bk.nested
+    cols = obj.get(name)
+    lens = obj.get(f"{name}_len")
+    if type(cols) is not dict:
+        return False
+    if type(lens) is int:
+        lens = [lens] * n
+    if type(lens) is not list or len(lens) != n or not all(type(x) is int for x in lens) \
+            or min(lens) < 0 or max(lens) > OPS_MAX:
+        return False
+    total = sum(lens)
+    nscalar = _NESTED_SCALAR[name]
+    for field, value in cols.items():
+        if type(value) is list:
+            if len(value) != total:
+                return False
+        elif field not in nscalar:
+            return False
+    nabsent = obj.get(f"{name}_{ABSENT}", {})
+    if nabsent and not _absent_ok(nabsent, cols, total):
+        return False
+    return total == 0 or columns_ok(name, cols, total, nabsent)
+
+
+def take(obj: dict[str, Any], idxs: list[int]) -> dict[str, Any]:
+    """The batch of rows ``idxs`` (in that order) of a valid batch without nested entries
+    (``gpu_batch``): columns cut, shared and one-for-all values kept, ``absent`` renumbered.
+    ``expand(take(b, idxs)) == [expand(b)[i] for i in idxs]``."""
+    bk = BATCH_KINDS[obj["kind"]]
+    if bk.nested is not None:
+        raise ValueError(f"take: {obj['kind']} has nested entries")
+    reserved = _reserved(bk)
+    out: dict[str, Any] = {}
+    for name, value in obj.items():
+        if name == ABSENT:
+            continue
+        out[name] = [value[i] for i in idxs] if type(value) is list and name not in reserved \
+            else value
+    absent = obj.get(ABSENT)
+    if absent:
+        pos = {i: j for j, i in enumerate(idxs)}
+        kept = {name: [pos[i] for i in rows if i in pos] for name, rows in absent.items()}
+        kept = {name: rows for name, rows in kept.items() if rows}
+        if kept:
+            out[ABSENT] = kept
+    return out
 
 
 def expand_checked(obj: dict[str, Any]) -> tuple[list[dict], list[str]]:

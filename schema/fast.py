@@ -14,6 +14,8 @@ False
 
 from __future__ import annotations
 
+from operator import le
+
 from failslow.schema.events import (
     I32_MAX,
     I32_MIN,
@@ -124,3 +126,100 @@ def _compile_all():
 
 
 all_valid = _compile_all()
+
+
+# -- columns of a batch (``schema.batches.valid``) -------------------------------------------
+
+_NONE = type(None)
+_FLOAT, _NUMT, _INT = frozenset((float,)), frozenset((float, int)), frozenset((int,))
+_LIST = frozenset((list,))
+_ONE = {"str": frozenset((str,)), "bool": frozenset((bool,)), "obj": frozenset((dict,))}
+
+
+def _ints_in(xs: list, low: int, high: int) -> bool:
+    """The ints of a column of floats and ints lie in low..high."""
+    ints = [x for x in xs if type(x) is int]
+    return not ints or (low <= min(ints) and max(ints) <= high)
+
+
+def _ordered(a, b, n: int) -> bool:
+    """Row by row ``a <= b`` where both are given (a column, or one value for all)."""
+    if a is None or b is None:
+        return True
+    if type(a) is not list and type(b) is not list:
+        return a <= b
+    a = a if type(a) is list else [a] * n
+    b = b if type(b) is list else [b] * n
+    if None in a or None in b:
+        return all(x <= y for x, y in zip(a, b, strict=True) if x is not None and y is not None)
+    return all(map(le, a, b))
+
+
+def _list_ok(ftype) -> str:
+    """A check of a column's values ``x`` (no None), their types ``t`` (a set, not empty)."""
+    if ftype == "num":
+        return f"t <= FLOAT or (t <= NUMT and ints_in(x, {INT_MIN}, {INT_MAX}))"
+    if ftype == "time":
+        return f"t <= NUMT and {TIME_MIN!r} <= min(x) and max(x) < {TIME_MAX!r}"
+    if ftype == "int":
+        return f"t <= INT and {INT_MIN} <= min(x) and max(x) <= {INT_MAX}"
+    if ftype == "i32":
+        return f"t <= INT and {I32_MIN} <= min(x) and max(x) <= {I32_MAX}"
+    if ftype in _ONE:
+        return f"t <= ONE[{ftype!r}]"
+    if ftype == "ints":
+        return "t <= LIST and all(map(ints_ok, filter(None, x)))"
+    if ftype == "nums":
+        return "t <= LIST and all(map(nums_ok, filter(None, x)))"
+    if isinstance(ftype, tuple):
+        return f"t <= ONE['str'] and set(x) <= {set(ftype)!r}"
+    raise ValueError(f"unknown field type {ftype!r}")
+
+
+def _compile_columns(rules: str, spec):
+    """``columns_ok(o, n, absent)`` for one spec: one generated function with a check per
+    field inlined, each column checked by C-level passes (the set of its value types,
+    its min and max), no Python call per value."""
+    required, optional = spec
+    lows = MINIMA.get(rules, {})
+    src = ["def columns_ok(o, n, absent):", " g = o.get"]
+    for fields, opt in ((required, False), (optional, True)):
+        for name, ftype in fields.items():
+            if ftype in NESTED:
+                continue
+            low = lows.get(name)
+            src += [f" x = g({name!r})", " if x is None:",
+                    "  pass" if opt else "  return False", " elif type(x) is list:"]
+            if not opt:
+                src.append(f"  if {name!r} in absent: return False")
+            src += ["  t = set(map(type, x))", "  if NONE in t:",
+                    "   t.discard(NONE)" if opt else "   return False"]
+            if opt:
+                src.append("   x = [y for y in x if y is not None]")
+            src.append(f"  if t and not ({_list_ok(ftype)}): return False")
+            if low is not None:
+                src.append(f"  if t and min(x) < {low!r}: return False")
+            bad = " or ".join(_bad(ftype, "x") + ([f"x < {low!r}"] if low is not None else []))
+            src += [" else:", f"  if {bad}: return False"]
+    for lo, hi in ORDERED.get(rules, ()):
+        src.append(f" if not ordered(g({lo!r}), g({hi!r}), n): return False")
+    src.append(" return True")
+    scope: dict = {"NUM": frozenset((int, float)), "ints_ok": ints_ok, "nums_ok": nums_ok,
+                   "NONE": _NONE, "FLOAT": _FLOAT, "NUMT": _NUMT, "INT": _INT, "LIST": _LIST,
+                   "ONE": _ONE, "ints_in": _ints_in, "ordered": _ordered}
+    exec("\n".join(src), scope)  # noqa: S102 - code built from the SPECS table only
+    return scope["columns_ok"]
+
+
+_COLUMNS = {name: _compile_columns(name, spec)
+            for name, spec in (*SPECS.items(), *NESTED.items())}
+
+
+def columns_ok(rules: str, cols: dict, n: int, absent: dict) -> bool:
+    """True when ``cols`` (field -> a list of ``n`` values, or one value for all: a batch's
+    columns, whose lengths the caller checked) hold ``n`` rows that each certainly pass
+    ``validate`` against the spec named ``rules`` (an event kind, or ``ops``) and its
+    MINIMA and ORDERED rules. ``absent``: field -> the rows that lack it (a required field
+    may lack none). Nested list fields (``comm.ops``) are skipped: the caller checks their
+    columns."""
+    return _COLUMNS[rules](cols, n, absent)

@@ -41,7 +41,7 @@ from failslow.models.pipeline import Detector
 from failslow.models.settings import DetectionConfig
 from failslow.models.shard import ShardedDetector
 from failslow.schema import SchemaError, validate
-from failslow.schema.batches import expand_checked, is_batch
+from failslow.schema.batches import BATCH_KINDS, expand_checked, is_batch, valid
 from failslow.schema.fast import all_valid
 
 loads = orjson.loads
@@ -152,7 +152,7 @@ def detect_sources(sources: list[Iterable], det: Detector, write, warn,
         if len(streams) == 1:
             chunks = streams[0]
         else:
-            merged = heapq.merge(*map(chain.from_iterable, streams), key=_ts)
+            merged = heapq.merge(*map(chain.from_iterable, streams), key=_first_ts)
             chunks = iter(lambda: list(islice(merged, BATCH)), [])
         n_inc = 0
         for batch in _rebatch(ordered_chunks(chunks, window), BATCH):
@@ -170,6 +170,33 @@ def detect_sources(sources: list[Iterable], det: Detector, write, warn,
 
 
 _ts = itemgetter("ts")
+_kind = itemgetter("kind")
+
+
+def _first_ts(ev: dict) -> float:
+    """An event's ts; a batch's first row's."""
+    t = ev["ts"]
+    return t[0] if type(t) is list else t
+
+
+def _rows(batch: list) -> int:
+    """Events (rows) in a decoded chunk: a columnar batch counts its rows."""
+    return len(batch) + sum(len(o[BATCH_KINDS[o["kind"]].row_key]) - 1 for o in batch
+                            if o["kind"] in BATCH_KINDS)
+
+
+def _all_valid(batch: list) -> bool:
+    """``all_valid`` of a chunk that may hold columnar batches (``comm_batch``,
+    ``gpu_batch``): each batch's columns checked at once (``schema.batches.valid``), the
+    batch kept whole; the per-rank events as ever. False: a line needs the slow way."""
+    try:
+        kinds = set(map(_kind, batch))
+    except (TypeError, KeyError):        # a line that is no event object
+        return False
+    if kinds.isdisjoint(BATCH_KINDS):
+        return all_valid(batch)
+    plain = [o for o in batch if o["kind"] not in BATCH_KINDS]
+    return all_valid(plain) and all(valid(o) for o in batch if o["kind"] in BATCH_KINDS)
 
 
 def _chunks(lines, src: int, warn, counts: Counts) -> Iterator[list[dict]]:
@@ -182,13 +209,13 @@ def _chunks(lines, src: int, warn, counts: Counts) -> Iterator[list[dict]]:
             # The common case, a chunk of valid lines, in one comprehension (a
             # blank line fails to decode and sends the chunk the slow way).
             batch = [loads(line) for line in chunk]
-            if not all_valid(batch):
+            if not _all_valid(batch):
                 raise SchemaError("a line needs the full validation")
         except (orjson.JSONDecodeError, SchemaError):
             batch, bad = _line_by_line(chunk, first, lambda no, why: warn(src, no, why))
             counts.bad += bad
         first += len(chunk)
-        counts.events += len(batch)
+        counts.events += _rows(batch)
         if batch:
             yield batch
 
@@ -262,19 +289,26 @@ def _keyed(chunk: list[dict], seq: int) -> list[tuple]:
     seq + position): columns taken by C-level maps and zipped (no Python code per event
     unless a rank or host is missing)."""
     ranks = list(map(_rank, chunk))
+    ts = list(map(_ts, chunk))
+    if list in map(type, ts):
+        # a columnar batch goes where its first row would go
+        ts = [t[0] if type(t) is list else t for t in ts]
+        ranks = [r[0] if type(r) is list else r for r in ranks]
     if None in ranks:
         ranks = [-1 if r is None else r for r in ranks]
     hosts = list(map(_host, chunk))
     if None in hosts:
         hosts = [h or "" for h in hosts]
-    keys = zip(map(_ts, chunk), ranks, hosts, range(seq, seq + len(chunk)), strict=True)
+    keys = zip(ts, ranks, hosts, range(seq, seq + len(chunk)), strict=True)
     return list(zip(keys, chunk, strict=True))
 
 
 def _out_of_order(ev: dict, last: tuple, window: int) -> None:
+    ts, rank = _first_ts(ev), ev.get("rank")
+    rank = rank[0] if type(rank) is list else rank
     raise OutOfOrderError(
-        f"event ts {ev['ts']:.6f} ({ev['kind']}, rank {ev.get('rank')}) is "
-        f"{last[0] - ev['ts']:.3f} s earlier than an event already processed, "
+        f"event ts {ts:.6f} ({ev['kind']}, rank {rank}) is "
+        f"{last[0] - ts:.3f} s earlier than an event already processed, "
         f"more than {window:,} events out of order; sort the trace by ts or "
         "pass each rank's file as its own FILE")
 
@@ -289,6 +323,9 @@ def _line_by_line(chunk: list, first: int, warn) -> tuple[list, int]:
         try:
             obj = loads(line)
             if is_batch(obj):
+                if valid(obj):          # whole, its columns checked at once
+                    batch.append(obj)
+                    continue
                 rows, errors = expand_checked(obj)
                 batch += rows
                 bad += len(errors)

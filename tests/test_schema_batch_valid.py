@@ -1,0 +1,83 @@
+"""``schema.batches.valid``: a batch's columns checked at once, never more lenient than
+expanding it and validating every row (``expand_checked``), and true for what the
+simulator and ``to_batch`` write; the batch consumers take whole only what it passes."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from failslow.schema.batches import expand_checked, take, to_batch, valid, expand
+from failslow.simulator import SCENARIOS, simulate
+
+BAD_VALUES = [None, "x", True, -1, 0, -0.5, 2**70, 2**40, 1e300, [], [1], [None], {},
+              [[1.5]], [["a"]], 1.0, 3, "allreduce", "up", 1e11]
+
+
+def _batches() -> list[dict]:
+    events = list(simulate(SCENARIOS["slow_link_host_50"], seed=3, steps=6).events())
+    out = []
+    for kind in ("comm", "gpu"):
+        rows = [e for e in events if e["kind"] == kind]
+        host = rows[0]["host"]
+        out.append(to_batch([e for e in rows if e["host"] == host][:4]))
+    return out
+
+
+def _mutants(batch: dict, rng: random.Random, count: int) -> list[dict]:
+    out = []
+    n = len(batch.get("rank") or batch["gpu"])
+    for _ in range(count):
+        m = copy.deepcopy(batch)
+        where = m["ops"] if "ops" in m and rng.random() < 0.4 else m
+        name = rng.choice(sorted(k for k in where if k != "kind"))
+        how = rng.randrange(6)
+        value = rng.choice(BAD_VALUES)
+        if how == 0:
+            where[name] = value
+        elif how == 1 and type(where[name]) is list and where[name]:
+            where[name][rng.randrange(len(where[name]))] = value
+        elif how == 2:
+            del where[name]
+        elif how == 3:
+            where[name] = [value] * (n + rng.choice((-1, 0, 1)))
+        elif how == 4:
+            m.setdefault("absent", {})[name] = [rng.randrange(-1, n + 1)]
+        else:
+            where[name + "_extra"] = value
+        out.append(m)
+    return out
+
+
+def test_what_the_simulator_and_to_batch_write_is_valid():
+    for b in _batches():
+        assert valid(b)
+        gpu = [b] if b["kind"] == "gpu_batch" else []
+        for g in gpu:
+            assert valid(take(g, [2, 0]))
+            assert expand(take(g, [2, 0])) == [expand(g)[2], expand(g)[0]]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_valid_is_never_more_lenient_than_the_rows(seed):
+    rng = random.Random(seed)
+    passed = failed = 0
+    for b in _batches():
+        for m in _mutants(b, rng, 400):
+            rows, errors = expand_checked(m)
+            if valid(m):
+                passed += 1
+                assert not errors, (m, errors)
+            else:
+                failed += 1
+    assert passed and failed > passed / 4     # both sides exercised
+
+
+def test_a_bad_batch_is_refused_with_one_line_naming_the_field():
+    gpu = next(b for b in _batches() if b["kind"] == "gpu_batch")
+    gpu["temp_c"] = [1.0]
+    assert not valid(gpu)
+    rows, errors = expand_checked(gpu)
+    assert rows == [] and errors == ["gpu_batch.temp_c: 1 values for 4 rows"]
