@@ -18,7 +18,9 @@ from failslow.models.findings import job_pct
 from failslow.models.ranks import RankState
 from failslow.models.stats import RollingMedian
 
-JOB_HISTORY = 64   # steps of the job's step time kept for pre-onset baselines
+# TEMPORARY (issue 30): the default of ``CostConfig.history_steps`` under its old name
+# for job.py's import, until job.py reads its cfg.
+JOB_HISTORY = 64
 
 
 class Attribution:
@@ -41,11 +43,12 @@ class Attribution:
         else:
             st.onset_ts, st.onset_step = st.c_onset_ts, st.c_onset_step
         st.kind = "change" if ev.self_driven[i] else "far"
-        before = [d for k, d in self.job_hist if k < st.onset_step][-16:]
+        cc = self.cfg.cost
+        before = [d for k, d in self.job_hist if k < st.onset_step][-cc.base_steps:]
         # The mean, as elapsed time adds up step times. An onset estimated late leaves
         # fault steps in ``before``: the job's usual step time (a rolling median,
         # learned while no rank had a finding) bounds it.
-        mean = sum(before) / len(before) if len(before) >= 4 else 0.0
+        mean = sum(before) / len(before) if len(before) >= cc.base_min_steps else 0.0
         st.base_job_s = min(mean, base) if mean > 0 and base > 0 else mean or base
         # The job's extra time since the onset, up to this step.
         since = [d for k, d in self.job_hist if k >= st.onset_step]
@@ -113,7 +116,7 @@ class Attribution:
         if not faulty:
             self.job_clean.update(job_s)
         self.step_start[s] = ts - job_s
-        for k in [k for k in self.step_start if k < s - JOB_HISTORY]:
+        for k in [k for k in self.step_start if k < s - self.cfg.cost.history_steps]:
             del self.step_start[k]
 
     def _job_base(self) -> float:

@@ -56,6 +56,10 @@ class EvidenceConfig:
                              "alive")
     waited_min_members: int = _p(3, "who a group waits for: groups of this many members or "
                                  "more")
+    pool_min_ranks: int = _p(3, "ranks with a learned noise (a full window) before a rank's "
+                             "noise is pooled with its peers'")
+    onset_own_min: int = _p(3, "values among the last 6 own-past ones before the onset is "
+                            "estimated on the own past, not against peers")
 
     @property
     def long_scales(self) -> tuple[int, ...]:
@@ -70,20 +74,56 @@ class EvidenceConfig:
 
 @dataclass(frozen=True)
 class LinkConfig:
-    """``[rules.links]``: collective groups and NICs (``models.links``, ``models.rootcause``)."""
+    """``[rules.links]``: collective groups (``models.links``)."""
 
     run_max: int = _p(32, "steps of a group's evidence run kept (its fade check)")
     clock_gain: float = _p(0.5, "share of a step's measured clock offset taken (the hosts' "
                            "estimates depend on each other: a full step would overshoot)")
+    groups_min: int = _p(4, "groups with a learned cost before groups are compared with "
+                         "each other")
+
+
+@dataclass(frozen=True)
+class CauseConfig:
+    """``[rules.causes]``: root causes from telemetry (``models.rootcause``, NICs in
+    ``models.links``)."""
+
     nic_agree: int = _p(2, "NIC counters that must agree before a port counts as congested "
                         "or erroring")
     nic_outlier: float = _p(20.0, "a NIC is congested / erroring when those counters grow "
-                            "this many times faster than the job's typical NIC")
+                            "this many times faster than the job's typical NIC (incast "
+                            "bursts on healthy ports reach ~30x for one sample, smoothed "
+                            "below this)")
+    nics_min: int = _p(4, "NICs of the job before any stands out")
+    ref_floor: float = _p(0.01, "a counter's reference rate is at least this share of the "
+                          "device's own (a ratio of 100 at most)")
     sparse_floor_per_s: float = _p(1.0 / 60.0, "error counters that stay at zero on "
                                    "healthy devices count from this rate up (one a minute)")
+    error_ratio: float = _p(5.0, "GPU error / PCIe replay counters this many times the "
+                            "peers' rate are a fault (score 1)")
+    gauge_z: float = _p(4.0, "robust z of a gauge against the peers (temperature, power "
+                        "limit, PCIe link, SM clock, NIC speed) that is a fault (score 1)")
+    cpu_ratio: float = _p(1.5, "host load over both its peers and its own past that is "
+                          "CPU contention (score 1)")
+    reason_share: float = _p(0.5, "share of recent samples with a clock-event reason "
+                             "(thermal, power, hw slowdown) that is throttling")
+    reason_peer_max: float = _p(0.25, "and the typical peer's share under this")
 
 
-SECTIONS: dict[str, type] = {"evidence": EvidenceConfig, "links": LinkConfig}
+@dataclass(frozen=True)
+class CostConfig:
+    """``[rules.cost]``: the job's step-time history behind a finding's cost
+    (``models.attribution``, ``models.p2p``)."""
+
+    history_steps: int = _p(64, "steps of the job's step time kept for pre-onset baselines")
+    base_steps: int = _p(16, "the job's steps before the onset whose mean is its usual "
+                         "step time")
+    base_min_steps: int = _p(4, "fewer steps before the onset give no such mean (the "
+                             "job's rolling median instead)")
+
+
+SECTIONS: dict[str, type] = {"evidence": EvidenceConfig, "links": LinkConfig,
+                             "causes": CauseConfig, "cost": CostConfig}
 
 
 def section_docs(cls: type) -> list[tuple[str, Any, str]]:
@@ -135,13 +175,15 @@ class JobConfig:
     which end is slow waits for the NIC counters before settling on the first candidate.
 
     Sections (``SECTIONS``, TOML ``[rules.NAME]``): ``evidence`` (``EvidenceConfig``),
-    ``links`` (``LinkConfig``).
+    ``links`` (``LinkConfig``), ``causes`` (``CauseConfig``), ``cost`` (``CostConfig``).
     """
 
     # The defaults of the sections: a JobConfig unpickled from before a section existed
     # reads these (the values it ran with).
     evidence: EvidenceConfig = EvidenceConfig()
     links: LinkConfig = LinkConfig()
+    causes: CauseConfig = CauseConfig()
+    cost: CostConfig = CostConfig()
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  lag_steps: int = 3, warm_steps: int = 10, max_behind: int = 16,
@@ -149,7 +191,8 @@ class JobConfig:
                  sustain_s: float = 2.0, peer_warm_steps: int = 1, far_step_z: float = 6.0,
                  far_fade_ratio: float = 0.75, host_hold_steps: int = 4,
                  link_patience_steps: int = 4, evidence: EvidenceConfig | None = None,
-                 links: LinkConfig | None = None) -> None:
+                 links: LinkConfig | None = None, causes: CauseConfig | None = None,
+                 cost: CostConfig | None = None) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
@@ -168,3 +211,5 @@ class JobConfig:
         self.link_patience_steps = link_patience_steps
         self.evidence = evidence or EvidenceConfig()
         self.links = links or LinkConfig()
+        self.causes = causes or CauseConfig()
+        self.cost = cost or CostConfig()

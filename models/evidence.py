@@ -156,7 +156,7 @@ class Windows:
         rho = np.where(m[:, 1] > 0, m[:, 2] / np.maximum(m[:, 1], 1e-12), 0.0)
         rho = (m[:, 3] * rho + p.rho_prior_n * p.rho_prior) / (m[:, 3] + p.rho_prior_n)
         known = self.mom[:, 3] >= p.noise_min
-        if known.sum() >= 3:
+        if known.sum() >= p.pool_min_ranks:
             k = self.mom[known]
             rho = np.maximum(rho, float(np.median(k[:, 2] / np.maximum(k[:, 1], 1e-12))))
         rho = np.clip(rho, 0.0, p.rho_max)
@@ -167,7 +167,7 @@ class Windows:
         """Whether each row's noise is known: learned over enough clean steps, its own
         or (``_pooled``) that of three or more peers."""
         known = self.mom[:, 3] >= self.p.noise_min
-        return known[rows] | (known.sum() >= 3)
+        return known[rows] | (known.sum() >= self.p.pool_min_ranks)
 
     def _pooled(self, rows: np.ndarray, col: int) -> np.ndarray:
         """Column ``col`` of the learned moments of ``rows``, between the median over the
@@ -178,7 +178,7 @@ class Windows:
         m, p = self.mom, self.p
         known = m[:, 3] >= p.noise_min
         own = np.where(known[rows], np.maximum(m[rows, col], 0.0), 0.0)
-        if known.sum() >= 3:
+        if known.sum() >= p.pool_min_ranks:
             # A rank whose noise is not learned yet (new, or slow since before it
             # could be) takes its peers'.
             pool = float(np.median(m[known, col]))
@@ -260,7 +260,7 @@ class Windows:
         w = self.vals[rows]
         cnt = (~np.isnan(w)).sum(axis=1)
         full = cnt >= self.p.min_fill * self.width
-        if full.sum() < 3:
+        if full.sum() < self.p.pool_min_ranks:
             return 0.0
         w = w[full]
         mad = _rowmedian(np.abs(w - _rowmedian(w)[:, None]))
@@ -424,7 +424,8 @@ class RankEvidence:
         """Steps back to the most likely start of the rank's excess (log ``shift``, or
         the last 6 steps' mean): on its own-past series where it has one (a change),
         else on its peer series."""
-        w = self.own if (~np.isnan(self.own.vals[row, -6:])).sum() >= 3 else self.peer
+        least = self.cfg.evidence.onset_own_min
+        w = self.own if (~np.isnan(self.own.vals[row, -6:])).sum() >= least else self.peer
         if shift is None:
             _, recent, _ = w.stats(np.array([row]), 6)
             shift = float(recent[0])

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -412,9 +413,9 @@ class IncidentTracker:
             inc.rule = f.rule or inc.rule      # the signal that made it loud
         prev = last.get("slowdown_pct", pct)
         changed = (not last or sev != last.get("severity")
-                   or ts - last.get("ts", -1e300) >= cfg.min_update_s
+                   or ts - last.get("ts", -math.inf) >= cfg.min_update_s
                    and (cause != last.get("root_cause") or action != last.get("mitigation")
-                        or abs(pct - prev) > max(0.5 * prev, 5.0)
+                        or abs(pct - prev) > max(0.5 * prev, cfg.update_pct_points)
                         or gpu_h > 0 and gpu_h >= cfg.cost_update_ratio * inc.cost_sent))
         inc.rule = inc.rule or f.rule or f.fault
         extra["rule"] = inc.rule

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from failslow.models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
-from failslow.models.config import JobConfig, LinkConfig
+from failslow.models.config import CauseConfig, JobConfig
 from failslow.models.cusum import capped_increment, cusum_update
 from failslow.models.findings import Finding
 from failslow.models.peers import lower_half_ref
@@ -172,7 +172,8 @@ class LinkMonitor:
                 warm[i] = True
         peer_rel = np.zeros(len(names))
         peer_z = np.zeros(len(names))
-        ref, sigma = lower_half_ref(ratio[warm]) if warm.sum() >= 4 else (0.0, 0.0)
+        ref, sigma = lower_half_ref(ratio[warm]) if warm.sum() >= cfg.links.groups_min \
+            else (0.0, 0.0)
         if ref > 0:
             peer_rel = np.where(warm, ratio / ref - 1.0, 0.0)
             peer_z = peer_rel / np.maximum(max(sigma / ref, 0.02), own)
@@ -316,25 +317,26 @@ def far_end(f: Finding, members: Sequence[tuple[int, ...]], rank_host: dict[int,
 
 def refine_with_nics(f: Finding, slow_members: Sequence[tuple[int, ...]], store: TelemetryStore,
                      rank_host: dict[int, str], rank_gpu: dict[int, int],
-                     memo: dict[Any, Any] | None = None, p: LinkConfig | None = None
+                     memo: dict[Any, Any] | None = None, c: CauseConfig | None = None
                      ) -> tuple[Finding, bool]:
     """Re-aim a slow_link finding at the host or rank pair whose NIC counters
-    stand out (``p.nic_outlier`` x the job's other NICs), when that explanation is
+    stand out (``c.nic_outlier`` x the job's other NICs; ``c.nics_min`` NICs or more), when that explanation is
     consistent with every slow group: most NICs of one host, or a single NIC,
     -> that host; one NIC at each of two hosts -> the rank pair they serve.
     Returns (the finding, possibly re-aimed; whether the NICs decided it).
 
     ``memo``: a dict the caller keeps while the store does not change (one judged
     step): the job's NICs and their outliers are then found once, not per finding."""
+    c = c or CauseConfig()
     hosts = frozenset(rank_host.values())
     got = memo.get(hosts) if memo is not None else None
     if got is None:
         nics = {k: d for k, d in store.nics.items() if k[0] in hosts}
-        got = (nics, outlier_nics(nics, p) if len(nics) >= 4 else [])
+        got = (nics, outlier_nics(nics, c) if len(nics) >= c.nics_min else [])
         if memo is not None:
             memo[hosts] = got
     nics, bad = got
-    if len(nics) < 4:
+    if len(nics) < c.nics_min:
         return f, False
     if not bad:
         return f, False
@@ -371,21 +373,23 @@ _OUTLIER_NAMES = CONGESTION + NIC_ERRORS   # outlier_nics' counters, in its rows
 
 
 def outlier_nics(nics: dict[tuple[str, str, int], Any],
-                 p: LinkConfig | None = None) -> list[tuple[str, str]]:
+                 c: CauseConfig | None = None) -> list[tuple[str, str]]:
     """(host, nic) of the ports whose congestion or error counters grow at least
-    ``p.nic_outlier`` times the ports' lower quartile, on ``p.nic_agree`` counters.
+    ``c.nic_outlier`` times the ports' lower quartile (at least ``c.ref_floor`` of their
+    own rate), on ``c.nic_agree`` counters.
     The quartile is taken once per counter over all ports (one port more or
     less in the reference does not move a quartile). One numpy pass over a
     (counter x port) matrix of rates."""
     if not nics:
         return []
-    p = p or LinkConfig()
+    c = c or CauseConfig()
     devs = [d.rates for d in nics.values()]
     rates = np.array([[r.get(name, 0.0) for r in devs] for name in _OUTLIER_NAMES])
     refs = lower_quartiles(rates)
-    hit = (rates > 0) & (rates >= p.nic_outlier * np.maximum(refs[:, None], 0.01 * rates))
+    hit = (rates > 0) & (rates >= c.nic_outlier * np.maximum(refs[:, None],
+                                                             c.ref_floor * rates))
     k = len(CONGESTION)
-    bad = (hit[:k].sum(axis=0) >= p.nic_agree) | (hit[k:].sum(axis=0) >= p.nic_agree)
+    bad = (hit[:k].sum(axis=0) >= c.nic_agree) | (hit[k:].sum(axis=0) >= c.nic_agree)
     keys = list(nics)
     return [(keys[i][0], keys[i][1]) for i in np.flatnonzero(bad).tolist()]
 

@@ -5,6 +5,7 @@ from the start is the layout, not a fail-slow)."""
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import numpy as np
@@ -72,8 +73,8 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
         # one left is a rank fault).
         firm = job.host_firm
         draining = not whole and any(m in hosted for m in members) and (
-            s - firm.get(h, -10**9) <= 2 * hold
-            or s - job.host_seen.get(h, -10**9) <= hold and sum(
+            s - firm.get(h, -math.inf) <= 2 * hold
+            or s - job.host_seen.get(h, -math.inf) <= hold and sum(
                 m in hosted or (m in job.ranks and job.ranks[m].cusum > 0)
                 for m in members) >= 2)
         if whole or draining:

@@ -36,7 +36,8 @@ class PolicyConfig:
     ``imbalance_points``: a culprit recorded as steady imbalance pages only once its
     gap is both this many times and this many points (fraction) above the recorded
     one; ``cost_update_ratio``: an open incident's cost is re-sent once it grew by this
-    factor (at most once per ``min_update_s``), never as a page.
+    factor (at most once per ``min_update_s``), never as a page; ``update_pct_points``:
+    and its slowdown once it moved by half its value and at least this many points.
     """
 
     page_steps: int = 4
@@ -55,6 +56,7 @@ class PolicyConfig:
     imbalance_points: float = 0.10
     cost_update_ratio: float = 1.5
     min_update_s: float = 5.0
+    update_pct_points: float = 5.0
 
     def check(self) -> None:
         """Raise ValueError (one line) on a value no policy can work with."""
@@ -63,7 +65,7 @@ class PolicyConfig:
                 raise ValueError(f"policy.{name} must be >= 1")
         for name in ("page_min_s", "page_sustained_s", "long_step_s", "critical_gpu_hours",
                      "critical_pct", "critical_after_s", "open_min_pct", "back_pct",
-                     "imbalance_points", "min_update_s", "flap_steps"):
+                     "imbalance_points", "min_update_s", "flap_steps", "update_pct_points"):
             if float(getattr(self, name)) < 0:
                 raise ValueError(f"policy.{name} must be >= 0")
         if self.cost_update_ratio <= 1.0 or self.imbalance_ratio < 1.0:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from failslow.models.config import LinkConfig
+from failslow.models.config import CauseConfig
 from failslow.models.stats import median
 from failslow.models.telemetry import Device, TelemetryStore
 
@@ -28,7 +28,7 @@ GPU_ERROR_COUNTERS = ("ecc_dbe_total", "ecc_sbe_total", "nvlink_crc_errors_total
 TIERS = (("gpu_errors", "pcie_degraded", "gpu_thermal", "gpu_power", "nic_errors",
           "nic_congestion"), ("cpu_contention",), ("input_stall",), ("gpu_clock",))
 Scores = dict[str, tuple[float, dict[str, Any]]]
-# Thresholds: ``LinkConfig`` (``[rules.links]``). ``sparse_floor_per_s``: error counters
+# Thresholds: ``CauseConfig`` (``[rules.causes]``). ``sparse_floor_per_s``: error counters
 # that stay at zero on healthy devices (ECC, PCIe replays) count as a rate from one event
 # a minute up, so a lone correctable error is no fault. ``nic_outlier``: a NIC is congested
 # / erroring when ``nic_agree`` of its counters grow this many times faster than the job's
@@ -69,12 +69,15 @@ def lower_quartiles(rows: np.ndarray) -> np.ndarray:
 
 
 def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
-               agree: int = 1, floor_per_s: float = 0.0) -> tuple[float, dict]:
+               agree: int = 1, floor_per_s: float = 0.0, share: float | None = None
+               ) -> tuple[float, dict]:
     """How many times the peers' typical rate the device's counters grow: the
     ``agree``-th largest ratio over ``names`` (0 when fewer counters grow), so a
     single sparse counter ticking once cannot make a device look faulty. The
     reference is at least ``floor_per_s``: for error counters that are zero on
-    healthy peers, one stray increment is no rate."""
+    healthy peers, one stray increment is no rate; and at least ``share`` of the
+    device's own rate (``CauseConfig.ref_floor``)."""
+    share = CauseConfig().ref_floor if share is None else share
     ratios, ev = [], {}
     for name in names:
         r = dev.rates.get(name, 0.0)
@@ -82,15 +85,15 @@ def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
             continue
         # The peers' lower quartile: clean even when half the peers share the fault.
         ref = lower_quartile([p.rates.get(name, 0.0) for p in peers])
-        ratio = r / max(ref, 0.01 * r, floor_per_s)
+        ratio = r / max(ref, share * r, floor_per_s)
         ratios.append(ratio)
         ev[name] = {"rate_per_s": round(r, 3), "peer_p25": round(ref, 3), "ratio": round(ratio, 1)}
     ratios.sort(reverse=True)
     return (ratios[agree - 1] if len(ratios) >= agree else 0.0), ev
 
 
-def gpu_scores(dev: Device, peers: list[Device], p: LinkConfig | None = None) -> Scores:
-    p = p or LinkConfig()
+def gpu_scores(dev: Device, peers: list[Device], c: CauseConfig | None = None) -> Scores:
+    c = c or CauseConfig()
     out: Scores = {}
 
     def throttled(group: str) -> bool:
@@ -98,44 +101,49 @@ def gpu_scores(dev: Device, peers: list[Device], p: LinkConfig | None = None) ->
         mine = dev.reasons.get(group, 0.0)
         theirs = sorted(p.reasons.get(group, 0.0) for p in peers)
         typical = theirs[len(theirs) // 2] if theirs else 0.0
-        return mine >= 0.5 and typical < 0.25
+        return mine >= c.reason_share and typical < c.reason_peer_max
     if throttled("thermal"):
         out["gpu_thermal"] = (3.0, {"thermal_reason_share": round(dev.reasons["thermal"], 2)})
     if throttled("power"):
         out["gpu_power"] = (3.0, {"power_reason_share": round(dev.reasons["power"], 2)})
     temp = _gauge_z(dev, peers, "temp_c")
-    if temp and temp[0] >= 4 and "gpu_thermal" not in out:
-        out["gpu_thermal"] = (temp[0] / 4, {"temp_c": temp[1]})
+    zb = c.gauge_z
+    if temp and temp[0] >= zb and "gpu_thermal" not in out:
+        out["gpu_thermal"] = (temp[0] / zb, {"temp_c": temp[1]})
     limit = _gauge_z(dev, peers, "power_limit_w")
-    if limit and limit[0] <= -4 and "gpu_power" not in out:
-        out["gpu_power"] = (-limit[0] / 4, {"power_limit_w": limit[1]})
+    if limit and limit[0] <= -zb and "gpu_power" not in out:
+        out["gpu_power"] = (-limit[0] / zb, {"power_limit_w": limit[1]})
     if dev.xids:
         out["gpu_errors"] = (5.0, {"xid": sorted(set(dev.xids))[:8]})
-    ratio, ev = rate_ratio(dev, peers, GPU_ERROR_COUNTERS, floor_per_s=p.sparse_floor_per_s)
-    if ratio >= 5 and "gpu_errors" not in out:
-        out["gpu_errors"] = (min(ratio / 5, 5.0), ev)
+    ratio, ev = rate_ratio(dev, peers, GPU_ERROR_COUNTERS, floor_per_s=c.sparse_floor_per_s,
+                           share=c.ref_floor)
+    if ratio >= c.error_ratio and "gpu_errors" not in out:
+        out["gpu_errors"] = (min(ratio / c.error_ratio, 5.0), ev)
     g = dev.gauges
     for cur, top in (("pcie_gen", "pcie_max_gen"), ("pcie_width", "pcie_max_width")):
         if cur in g and top in g and g[cur] < g[top] - 0.5:
             out["pcie_degraded"] = (4.0, {cur: g[cur], top: g[top]})
-    ratio, ev = rate_ratio(dev, peers, ("pcie_replay_total",), floor_per_s=p.sparse_floor_per_s)
-    if ratio >= 5 and "pcie_degraded" not in out:
-        out["pcie_degraded"] = (min(ratio / 5, 3.0), ev)
+    ratio, ev = rate_ratio(dev, peers, ("pcie_replay_total",),
+                           floor_per_s=c.sparse_floor_per_s, share=c.ref_floor)
+    if ratio >= c.error_ratio and "pcie_degraded" not in out:
+        out["pcie_degraded"] = (min(ratio / c.error_ratio, 3.0), ev)
     for name in ("pcie_gen", "pcie_width"):
         z = _gauge_z(dev, peers, name)
-        if z and z[0] <= -4 and "pcie_degraded" not in out:
+        if z and z[0] <= -zb and "pcie_degraded" not in out:
             out["pcie_degraded"] = (3.0, {name: z[1]})
     clock = _gauge_z(dev, peers, "sm_clock_mhz")
-    if clock and clock[0] <= -4:
-        out["gpu_clock"] = (-clock[0] / 4, {"sm_clock_mhz": clock[1]})
+    if clock and clock[0] <= -zb:
+        out["gpu_clock"] = (-clock[0] / zb, {"sm_clock_mhz": clock[1]})
     elif throttled("hw_slowdown"):
         out["gpu_clock"] = (2.0, {"hw_slowdown_share": round(dev.reasons["hw_slowdown"], 2)})
     return out
 
 
-def host_scores(dev: Device, peers: list[Device]) -> Scores:
+def host_scores(dev: Device, peers: list[Device], c: CauseConfig | None = None) -> Scores:
     """CPU contention: load, runnable processes or CPU use well above both the
-    other hosts of the job and this host's own past (ratio >= 1.5 scores 1)."""
+    other hosts of the job and this host's own past (ratio >= ``c.cpu_ratio``, 1.5,
+    scores 1)."""
+    c = c or CauseConfig()
     out: Scores = {}
     best, ev = 0.0, {}
     for name in ("cpu_steal_pct", "load1", "procs_running", "cpu_util_pct"):
@@ -147,27 +155,27 @@ def host_scores(dev: Device, peers: list[Device]) -> Scores:
         if ref <= 0 and x <= 0:
             continue
         ratio = x / max(ref, 1e-3 * x, 1e-9)
-        if ratio >= 1.5:
+        if ratio >= c.cpu_ratio:
             ev[name] = {"value": round(x, 2), "reference": round(ref, 2), "ratio": round(ratio, 2)}
-            best = max(best, min((ratio - 1.0) / 0.5, 5.0))
+            best = max(best, min((ratio - 1.0) / (c.cpu_ratio - 1.0), 5.0))
     if best >= 1:
         out["cpu_contention"] = (best, ev)
     return out
 
 
-def nic_scores(devs: list[Device], peers: list[Device], p: LinkConfig | None = None) -> Scores:
-    p = p or LinkConfig()
-    bar = p.nic_outlier
+def nic_scores(devs: list[Device], peers: list[Device], c: CauseConfig | None = None) -> Scores:
+    c = c or CauseConfig()
+    bar = c.nic_outlier
     out: Scores = {}
     for dev in devs:
-        ratio, ev = rate_ratio(dev, peers, CONGESTION, p.nic_agree)
+        ratio, ev = rate_ratio(dev, peers, CONGESTION, c.nic_agree, share=c.ref_floor)
         if ratio >= bar and ratio / bar > out.get("nic_congestion", (0.0, {}))[0]:
             out["nic_congestion"] = (ratio / bar, ev)
-        ratio, ev = rate_ratio(dev, peers, NIC_ERRORS, p.nic_agree)
+        ratio, ev = rate_ratio(dev, peers, NIC_ERRORS, c.nic_agree, share=c.ref_floor)
         if dev.down:
             ratio, ev = max(ratio, 2 * bar), {**ev, "state": "down"}
         speed = _gauge_z(dev, peers, "speed_gbps")
-        if speed and speed[0] <= -4:
+        if speed and speed[0] <= -c.gauge_z:
             ratio, ev = max(ratio, 2 * bar), {**ev, "speed_gbps": speed[1]}
         if ratio >= bar and ratio / bar > out.get("nic_errors", (0.0, {}))[0]:
             out["nic_errors"] = (ratio / bar, ev)
@@ -177,19 +185,19 @@ def nic_scores(devs: list[Device], peers: list[Device], p: LinkConfig | None = N
 def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tuple[str, int]],
               job_hosts: set[str], data_share: float,
               nic_slots: set[tuple[str, str]] | None = None,
-              p: LinkConfig | None = None) -> tuple[str, dict[str, Any]]:
+              c: CauseConfig | None = None) -> tuple[str, dict[str, Any]]:
     """Pick the root cause of a located fault.
 
     ``hosts`` / ``gpus`` are the culprit's devices; ``job_hosts`` bound the
     peers; ``nic_slots`` optionally names the culprit's NICs as (host, nic name); ``data_share`` is the part of the culprit's extra time spent waiting
-    for input (0..1); ``p`` the job's thresholds. Returns ``(root_cause, evidence)``.
+    for input (0..1); ``c`` the job's thresholds. Returns ``(root_cause, evidence)``.
     """
     scores: Scores = {}
     if data_share >= 0.5:
         scores["input_stall"] = (2.0 * data_share, {"data_share_of_excess": round(data_share, 2)})
     if fault in ("slow_rank", "slow_host"):
         peers_g = [d for (h, i), d in store.gpus.items() if h in job_hosts and (h, i) not in gpus]
-        per_gpu = [(key, gpu_scores(store.gpus[key], peers_g, p)) for key in gpus
+        per_gpu = [(key, gpu_scores(store.gpus[key], peers_g, c)) for key in gpus
                    if key in store.gpus]
         # A host-wide fault must show on at least half of the host's GPUs.
         need = (len(per_gpu) + 1) // 2 if fault == "slow_host" else 1
@@ -203,14 +211,14 @@ def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tu
         peers_h = [d for h, d in store.hosts.items() if h in job_hosts and h not in hosts]
         for h in hosts:
             if h in store.hosts:
-                scores.update(host_scores(store.hosts[h], peers_h))
+                scores.update(host_scores(store.hosts[h], peers_h, c))
     if fault == "slow_link":
         # A rank pair's ends are its ranks' NICs (``nic_slots``), a host's all its NICs.
         def mine(key: tuple[str, str, int]) -> bool:
             return (key[0], key[1]) in nic_slots if nic_slots else key[0] in hosts
         job_nics = [(k, d) for k, d in store.nics.items() if k[0] in job_hosts]
         scores.update(nic_scores([d for k, d in job_nics if mine(k)],
-                                 [d for k, d in job_nics if not mine(k)], p))
+                                 [d for k, d in job_nics if not mine(k)], c))
     # Sorted: the output bytes must not depend on the order causes were scored in.
     evidence = {c: {"score": round(s, 2), **ev} for c, (s, ev) in sorted(scores.items())}
     strong = {c: s for c, (s, _) in scores.items() if s >= 1.0}
