@@ -108,6 +108,8 @@ class CauseConfig:
     reason_share: float = _p(0.5, "share of recent samples with a clock-event reason "
                              "(thermal, power, hw slowdown) that is throttling")
     reason_peer_max: float = _p(0.25, "and the typical peer's share under this")
+    every_steps: int = _p(3, "judged steps a finding's root cause is kept before it is "
+                          "looked up again")
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,67 @@ class CostConfig:
                              "job's rolling median instead)")
 
 
+@dataclass(frozen=True)
+class RankConfig:
+    """``[rules.ranks]``: each rank's baselines and the own-past reference
+    (``models.ranks``, ``models.job``)."""
+
+    baseline_alpha: float = _p(0.05, "weight of the newest step in a rank's step, own-work, "
+                               "comm and input baselines (~20 steps of memory)")
+    baseline_window: int = _p(32, "steps in the rolling median of a rank's own work (its "
+                              "usual position)")
+    own_ref_min: int = _p(4, "ranks with a learned own past that make the own-past "
+                          "reference (all but one in smaller jobs)")
+    jobwide_share: float = _p(0.125, "more than this share of the ranks (and more than 2), "
+                              "on several hosts, rising against their own past together is "
+                              "a job-wide change: only peers judge that step")
+    idle_steps: int = _p(20, "a job that sent nothing for this many of its step times (and "
+                         "[detector] job_idle_s) has ended")
+
+
+@dataclass(frozen=True)
+class SubstepConfig:
+    """``[rules.substep]``: evidence inside long steps (``models.substep``)."""
+
+    width: int = _p(32, "ticks kept per member")
+    min_ops: int = _p(3, "ops of the group per member in a tick (windows add up until then)")
+    min_spread: int = _p(2, "windows of a step with ops of the group (fewer: the ops are "
+                         "bunched at the step's end, no in-step evidence)")
+    min_work: float = _p(0.2, "least share of a member's time spent working between the ops")
+    sigma_floor: float = _p(0.02, "per-tick noise floor (fraction)")
+    long_windows: float = _p(1.5, "a step of at least this many producer windows is long "
+                             "(judged inside the step; also for p2p pairs)")
+
+
+@dataclass(frozen=True)
+class P2PConfig:
+    """``[rules.p2p]``: point-to-point rank pairs (``models.p2p``)."""
+
+    noise_floor: float = _p(0.02, "relative noise below which a pair's cost is not trusted "
+                            "to be")
+    peers_min: int = _p(4, "pairs of one op size needed for a comparison across pairs")
+    size_bucket: float = _p(0.5, "log2 width of an op-size class (ops of similar size "
+                            "compare)")
+    warm_min: int = _p(3, "pairs with a learned cost before pairs are compared with each "
+                       "other")
+
+
 SECTIONS: dict[str, type] = {"evidence": EvidenceConfig, "links": LinkConfig,
-                             "causes": CauseConfig, "cost": CostConfig}
+                             "causes": CauseConfig, "cost": CostConfig, "ranks": RankConfig,
+                             "substep": SubstepConfig, "p2p": P2PConfig}
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """``[detector]``: settings of the whole detector, not of one job (no per-job
+    override): the telemetry every job's root causes read and when a job has ended."""
+
+    job_idle_s: float = _p(300.0, "event-time seconds without a step, comm or collective "
+                           "after which a job has ended")
+    rate_alpha: float = _p(0.3, "weight of the newest telemetry counter rate (a few samples "
+                           "of memory)")
+    gauge_alpha: float = _p(0.3, "weight of the newest telemetry gauge value")
+    first_samples: int = _p(3, "a device's first samples, its own past (``first``)")
 
 
 def section_docs(cls: type) -> list[tuple[str, Any, str]]:
@@ -175,7 +236,8 @@ class JobConfig:
     which end is slow waits for the NIC counters before settling on the first candidate.
 
     Sections (``SECTIONS``, TOML ``[rules.NAME]``): ``evidence`` (``EvidenceConfig``),
-    ``links`` (``LinkConfig``), ``causes`` (``CauseConfig``), ``cost`` (``CostConfig``).
+    ``links`` (``LinkConfig``), ``causes`` (``CauseConfig``), ``cost`` (``CostConfig``),
+    ``ranks`` (``RankConfig``), ``substep`` (``SubstepConfig``), ``p2p`` (``P2PConfig``).
     """
 
     # The defaults of the sections: a JobConfig unpickled from before a section existed
@@ -184,6 +246,9 @@ class JobConfig:
     links: LinkConfig = LinkConfig()
     causes: CauseConfig = CauseConfig()
     cost: CostConfig = CostConfig()
+    ranks: RankConfig = RankConfig()
+    substep: SubstepConfig = SubstepConfig()
+    p2p: P2PConfig = P2PConfig()
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  lag_steps: int = 3, warm_steps: int = 10, max_behind: int = 16,
@@ -192,7 +257,8 @@ class JobConfig:
                  far_fade_ratio: float = 0.75, host_hold_steps: int = 4,
                  link_patience_steps: int = 4, evidence: EvidenceConfig | None = None,
                  links: LinkConfig | None = None, causes: CauseConfig | None = None,
-                 cost: CostConfig | None = None) -> None:
+                 cost: CostConfig | None = None, ranks: RankConfig | None = None,
+                 substep: SubstepConfig | None = None, p2p: P2PConfig | None = None) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
@@ -213,3 +279,6 @@ class JobConfig:
         self.links = links or LinkConfig()
         self.causes = causes or CauseConfig()
         self.cost = cost or CostConfig()
+        self.ranks = ranks or RankConfig()
+        self.substep = substep or SubstepConfig()
+        self.p2p = p2p or P2PConfig()

@@ -8,6 +8,8 @@ Sections (TOML tables; docs/detection.md lists every key):
 - ``[policy]``: the paging policy (``models.policy.PolicyConfig``);
 - ``[planner]``: the mitigation ladder (``models.mitigation.Planner``);
 - ``[mitigate]``: closing the loop (``models.actions.MitigationConfig``), kept as given;
+- ``[detector]``: the whole detector's settings (``models.config.DetectorConfig``:
+  telemetry smoothing, when a job has ended), never per job;
 - ``[[override]]``: per-job settings, ``jobs = "PATTERN"`` (fnmatch on the job id) plus
   any of the tables above; the first matching override wins, over the defaults.
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from failslow.models.config import SECTIONS as RULE_SECTIONS
-from failslow.models.config import JobConfig
+from failslow.models.config import DetectorConfig, JobConfig
 from failslow.models.mitigation import Planner
 from failslow.models.policy import PolicyConfig
 from failslow.schema.errors import FailslowError
@@ -106,14 +108,17 @@ def _rules(where: str, table: Any, base: dict[str, Any]) -> dict[str, Any]:
 class DetectionConfig:
     """Every threshold of detection: ``rules`` (``JobConfig`` keyword arguments),
     ``policy``, ``planner`` (``Planner`` keyword arguments), ``mitigate`` (the raw
-    ``[mitigate]`` table, for ``models.actions.MitigationConfig``) and per-job
-    ``overrides`` (pattern, sections)."""
+    ``[mitigate]`` table, for ``models.actions.MitigationConfig``), ``detector``
+    (``DetectorConfig``, the whole detector's) and per-job ``overrides`` (pattern,
+    sections)."""
 
     rules: dict[str, Any] = field(default_factory=dict)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     planner: dict[str, Any] = field(default_factory=dict)
     mitigate: dict[str, Any] | None = None
     overrides: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # a plain default (frozen): a DetectionConfig pickled before it existed reads it
+    detector: DetectorConfig = DetectorConfig()
 
     def __post_init__(self) -> None:
         self._cache: dict[str, DetectionConfig] = {}
@@ -137,12 +142,15 @@ class DetectionConfig:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> DetectionConfig:
-        known = (*SECTIONS, "override")
+        known = (*SECTIONS, "detector", "override")
         for key in data:
             if key not in known:
                 raise DetectionConfigError(
                     f"unknown table {key!r} (known: {', '.join(known)})")
         base = cls()._with(data, "")
+        base.detector = replace(base.detector, **_table(
+            "detector", data.get("detector", {}),
+            {f.name: f.default for f in fields(DetectorConfig)}))
         overs = data.get("override", [])
         if not isinstance(overs, list):
             raise DetectionConfigError("override: expected [[override]] tables")
@@ -151,6 +159,9 @@ class DetectionConfig:
             if not isinstance(o, dict) or not isinstance(o.get("jobs"), str):
                 raise DetectionConfigError(f"{where}: needs jobs = \"PATTERN\"")
             for key in o:
+                if key == "detector":
+                    raise DetectionConfigError(
+                        f"{where}: [detector] is the whole detector's, not per job")
                 if key not in (*SECTIONS, "jobs"):
                     raise DetectionConfigError(f"{where}: unknown key {key!r}")
             base._with(o, where + ".")       # checked now, applied per job
@@ -172,7 +183,8 @@ class DetectionConfig:
         if "mitigate" in data:
             mitigate = {**(mitigate or {}), **data["mitigate"]}
             _check_mitigate(mitigate, prefix)
-        return DetectionConfig(rules, policy, planner, mitigate, list(self.overrides))
+        return DetectionConfig(rules, policy, planner, mitigate, list(self.overrides),
+                               self.detector)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -212,7 +224,29 @@ class DetectionConfig:
         return {"rules": rules,
                 "policy": {f.name: getattr(self.policy, f.name) for f in fields(PolicyConfig)},
                 "planner": {**_params(Planner), **self.planner},
+                "detector": {f.name: getattr(self.detector, f.name)
+                             for f in fields(DetectorConfig)},
                 "mitigate": self.mitigate}
+
+
+def reference_markdown() -> str:
+    """docs/detection.md's reference of the sections of ``[rules]`` and of
+    ``[detector]``: one table per section, every key with its default and what it
+    decides (``tests/test_models_settings.py`` checks the docs hold this text)."""
+    from failslow.models.config import section_docs
+
+    out = []
+    tables = [(f"[rules.{n}]", c) for n, c in RULE_SECTIONS.items()]
+    tables.append(("[detector]", DetectorConfig))
+    for title, cls in tables:
+        out.append(f"`{title}` (`{cls.__name__}`, models/config.py):\n")
+        out.append("| key | default | what it decides |\n|---|---|---|")
+        for key, default, doc in section_docs(cls):
+            shown = list(default) if isinstance(default, tuple) else \
+                round(default, 6) if isinstance(default, float) else default
+            out.append(f"| `{key}` | {shown} | {doc} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def _check_mitigate(table: dict[str, Any], prefix: str) -> None:
