@@ -12,6 +12,11 @@ GPUs; traces at ``--grain comm`` (default: windows, as the producers publish) or
 ``collective`` (one event per op). Writes bench/results/detect_throughput.json
 (``detect_throughput_collective.json`` for the collective grain).
 
+With ``--batched`` the trace is what ``failslow simulate`` writes by default (what the host
+agents publish): a ``comm_batch`` per host and window and a ``gpu_batch`` per host and
+sample (``schema.batches.batch_trace``), the detector taking them whole. ``--phases``
+also runs the first scenario once more, timing where its CPU goes: decode (JSON, validation, ordering), device telemetry, comm windows,
+step judging.
 With ``--on-change`` the trace's device samples are those host agents publish by default
 (``collectors.samplers.filter_trace``: on change plus a heartbeat), not every sample.
 With ``--baseline REV`` the input path of git revision REV (its
@@ -20,7 +25,7 @@ both) runs in the same process, alternating with this tree's run by run, so a lo
 machine slows both alike: before/after and their ratio are printed and written.
 
     .venv/bin/python bench/detect_throughput.py [--scenario NAME ...] [--repeat 2] [--grain comm]
-        [--baseline REV] [--on-change]
+        [--baseline REV] [--on-change] [--batched] [--phases]
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from failslow.collectors.samplers import filter_trace  # noqa: E402
 from failslow.commands.detect import BATCH, detect_lines  # noqa: E402
 from failslow.models.pipeline import Detector  # noqa: E402
+from failslow.schema.batches import BATCH_KINDS, batch_trace  # noqa: E402
 from failslow.simulator import GRAINS, SCENARIOS, simulate  # noqa: E402
 
 
@@ -78,13 +84,64 @@ def detector_run(path: Path) -> tuple[float, dict[str, int]]:
         while chunk := list(islice(f, BATCH)):
             events = [orjson.loads(line) for line in chunk]
             for e in events:
-                kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+                kind = e["kind"]
+                n = len(e[BATCH_KINDS[kind].row_key]) if kind in BATCH_KINDS else 1
+                kinds[kind] = kinds.get(kind, 0) + n
             c0 = time.process_time()
             det.process_batch(events)
             spent += time.process_time() - c0
     c0 = time.process_time()
     det.flush()
     return spent + time.process_time() - c0, kinds
+
+
+# Detector methods whose CPU is a phase's (what they call of another phase is that one's)
+PHASE_METHODS = {"device telemetry": ("_apply", "_observe"),
+                 "comm windows": ("_comm_batch", "_comm_windows", "_comm_nostep")}
+
+
+def phases(path: Path) -> dict[str, float]:
+    """CPU seconds per phase of the CLI path over the file, unprofiled: decode (reading,
+    JSON, validation, ts order) timed alone; in the detector, the time inside
+    ``PHASE_METHODS`` (the judgements a comm window triggers count as comm windows, the
+    device samples a judgement releases as telemetry); steps and judging the rest."""
+    from failslow.commands import detect as cli
+
+    c0 = time.process_time()
+    with path.open("rb") as f:
+        counts = cli.Counts()
+        for _ in cli._rebatch(cli.ordered_chunks(cli._chunks(f, 0, None, counts),
+                                                 cli.REORDER_WINDOW), BATCH):
+            pass
+    decode = time.process_time() - c0
+    spent = dict.fromkeys(PHASE_METHODS, 0.0)
+    stack: list[list] = []
+
+    def timed(phase: str, fn):
+        def run(*a, **k):
+            frame = [phase, time.process_time(), 0.0]   # phase, start, inner phases' time
+            stack.append(frame)
+            try:
+                return fn(*a, **k)
+            finally:
+                stack.pop()
+                took = time.process_time() - frame[1]
+                spent[phase] += took - frame[2]
+                if stack:
+                    stack[-1][2] += took
+        return run
+
+    det = Detector()
+    for phase, names in PHASE_METHODS.items():
+        for name in names:
+            if hasattr(det, name):
+                setattr(det, name, timed(phase, getattr(det, name)))
+    c0 = time.process_time()
+    with path.open("rb") as f:
+        detect_lines(f, det, lambda inc: None, lambda no, why: None)
+    total = time.process_time() - c0
+    return {"decode (JSON, validation, ts order)": decode, **spent,
+            "steps and judging": total - decode - sum(spent.values()), "total": total}
 
 
 def main() -> int:
@@ -99,6 +156,11 @@ def main() -> int:
                     help="also run REV's input path (detect.py, schema/fast.py), alternating")
     ap.add_argument("--on-change", action="store_true",
                     help="device samples as the agents publish them (on change + heartbeat)")
+    ap.add_argument("--batched", action="store_true",
+                    help="the trace as failslow simulate writes it by default: comm_batch and "
+                         "gpu_batch per host (the detector takes them whole)")
+    ap.add_argument("--phases", action="store_true",
+                    help="profile the first scenario once and print CPU per phase")
     args = ap.parse_args()
     if args.baseline:       # the commit itself, not a name that moves
         args.baseline = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT,
@@ -106,14 +168,20 @@ def main() -> int:
                                        text=True).stdout.strip()
     base = baseline_detect(args.baseline) if args.baseline else None
     results = {}
+    phase_cpu: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.scenario:
             path = Path(tmp) / f"{name}.jsonl"
             sim = simulate(SCENARIOS[name], seed=0, steps=args.steps, grain=args.grain)
-            if args.on_change:
-                kept = filter_trace(list(sim.events()))
+            if args.on_change or args.batched:
+                kept = list(sim.events())
+                if args.on_change:
+                    kept = filter_trace(kept)
+                if args.batched:
+                    kept = list(batch_trace(kept))
                 path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in kept))
-                n = len(kept)
+                n = sum(len(e[BATCH_KINDS[e["kind"]].row_key]) if e["kind"] in BATCH_KINDS
+                        else 1 for e in kept)
             else:
                 n = sim.write_jsonl(path)
             runs, before = [], []
@@ -124,6 +192,12 @@ def main() -> int:
             cpu, wall = min(r[0] for r in runs), min(r[1] for r in runs)
             assert all(r[2] == n for r in runs + before)
             core, kinds = detector_run(path)
+            if args.phases and not results:
+                ph = phases(path)
+                tot = ph.pop("total")
+                phase_cpu[name] = {k: round(v, 3) for k, v in ph.items()}
+                print(f"{name}: CPU per phase ({tot:.2f} s in all): " + ", ".join(
+                    f"{k} {v:.2f} s ({100 * v / tot:.0f}%)" for k, v in ph.items()), flush=True)
             path.unlink()
             rs = kinds.get("step", 0)
             extra = {}
@@ -150,11 +224,12 @@ def main() -> int:
     full_s = sum(r["events"] / r["detect_events_per_s"] for r in results.values())
     print(f"{'overall':22s} {total:8d} events  {total / full_s:9,.0f} ev/s (one core, CPU time)")
     suffix = ("" if args.grain == "comm" else f"_{args.grain}") + \
-        ("_onchange" if args.on_change else "")
+        ("_onchange" if args.on_change else "") + ("_batched" if args.batched else "")
     out = ROOT / "bench" / "results" / f"detect_throughput{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps({"scenarios": results, "clock": "process CPU time",
                                   "grain": args.grain, "steps": args.steps,
+                                  "batched": args.batched, "phases_cpu_s": phase_cpu,
                                   "device_samples": "on change + heartbeat (agent default)"
                                   if args.on_change else "every sample",
                                   "overall_events_per_s": round(total / full_s)},

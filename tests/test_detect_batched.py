@@ -37,14 +37,16 @@ def test_batched_and_per_rank_traces_give_the_same_incidents(scenario, tmp_path,
     assert got_err.splitlines()[-1] == want_err.splitlines()[-1]
 
 
-def test_simulate_batch_writes_what_the_agents_publish(tmp_path, capsys):
+def test_simulate_writes_what_the_agents_publish_by_default(tmp_path, capsys):
     plain, batched = tmp_path / "plain.jsonl", tmp_path / "batched.jsonl"
-    for path, extra in ((plain, []), (batched, ["--batch"])):
+    for path, extra in ((plain, ["--per-rank"]), (batched, [])):
         assert main(["simulate", "gpu_clock_15", "--steps", "60", "--seed", "2",
                      "--out", str(path), *extra]) == 0
     capsys.readouterr()
     kinds = {orjson.loads(line)["kind"] for line in batched.read_bytes().splitlines()}
     assert kinds == {"comm_batch", "gpu_batch", "step", "nic", "host"}
+    kinds = {orjson.loads(line)["kind"] for line in plain.read_bytes().splitlines()}
+    assert kinds == {"comm", "gpu", "step", "nic", "host"}
     assert (batched.with_name("batched.jsonl.truth.json").read_bytes()
             == plain.with_name("plain.jsonl.truth.json").read_bytes())
     want, _ = _detect(plain, capsys)

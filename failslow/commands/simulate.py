@@ -5,10 +5,18 @@
     failslow simulate healthy_16 --schedule faults.txt --out trace.jsonl
     failslow simulate gpu_thermal_30 --kafka [--out trace.jsonl]
     failslow simulate gpu_thermal_30 --grain collective --out trace.jsonl
+    failslow simulate gpu_thermal_30 --per-rank --out trace.jsonl
 
 The trace goes to FILE, the ground truth to FILE.truth.json; with ``--kafka`` the
 events are also published through the collectors' publisher (same code path as
 the real collectors), to the topics under the configured prefix.
+
+The trace is what the producers publish: a host agent relays its ranks' ``comm``
+windows as one ``comm_batch`` per host and window and samples its GPUs as one
+``gpu_batch`` (docs/contract.md, "Batch kinds"); steps, collectives, NIC and host samples
+stay per event. ``--per-rank`` writes every record as its own per-rank event instead
+(what a job without an agent publishes); ``failslow detect`` gives the same incidents on
+both.
 """
 
 from __future__ import annotations
@@ -38,10 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-s", type=float, default=DEFAULT_WINDOW_S,
                         help="comm grain: a window closes every WINDOW_S seconds inside a step "
                         f"and at its end (default {DEFAULT_WINDOW_S:g})")
-    parser.add_argument("--batch", action="store_true",
-                        help="write comm windows and GPU samples as a host agent publishes "
-                        "them: one comm_batch / gpu_batch per host and window "
-                        "(docs/contract.md, 'Batch kinds'); detect gives the same incidents")
+    parser.add_argument("--per-rank", action="store_true",
+                        help="write every comm window and GPU sample as its own per-rank "
+                        "event, as a job without a host agent publishes them (default: one "
+                        "comm_batch / gpu_batch per host and window, as the agents publish; "
+                        "docs/contract.md 'Batch kinds'; detect gives the same incidents)")
+    parser.add_argument("--batch", action="store_true", help=argparse.SUPPRESS)  # the default
     parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
     parser.add_argument("--kafka", action="store_true",
                         help="also publish the events to Kafka (--bootstrap, --topic-prefix)")
@@ -66,11 +76,11 @@ def run(args: argparse.Namespace) -> int:
     trace = simulate(SCENARIOS[name], seed=args.seed, steps=args.steps, extra_faults=extra,
                      grain=args.grain, window_s=args.window_s)
     if args.kafka:
-        n = _publish(trace, resolve(args), args.realtime)
+        n = _publish(trace, resolve(args), args.realtime, batched=not args.per_rank)
         print(f"published {n} events to {resolve(args).bootstrap}", file=sys.stderr)
     if args.out:
         try:
-            n = _write_batched(trace, args.out) if args.batch else trace.write_jsonl(args.out)
+            n = trace.write_jsonl(args.out) if args.per_rank else _write_batched(trace, args.out)
         except OSError as exc:
             raise SimulatorError(f"cannot write {args.out}: {exc.strerror or exc}") from None
         print(f"wrote {n} events to {args.out} and the truth to {args.out}.truth.json",
@@ -99,9 +109,10 @@ def _stop_on_sigterm(_signum, _frame) -> None:
     raise KeyboardInterrupt  # unwinds through _publish's finally: the publisher flushes
 
 
-def _publish(trace, settings, realtime: bool) -> int:
+def _publish(trace, settings, realtime: bool, batched: bool = True) -> int:
     from failslow.collectors.publisher import Publisher
     from failslow.schema import Topics
+    from failslow.schema.batches import batch_trace
     from failslow.simulator import SimulatorError
 
     pub = Publisher(bootstrap=settings.bootstrap, topics=Topics(settings.topic_prefix))
@@ -109,9 +120,10 @@ def _publish(trace, settings, realtime: bool) -> int:
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if main_thread else None
     n = 0
     try:
-        if realtime:
+        if realtime or batched:
+            events = trace.events(realtime=realtime)
             batch: list[dict] = []
-            for event in trace.events(realtime=True):
+            for event in batch_trace(events) if batched else events:
                 batch.append(event)
                 if len(batch) >= 200 or event["kind"] == "step":
                     pub.publish(batch)
