@@ -33,17 +33,249 @@ reductions over the columns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import chain
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
 
 from failslow.models.alignment import Collective
+from failslow.schema.batches import ABSENT, ROWS_MAX
+from failslow.schema.events import SchemaError
 
 KIND = {"send": "p2p", "recv": "p2p"}      # a pair's sends and recvs are one link
 _KEY = itemgetter("group", "op")
 _NUMS = itemgetter("blocked_s", "bytes", "n", "min_s")
+_PEER = methodcaller("get", "peer")
+_ENTRY_KEYS = ("group", "op", "group_size", "n", "blocked_s", "bytes", "min_s", "max_s")
+_ENTRY = itemgetter(*_ENTRY_KEYS)
+
+
+class CommRows:
+    """``comm`` windows as columns: one host agent's ``comm_batch`` (schema.batches) read
+    as it is, without a dict per rank or per entry, or a run of per-rank ``comm`` events
+    (``of_events``: the same columns, so both inputs take one path through the models).
+
+    Per row (window): ``rank``, ``ts``, ``w0`` (window_start_ts), ``step`` (None: the
+    window names none), ``end`` (step_end), ``world`` (world_size or None), ``gpu``,
+    ``host``; per entry of the rows' ``ops``, flattened in row order: ``group``, ``op``,
+    ``size`` (group_size), ``n``, ``blocked``, ``nbytes``, ``min_s``, ``max_s``, ``peer``
+    (None: none named); ``at``: row i's entries are ``at[i]:at[i + 1]``. Plain sequences,
+    not arrays: a batch's columns are lists already, the models read a few values of a
+    row by index, and numpy's fixed cost per call is more than a host's rows cost."""
+
+    __slots__ = ("n", "job_id", "rank", "ts", "w0", "step", "end", "world", "gpu", "host",
+                 "at", "group", "op", "size", "cnt", "blocked", "nbytes", "min_s", "max_s",
+                 "peer", "_sums")
+
+    n: int
+    job_id: Any
+    rank: list[int]
+    ts: list[float]
+    w0: list[float]
+    step: list[int | None]
+    end: list[Any]
+    world: list[int | None]
+    gpu: list[int | None]
+    host: list[Any]
+    at: list[int]
+    group: Sequence[str]
+    op: Sequence[str]
+    size: Sequence[int]
+    cnt: Sequence[int]
+    blocked: Sequence[float]
+    nbytes: Sequence[int]
+    min_s: Sequence[float]
+    max_s: Sequence[float]
+    peer: list[int | None]
+    _sums: tuple[list[float], list[float], list[bool]] | None
+
+    @classmethod
+    def of_events(cls, evs: list[dict[str, Any]]) -> CommRows:
+        """Per-rank ``comm`` events (of one job) as columns."""
+        c = cls()
+        c.n = len(evs)
+        c.job_id = evs[0].get("job_id")
+        if c.n == 1:      # one rank's window (the per-rank kind): no loops to set up
+            e = evs[0]
+            c.rank, c.ts, c.w0 = [e["rank"]], [e["ts"]], [e["window_start_ts"]]
+            g = e.get
+            c.step, c.end, c.world, c.gpu, c.host = [g("step")], [g("step_end")], \
+                [g("world_size")], [g("gpu")], [g("host")]
+            ops = e["ops"]
+            c.at = [0, len(ops)]
+        else:
+            c.rank = [e["rank"] for e in evs]
+            c.ts = [e["ts"] for e in evs]
+            c.w0 = [e["window_start_ts"] for e in evs]
+            c.step = [e.get("step") for e in evs]
+            c.end = [e.get("step_end") for e in evs]
+            c.world = [e.get("world_size") for e in evs]
+            c.gpu = [e.get("gpu") for e in evs]
+            c.host = [e.get("host") for e in evs]
+            opss = [e["ops"] for e in evs]
+            at = [0]
+            for x in opss:
+                at.append(at[-1] + len(x))
+            c.at = at
+            ops = list(chain.from_iterable(opss))
+        if ops:
+            # one C-level pass over the entries, then columns (tuples: read, never changed)
+            try:
+                entries = list(map(_ENTRY, ops))
+            except KeyError:    # a field none of the models reading it needs here: None
+                entries = [tuple(e.get(k) for k in _ENTRY_KEYS) for e in ops]
+            (c.group, c.op, c.size, c.cnt, c.blocked, c.nbytes, c.min_s,
+             c.max_s) = zip(*entries, strict=True)
+        else:
+            c.group = c.op = c.size = c.cnt = c.blocked = c.nbytes = c.min_s = c.max_s = ()
+        c.peer = list(map(_PEER, ops))
+        c._sums = None
+        return c
+
+    @classmethod
+    def of_batch(cls, obj: dict[str, Any]) -> CommRows:
+        """A ``comm_batch`` as columns; ``SchemaError`` when its layout is wrong (a column
+        of the wrong length, a required field absent), before anything is taken."""
+        rank = obj["rank"]
+        if type(rank) is not list or not rank or len(rank) > ROWS_MAX:
+            raise SchemaError("comm_batch.rank: expected a non-empty list, one value a row")
+        n = len(rank)
+        c = cls()
+        c.n = n
+        c.job_id = obj["job_id"]
+        absent = obj.get(ABSENT) or {}
+        if type(absent) is not dict:
+            raise SchemaError("comm_batch.absent: expected an object")
+        for name in ("ts", "window_start_ts", "host", "job_id", "rank", "ops"):
+            if name in absent:
+                raise SchemaError(f"comm_batch.{name}: a required field is absent")
+        c.rank = rank
+        c.ts = _column(obj, "ts", n, absent, required=True)
+        c.w0 = _column(obj, "window_start_ts", n, absent, required=True)
+        c.step = _column(obj, "step", n, absent)
+        c.end = _column(obj, "step_end", n, absent)
+        c.world = _column(obj, "world_size", n, absent)
+        c.gpu = _column(obj, "gpu", n, absent)
+        c.host = _column(obj, "host", n, absent, required=True)
+        lens = obj["ops_len"]
+        if type(lens) is int:
+            lens = [lens] * n
+        if type(lens) is not list or len(lens) != n:
+            raise SchemaError("comm_batch.ops_len: expected one count a row")
+        at = [0]
+        for k in lens:
+            if type(k) is not int or k < 0:
+                raise SchemaError("comm_batch.ops_len: expected counts >= 0")
+            at.append(at[-1] + k)
+        c.at = at
+        cols = obj["ops"]
+        if type(cols) is not dict:
+            raise SchemaError("comm_batch.ops: expected an object of columns")
+        total = at[-1]
+        oabs = obj.get(f"ops_{ABSENT}") or {}
+        if type(oabs) is not dict:
+            raise SchemaError("comm_batch.ops_absent: expected an object")
+        c.group = _column(cols, "group", total, oabs, required=True)
+        c.op = _column(cols, "op", total, oabs, required=True)
+        c.size = _column(cols, "group_size", total, oabs, required=True)
+        c.cnt = _column(cols, "n", total, oabs, required=True)
+        c.blocked = _column(cols, "blocked_s", total, oabs, required=True)
+        c.nbytes = _column(cols, "bytes", total, oabs, required=True)
+        c.min_s = _column(cols, "min_s", total, oabs, required=True)
+        c.max_s = _column(cols, "max_s", total, oabs, required=True)
+        c.peer = _column(cols, "peer", total, oabs)
+        c._sums = None
+        return c
+
+    def event(self, i: int) -> dict[str, Any]:
+        """Row ``i`` as a ``comm`` event (the fields the models read): for the few paths
+        that keep a window whole (a job without step events learning its clock)."""
+        a, b = self.at[i], self.at[i + 1]
+        ops = []
+        for j in range(a, b):
+            e = {"group": self.group[j], "group_size": self.size[j], "op": self.op[j],
+                 "n": self.cnt[j], "blocked_s": self.blocked[j], "min_s": self.min_s[j],
+                 "max_s": self.max_s[j], "bytes": self.nbytes[j]}
+            if self.peer[j] is not None:
+                e["peer"] = self.peer[j]
+            ops.append(e)
+        ev = {"v": 1, "kind": "comm", "ts": self.ts[i], "job_id": self.job_id,
+              "rank": self.rank[i], "host": self.host[i], "window_start_ts": self.w0[i],
+              "ops": ops}
+        for name, col in (("step", self.step), ("step_end", self.end),
+                          ("world_size", self.world), ("gpu", self.gpu)):
+            if col[i] is not None:
+                ev[name] = col[i]
+        return ev
+
+    def sums(self) -> tuple[list[float], list[float], list[bool]]:
+        """Per row, the seconds blocked in any group and in send/recv, each added from 0.0
+        in entry order (the same floats as a loop of ``+=`` over the row's entries); per
+        entry, whether it is a send/recv. Computed once, for all rows."""
+        if self._sums is None:
+            isp = [o in KIND for o in self.op]
+            self._sums = (self._row_sums(None), self._row_sums(isp) if True in isp
+                          else [0.0] * self.n, isp)
+        return self._sums
+
+    def _row_sums(self, keep: list[bool] | None) -> list[float]:
+        at, n, values = self.at, self.n, self.blocked
+        if len(values) < 1024:
+            # numpy's fixed cost (~10 us) is more than a host's few dozen entries cost
+            out = []
+            for i in range(n):
+                acc = 0.0
+                if keep is None:
+                    for x in values[at[i]:at[i + 1]]:
+                        acc += x
+                else:
+                    for j in range(at[i], at[i + 1]):
+                        if keep[j]:
+                            acc += values[j]
+                out.append(acc)
+            return out
+        v = np.array(values, dtype=np.float64)
+        if keep is not None:
+            v = np.where(np.array(keep, dtype=bool), v, 0.0)
+        lens = np.diff(np.array(at))
+        width = int(lens.max())
+        if width * n == len(values):        # every row the same entries (most batches)
+            grid = v.reshape(n, width)
+        else:
+            grid = np.zeros((n, width))
+            grid[np.repeat(np.arange(n), lens),
+                 np.arange(len(values)) - np.repeat(np.array(at[:-1]), lens)] = v
+        tot = np.zeros(n)
+        for j in range(width):      # column by column: each row's entries in order
+            tot = tot + grid[:, j]
+        sums: list[float] = tot.tolist()
+        return sums
+
+
+def _column(obj: dict[str, Any], name: str, n: int, absent: dict[str, Any],
+            required: bool = False) -> list[Any]:
+    """A batch column as a list of ``n`` values: a list as it is, a value written once
+    repeated; rows named in ``absent`` (or all, when the batch lacks the field) None."""
+    if name not in obj:
+        if required:
+            raise SchemaError(f"comm_batch.{name}: required field is missing")
+        return [None] * n
+    v = obj[name]
+    if type(v) is list:
+        if len(v) != n:
+            raise SchemaError(f"comm_batch.{name}: {len(v)} values for {n}")
+    else:
+        v = [v] * n
+    idxs = absent.get(name)
+    if idxs:
+        if required:
+            raise SchemaError(f"comm_batch.{name}: a required field is absent")
+        v = list(v)
+        for i in idxs:
+            v[i] = None
+    return v
 
 
 class _Columns:
@@ -80,18 +312,34 @@ class CommWindows:
 
     def add(self, ev: dict[str, Any], step: int) -> None:
         """Take one ``comm`` record of a rank; ``step`` is the step it belongs to."""
-        ops = ev["ops"]
-        if ops:
-            rank = ev["rank"]
-            keys = list(map(_KEY, ops))       # all of a record's fields, or none of them
-            nums = list(map(_NUMS, ops))
-            cols = self.steps.get(step)
-            if cols is None:
-                cols = self.steps[step] = _Columns()
-            cols.keys += keys
-            cols.nums += nums
-            cols.ranks.append(rank)
-            cols.counts.append(len(ops))
+        self.add_rows(CommRows.of_events([ev]), [step], 0, 1)
+
+    def add_rows(self, c: CommRows, steps: list[int], lo: int, hi: int) -> None:
+        """Take rows ``lo:hi`` of ``c``; ``steps[i]``: the step row ``i`` belongs to."""
+        at = c.at
+        i = lo
+        while i < hi:
+            # a run of rows of one step (a host's batch: all of them), taken at once
+            step = steps[i]
+            j = i + 1
+            while j < hi and steps[j] == step:
+                j += 1
+            a, b = at[i], at[j]
+            if b > a:
+                cols = self.steps.get(step)
+                if cols is None:
+                    cols = self.steps[step] = _Columns()
+                cols.keys += zip(c.group[a:b], c.op[a:b], strict=True)
+                cols.nums += zip(c.blocked[a:b], c.nbytes[a:b], c.cnt[a:b], c.min_s[a:b],
+                                 strict=True)
+                counts = [at[k + 1] - at[k] for k in range(i, j)]
+                if 0 in counts:     # a window with no entries is no member of any group
+                    cols.ranks += [r for r, m in zip(c.rank[i:j], counts, strict=True) if m]
+                    cols.counts += [m for m in counts if m]
+                else:
+                    cols.ranks += c.rank[i:j]
+                    cols.counts += counts
+            i = j
 
     def take_time(self, rank: int, step: int) -> float | None:
         """Pop the seconds a rank spent in collectives in a step (None if none counted)."""

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from failslow.models.alignment import Collective, CollectiveAligner, waited_for
 from failslow.models.attribution import JOB_HISTORY, Attribution
 from failslow.models.changepoint import BOCPD
-from failslow.models.comm import CommWindows
+from failslow.models.comm import CommRows, CommWindows
 from failslow.models.config import JobConfig
 from failslow.models.cusum import cusum_update
 from failslow.models.evidence import SUSPECT_LEARN_Z, RankEvidence
@@ -192,13 +192,44 @@ class JobState(Attribution):
     def _add_comm(self, ev: dict[str, Any], s: int) -> list[tuple[int, list[Finding], float]]:
         if s <= self.evaluated:
             return []
-        self.comm.add(ev, s)
-        if ev["rank"] not in self.rank_host:
-            self.rank_host[ev["rank"]] = ev["host"]
-            if ev.get("gpu") is not None:
-                self.rank_gpu[ev["rank"]] = ev["gpu"]
-        ticks = self.substep.add(ev, s)
-        return self._substep_judge(ticks, s, ev) if ticks else []
+        c = CommRows.of_events([ev])
+        self.add_comm_rows(c, [s], 0, 1)
+        return [j for _, got in self.substep_rows(c, [s], 0, 1) for j in got]
+
+    def add_comm_rows(self, c: CommRows, steps: list[int], lo: int, hi: int) -> None:
+        """Windows ``lo:hi`` of ``c`` (a host's ``comm_batch`` or per-rank windows as
+        columns; ``steps[i]``: row i's step, each after ``evaluated``) into the step's
+        evidence (``models.comm``), and their ranks' hosts; ``substep_rows`` then."""
+        self.comm.add_rows(c, steps, lo, hi)
+        rank_host = self.rank_host
+        for i in range(lo, hi):
+            r = c.rank[i]
+            if r not in rank_host:
+                rank_host[r] = c.host[i]
+                if c.gpu[i] is not None:
+                    self.rank_gpu[r] = cast(int, c.gpu[i])
+
+    def substep_rows(self, c: CommRows, steps: list[int], lo: int, hi: int,
+                     stop: bool = False) -> list[tuple[int, list[tuple[int, list[Finding],
+                                                                       float]]]]:
+        """Windows ``lo:hi`` of ``c`` into the sub-step evidence (``models.substep``);
+        (row, what ``add_comm`` returns for it) for the rows that judged something.
+        ``stop``: return after the first such row (the caller judges it first)."""
+        out = []
+        i = lo
+        while i < hi:
+            # each row's ticks judged before the next row moves the groups on
+            ticked = self.substep.add_rows(c, steps, i, hi, stop=True)
+            if not ticked:
+                break
+            row, ticks = ticked[0]
+            got = self._substep_judge(ticks, steps[row], float(c.ts[row]))
+            if got:
+                out.append((row, got))
+                if stop:
+                    break
+            i = row + 1
+        return out
 
     # -- jobs that send no step events: steps from a clock shared by all ranks --------
 
@@ -267,13 +298,12 @@ class JobState(Attribution):
         return out
 
     def _substep_judge(self, ticks: list[tuple[str, list[int], dict[int, dict[str, Any]]]], s: int,
-                       ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
+                       ts: float) -> list[tuple[int, list[Finding], float]]:
         """Findings for members confirmed from windows inside a long step that no
         step-level finding holds yet, the first ``SUB_EMITS`` ticks of each episode
         (then the step's own judgement carries it); the newest step's other findings go
         along unchanged, so the incidents they hold are not counted absent."""
         found: list[Finding] = []
-        ts = float(ev["ts"])
         for group, conf, det in ticks:
             g = self.substep.groups[group]
             for m in g.pend.keys() | set(g.raw.rows):

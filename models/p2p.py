@@ -53,10 +53,11 @@ per-step grouping (a host's NICs). Short steps (under 1.5 windows) keep the step
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from failslow.models.comm import CommRows
 from failslow.models.config import JobConfig
 from failslow.models.cusum import capped_increment, cusum_update
 from failslow.models.findings import Finding
@@ -181,63 +182,80 @@ class P2PMonitor:
         """The ``send`` / ``recv`` entries of a ``comm`` window (with a ``peer``, or on a
         group of two). True when a pair was just confirmed from windows inside a long
         step (its finding is then in ``last``: judge it now)."""
-        rank = ev["rank"]
-        seen = False
-        new = False
-        for e in ev["ops"]:
-            if e["op"] in P2P_OPS:
-                peer = e.get("peer")
-                if peer is not None:
-                    seen = True
-                    self._take(step, rank, int(peer), e["op"], e["min_s"], e["bytes"], e["n"])
-                elif e["group_size"] == 2:
-                    seen = True
-                    self._orphan(step, e["group"], rank, e["op"], e["min_s"], e["bytes"],
-                                 e["n"])
-        if seen:
-            self.hosts[rank] = ev["host"]
-            new = self._window(ev, step)
-        else:
-            self._window_time(ev, step)
-        return new
+        return bool(self.add_rows(CommRows.of_events([ev]), [step], 0, 1))
+
+    def add_rows(self, c: CommRows, steps: list[int], lo: int, hi: int, stop: bool = False
+                 ) -> list[int]:
+        """Rows ``lo:hi`` of ``c`` (``steps[i]``: row i's step) in order, each as
+        ``add_comm`` takes one; the rows where a pair was confirmed. ``stop``: return after
+        the first such row (the caller judges it before the rest)."""
+        at, ranks, ops, peers, sizes = c.at, c.rank, c.op, c.peer, c.size
+        # the job's recent step time (median of the last five), for ``_window``
+        recent = sorted(d for _, d in self.hist[-5:])
+        mid = recent[len(recent) // 2] if recent else None
+        done = []
+        for i in range(lo, hi):
+            rank = ranks[i]
+            step = steps[i]
+            seen = False
+            for j in range(at[i], at[i + 1]):
+                op = ops[j]
+                if op in P2P_OPS:
+                    peer = peers[j]
+                    if peer is not None:
+                        seen = True
+                        self._take(step, rank, int(peer), op, c.min_s[j], c.nbytes[j],
+                                   c.cnt[j])
+                    elif sizes[j] == 2:
+                        seen = True
+                        self._orphan(step, c.group[j], rank, op, c.min_s[j], c.nbytes[j],
+                                     c.cnt[j])
+            if seen:
+                self.hosts[rank] = c.host[i]
+                if self._window(c, i, step, mid):
+                    done.append(i)
+                    if stop:
+                        return done
+            else:
+                self._window_time(rank, c.ts[i], c.w0[i], c.end[i], step)
+        return done
 
     # -- inside a long step: window by window -------------------------------------------
 
-    def _window_time(self, ev: dict[str, Any], step: int) -> float:
+    def _window_time(self, r: int, ts: float, w0: float, end: Any, step: int) -> float:
         """Learn the producers' window and the rank's step start; the seconds the rank's
         step has run at this window's end."""
-        r = ev["rank"]
-        ts, w0 = float(ev["ts"]), float(ev["window_start_ts"])
+        ts, w0 = float(ts), float(w0)
         st = self.wstart.get(r)
         if st is None or st[0] != step:
             st = self.wstart[r] = (step, w0)
-        if not ev.get("step_end") and ts > w0:
+        if not end and ts > w0:
             self.window_s = ts - w0 if not self.window_s \
                 else 0.9 * self.window_s + 0.1 * (ts - w0)
         return ts - st[1]
 
-    def _window(self, ev: dict[str, Any], step: int) -> bool:
-        """The send/recv entries of one window as per-window observations (module doc)."""
-        elapsed = self._window_time(ev, step)
+    def _window(self, c: CommRows, i: int, step: int, mid: float | None) -> bool:
+        """The send/recv entries of one window (row ``i`` of ``c``) as per-window
+        observations (module doc); ``mid``: the job's recent step time (None: none yet)."""
+        r = c.rank[i]
+        elapsed = self._window_time(r, c.ts[i], c.w0[i], c.end[i], step)
         w = self.window_s or 1.0
-        recent = sorted(d for _, d in self.hist[-5:])
-        if elapsed < LONG_WINDOWS * w and (not recent or recent[len(recent) // 2]
-                                           < LONG_WINDOWS * w):
+        if elapsed < LONG_WINDOWS * w and (mid is None or mid < LONG_WINDOWS * w):
             return False               # a short step: the step rule
-        r = ev["rank"]
-        if ev.get("world_size"):
-            self.world = max(self.world, int(ev["world_size"]))
+        if c.world[i]:
+            self.world = max(self.world, int(cast(int, c.world[i])))
         h = self.hosts.get(r)
-        ts, w0 = float(ev["ts"]), float(ev["window_start_ts"])
+        ts, w0 = float(c.ts[i]), float(c.w0[i])
         cfg = self.cfg
         new = False
-        for e in ev["ops"]:
-            if e["op"] not in P2P_OPS or e["n"] <= 0 or e["bytes"] <= 0 or e["min_s"] <= 0:
+        for j in range(c.at[i], c.at[i + 1]):
+            op, n, nbytes, min_s = c.op[j], c.cnt[j], c.nbytes[j], c.min_s[j]
+            if op not in P2P_OPS or n <= 0 or nbytes <= 0 or min_s <= 0:
                 continue
-            peer = e.get("peer")
+            peer = c.peer[j]
             if peer is None:
-                ranks = self.duo.get(e["group"], ())
-                if e["group_size"] != 2 or len(ranks) != 2 or r not in ranks:
+                ranks = self.duo.get(c.group[j], ())
+                if c.size[j] != 2 or len(ranks) != 2 or r not in ranks:
                     continue
                 peer = ranks[0] + ranks[1] - r
             peer = int(peer)
@@ -245,9 +263,9 @@ class P2PMonitor:
             if peer == r or h is None or ph is None or ph == h:
                 continue
             pair = (r, peer) if r < peer else (peer, r)
-            d = 0 if (e["op"] == "send") == (r < peer) else 1
-            per_op = e["bytes"] / e["n"]
-            cost = e["min_s"] / per_op
+            d = 0 if (op == "send") == (r < peer) else 1
+            per_op = nbytes / n
+            cost = min_s / per_op
             self.wrep[(pair, d, r)] = (w0, ts, cost)
             other = self.wrep.get((pair, d, peer))
             if other is None or other[1] <= w0 or other[0] >= ts:
@@ -281,7 +299,7 @@ class P2PMonitor:
                 if run is not None and d == run[8]:
                     del self.wrun[pair]     # the slow direction back within its peers
                 continue
-            extra = e["n"] * (obs - ref) * per_op
+            extra = n * (obs - ref) * per_op
             if run is None:
                 self.wrun[pair] = run = [min(w0, other[0]), float(step), 0.0, 0.0, 0.0, 0.0,
                                          ts, 0.0, float(d)]

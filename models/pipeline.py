@@ -43,6 +43,7 @@ from operator import itemgetter
 from typing import Any, cast
 
 from failslow.models.alignment import HEAD, CollectiveAligner
+from failslow.models.comm import CommRows
 from failslow.models.findings import Finding
 from failslow.models.incidents import IncidentTracker
 from failslow.models.job import JobConfig, JobState
@@ -53,7 +54,8 @@ from failslow.models.p2p import P2P_OPS, P2PMonitor
 from failslow.models.rootcause import attribute
 from failslow.models.settings import DetectionConfig
 from failslow.models.telemetry import TelemetryStore
-from failslow.schema.batches import expand, take
+from failslow.schema.batches import take
+from failslow.schema.events import SchemaError
 
 _PRE_PACKAGE = ("schema", "simulator", "collectors", "streams", "models", "storage",
                 "alerting")
@@ -101,17 +103,6 @@ def _cut_batch(ev: dict[str, Any], cut: float) -> tuple[dict[str, Any], dict[str
     ts = ev["ts"]
     early = [i for i, x in enumerate(ts) if x <= cut]
     return take(ev, early), take(ev, [i for i, x in enumerate(ts) if x > cut])
-
-
-def _comm_rows(events: Any) -> Any:
-    """``events`` with each ``comm_batch`` as its rows (``schema.batches.expand``), in its
-    place, until the comm path takes a batch's columns; the batch was validated at
-    decode."""
-    for ev in events:
-        if ev.get("kind") == "comm_batch":
-            yield from expand(ev)
-        else:
-            yield ev
 
 
 class Detector:
@@ -211,9 +202,17 @@ class Detector:
         now = self._now
         next_sweep = (math.floor(now / sweep_every) + 1) * sweep_every \
             if math.isfinite(now) else -math.inf
-        for ev in _comm_rows(events):
+        for ev in events:
             try:
                 kind = ev["kind"]
+                if kind == "comm_batch":
+                    # a host's windows as columns, taken row by row in the batch's order
+                    out.extend(self._comm_batch(ev))
+                    now = self._now
+                    if math.isfinite(now):
+                        next_sweep = (math.floor(now / sweep_every) + 1) * sweep_every
+                    job_id = None
+                    continue
                 t = ev["ts"]
                 if type(t) is list:     # a batch: its newest row
                     t = max(t)
@@ -244,17 +243,11 @@ class Detector:
                     if t > seen.get(job.job_id, -math.inf):
                         seen[job.job_id] = t
                 if kind == "comm":
-                    s = job.comm_step(ev)
-                    if s > job.evaluated and p2p.add_comm(ev, s):
-                        # a pipeline pair confirmed from windows inside a long step
-                        # (``models.p2p``): judged now, the step's other findings along
-                        out.extend(self._judge(job, s, list(job.last_findings),
-                                               float(ev["ts"]), sub=True))
-                    # judgements from windows inside a long step (``models.substep``), or
-                    # of whole derived steps in a job without step events (``comm_full``)
-                    for s, findings, ts in job.add_comm(ev):
-                        out.extend(self._judge(job, s, findings, ts,
-                                               sub=s not in job.comm_full))
+                    if ev.get("step") is None and not job.real_steps:
+                        out.extend(self._comm_nostep(job, p2p, ev))
+                    else:
+                        out.extend(self._comm_windows(job, p2p, CommRows.of_events([ev]),
+                                                      0, 1))
                 elif kind == "collective":
                     step = ev.get("step")
                     if ev["op"] in P2P_OPS:
@@ -327,6 +320,122 @@ class Detector:
                 self._apply(q[:len(q) // 2])
                 del q[:len(q) // 2]
             self._queued = sum(map(len, tq.values()))
+        return out
+
+    # -- comm windows: one rank's, or a host's batch of them as columns ----------------
+
+    def _comm_batch(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        """A host's ``comm_batch`` taken as columns (``models.comm.CommRows``): the same
+        judgements, in the same order, as its rows given one by one as ``comm`` events.
+        Event time moves row by row; a sweep for idle jobs falls between the rows it
+        falls between."""
+        try:
+            c = CommRows.of_batch(obj)
+        except SchemaError:
+            self.rejected += 1
+            return []
+        out: list[dict[str, Any]] = []
+        idle = self.job_idle_s
+        every = idle / 8
+        now = self._now
+        next_sweep = (math.floor(now / every) + 1) * every if math.isfinite(now) else -math.inf
+        lo = 0
+        for i, t in enumerate(c.ts):
+            if t > now:
+                if t - now <= idle or self._jump or not math.isfinite(now):
+                    now = self._now = t
+                    self._jump = False
+                    if now >= next_sweep:
+                        out.extend(self._comm_part(c, lo, i))
+                        lo = i
+                        out.extend(self._end_idle(math.floor(now / every) * every))
+                        next_sweep = (math.floor(now / every) + 1) * every
+                else:
+                    self._jump = True
+            elif self._jump and now - t <= idle:
+                self._jump = False
+        out.extend(self._comm_part(c, lo, c.n))
+        return out
+
+    def _comm_part(self, c: CommRows, lo: int, hi: int) -> list[dict[str, Any]]:
+        """Rows ``lo:hi`` of a batch, to its job."""
+        if lo >= hi:
+            return []
+        job_id = c.job_id
+        job = self.jobs.get(job_id) or self.jobs.setdefault(
+            job_id, JobState(job_id, self._job_cfg(job_id)))
+        p2p = self._p2p.get(job_id) or self._p2p.setdefault(job_id, P2PMonitor(job.cfg))
+        t = max(c.ts[lo:hi])
+        if t > self._seen.get(job_id, -math.inf):
+            self._seen[job_id] = t
+        return self._comm_windows(job, p2p, c, lo, hi)
+
+    def _comm_nostep(self, job: JobState, p2p: P2PMonitor, ev: dict[str, Any]
+                     ) -> list[dict[str, Any]]:
+        """A window of a job that sends no step events: its steps are derived window by
+        window (``JobState._nostep_comm``)."""
+        out = []
+        s = job.comm_step(ev)
+        if s > job.evaluated and p2p.add_comm(ev, s):
+            out.extend(self._judge(job, s, list(job.last_findings), float(ev["ts"]), sub=True))
+        # judgements of whole derived steps (``comm_full``), or from windows inside one
+        for s, findings, ts in job.add_comm(ev):
+            out.extend(self._judge(job, s, findings, ts, sub=s not in job.comm_full))
+        return out
+
+    def _comm_windows(self, job: JobState, p2p: P2PMonitor, c: CommRows, lo: int, hi: int
+                   ) -> list[dict[str, Any]]:
+        """Windows ``lo:hi`` of one job (``c``: a batch, or one rank's window), as if each
+        came alone in order: a pipeline pair confirmed from windows inside a long step
+        (``models.p2p``), or a member from its group's windows (``models.substep``), is
+        judged at the row that confirms it, before the rows after it are taken."""
+        if not job.real_steps and None in c.step[lo:hi]:
+            out: list[dict[str, Any]] = []
+            for i in range(lo, hi):
+                out.extend(self._comm_nostep(job, p2p, c.event(i)))
+            return out
+        last = job.last_step
+        steps = [int(s) if s is not None else last.get(r, -1) + 1
+                 for s, r in zip(c.step, c.rank, strict=True)]
+        done = job.evaluated
+        known = job.rank_host
+        out = []
+        if hi - lo == 1 or not all(steps[i] > done and c.rank[i] in known
+                                   for i in range(lo, hi)):
+            # one row at a time: a window too late for its step, or a rank's first
+            for i in range(lo, hi):
+                job.comm_full = []
+                s = steps[i]
+                if s <= done:
+                    continue
+                if p2p.add_rows(c, steps, i, i + 1):
+                    out.extend(self._judge(job, s, list(job.last_findings), float(c.ts[i]),
+                                           sub=True))
+                job.add_comm_rows(c, steps, i, i + 1)
+                for _, got in job.substep_rows(c, steps, i, i + 1):
+                    for k, findings, ts in got:
+                        out.extend(self._judge(job, k, findings, ts, sub=k not in job.comm_full))
+            return out
+        job.comm_full = []
+        job.add_comm_rows(c, steps, lo, hi)
+        i = lo
+        while i < hi:
+            # the groups' windows up to the first row that judges (``j``), then the pairs'
+            # up to it (the pairs read no group state, a judgement reads neither's windows)
+            sub = job.substep_rows(c, steps, i, hi, stop=True)
+            j = sub[0][0] if sub else hi - 1
+            k = i
+            while k <= j:
+                new = p2p.add_rows(c, steps, k, j + 1, stop=True)
+                if not new:
+                    break
+                r = new[0]
+                out.extend(self._judge(job, steps[r], list(job.last_findings),
+                                       float(c.ts[r]), sub=True))
+                k = r + 1
+            for s, findings, ts in (sub[0][1] if sub else ()):
+                out.extend(self._judge(job, s, findings, ts, sub=s not in job.comm_full))
+            i = j + 1
         return out
 
     def _job_hosts(self, job_id: str) -> set[str]:   # issue 17 hook, see late_sample

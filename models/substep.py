@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow.models.comm import CommRows
 from failslow.models.config import JobConfig
 from failslow.models.evidence import LEARN_DELAY, LEARN_MIN, SUSPECT_Z, Windows
 from failslow.models.peers import lower_half_ref
@@ -135,80 +136,100 @@ class SubStep:
             ) -> list[tuple[str, list[int], dict[int, dict[str, Any]]]]:
         """Take one ``comm`` record of a rank in ``step``; returns, per group that ticked,
         (group, its members confirmed at this tick, details per confirmed member)."""
-        r = ev["rank"]
-        ts = ev["ts"]
-        w0 = ev["window_start_ts"]
-        if self.first_step is None or step < self.first_step:
-            self.first_step = step
-        st = self.start.get(r)
-        if st is None or st[0] != step:
-            self.start[r] = st = (step, w0)
-        end = bool(ev.get("step_end"))
-        if not end and ts > w0:
-            # The producers' window, learned from windows a step end did not cut short.
-            self.window_s = ts - w0 if not self.window_s else 0.9 * self.window_s + 0.1 * (ts - w0)
-        # The rank's time since its previous window (windows in which no op ended are not
-        # sent: an op that blocked across them counts here, whole).
-        prev = self.last_ts.get(r)
-        span = ts - (prev if prev is not None and prev <= w0 + 1e-9 else w0)
-        self.last_ts[r] = ts
-        ops = ev["ops"]
-        if not ops or span < 0:
-            return []
-        blocked_all = 0.0
-        p2p = 0.0
-        mine: list[tuple[str, int, float, int, float]] = []
-        for e in ops:
-            blocked_all += e["blocked_s"]
-            if e["op"] in P2P:
-                p2p += e["blocked_s"]
-            if e["op"] not in P2P and e["group_size"] >= 2 and e["n"] > 0:
-                mine.append((e["group"], e["group_size"], e["blocked_s"], e["n"], e["max_s"]))
-        out = []
-        elapsed = ts - st[1]
-        groups = self.groups
-        for group, size, b, n, longest in mine:
-            g = groups.get(group)
-            if g is None:
-                g = groups[group] = GroupTicks(size)
-            ball = blocked_all
-            pend = g.pend
-            c = g.seen.get(r)
-            if c is None or c[0] != step:
-                # The first op of a step waits for the members' different starts (the
-                # last step's other groups), not for their work: in every member's first
-                # window of the group in a step, its longest op is left out.
-                c = g.seen[r] = (step, int(not end), c[1] if c is not None else 0)
-                q = pend.pop(r, None)      # and what was left of its last step
-                if q is not None and q[1] >= MIN_OPS:
-                    g.ready -= 1
-                b -= longest
-                ball -= longest
-                n -= 1
-                if n <= 0:
+        done = self.add_rows(CommRows.of_events([ev]), [step], 0, 1)
+        return done[0][1] if done else []
+
+    def add_rows(self, c: CommRows, steps: list[int], lo: int, hi: int, stop: bool = False
+                 ) -> list[tuple[int, list[tuple[str, list[int], dict[int, dict[str, Any]]]]]]:
+        """Take rows ``lo:hi`` of ``c`` (``steps[i]``: row i's step) in order, as ``add``
+        takes each; returns (row, what ``add`` returns) for the rows where a group ticked.
+        ``stop``: return after the first such row (the caller judges it before the rest)."""
+        at, ranks, tss, w0s, ends = c.at, c.rank, c.ts, c.w0, c.end
+        groups_c, sizes, cnts, blocked, longest = c.group, c.size, c.cnt, c.blocked, c.max_s
+        # per row: seconds blocked in any group, and in send/recv
+        ball_r, p2p_r, isp = c.sums()
+        starts, last_ts, groups = self.start, self.last_ts, self.groups
+        done = []
+        for i in range(lo, hi):
+            r = ranks[i]
+            ts = tss[i]
+            w0 = w0s[i]
+            step = steps[i]
+            if self.first_step is None or step < self.first_step:
+                self.first_step = step
+            st = starts.get(r)
+            if st is None or st[0] != step:
+                starts[r] = st = (step, w0)
+            end = bool(ends[i])
+            if not end and ts > w0:
+                # The producers' window, learned from windows a step end did not cut short.
+                self.window_s = ts - w0 if not self.window_s \
+                    else 0.9 * self.window_s + 0.1 * (ts - w0)
+            # The rank's time since its previous window (windows in which no op ended are
+            # not sent: an op that blocked across them counts here, whole).
+            prev = last_ts.get(r)
+            span = ts - (prev if prev is not None and prev <= w0 + 1e-9 else w0)
+            last_ts[r] = ts
+            a, b = at[i], at[i + 1]
+            if a == b or span < 0:
+                continue
+            blocked_all = ball_r[i]
+            p2p = p2p_r[i]
+            out = []
+            elapsed = ts - st[1]
+            for j in range(a, b):
+                size = sizes[j]
+                n = cnts[j]
+                if isp[j] or size < 2 or n <= 0:
                     continue
-            else:
-                c = g.seen[r] = (step, c[1] + (not end), c[2])
-            p = pend.get(r)
-            if p is None:
-                pend[r] = [b, float(n), span, ball, float(max(c[1], c[2])), p2p]
-                if n >= MIN_OPS:
-                    g.ready += 1
-            else:
-                was = p[1]
-                p[0] += b
-                p[1] += n
-                p[2] += span
-                p[3] += ball
-                p[5] += p2p
-                p[4] = max(c[1], c[2])
-                if was < MIN_OPS <= p[1]:
-                    g.ready += 1
-            # every member has sent a window since the last tick, each with MIN_OPS ops
-            if g.ready >= g.size and g.ready == len(pend):
-                g.long = elapsed >= 1.5 * (self.window_s or 1.0)
-                out.append(self._tick(group, g, ts, step, not end))
-        return out
+                group = groups_c[j]
+                bj = blocked[j]
+                g = groups.get(group)
+                if g is None:
+                    g = groups[group] = GroupTicks(size)
+                ball = blocked_all
+                pend = g.pend
+                seen = g.seen.get(r)
+                if seen is None or seen[0] != step:
+                    # The first op of a step waits for the members' different starts
+                    # (the last step's other groups), not for their work: in every
+                    # member's first window of the group in a step, its longest op is
+                    # left out.
+                    seen = g.seen[r] = (step, int(not end), seen[1] if seen is not None else 0)
+                    q = pend.pop(r, None)      # and what was left of its last step
+                    if q is not None and q[1] >= MIN_OPS:
+                        g.ready -= 1
+                    bj -= longest[j]
+                    ball -= longest[j]
+                    n -= 1
+                    if n <= 0:
+                        continue
+                else:
+                    seen = g.seen[r] = (step, seen[1] + (not end), seen[2])
+                p = pend.get(r)
+                if p is None:
+                    pend[r] = [bj, float(n), span, ball, float(max(seen[1], seen[2])), p2p]
+                    if n >= MIN_OPS:
+                        g.ready += 1
+                else:
+                    was = p[1]
+                    p[0] += bj
+                    p[1] += n
+                    p[2] += span
+                    p[3] += ball
+                    p[5] += p2p
+                    p[4] = max(seen[1], seen[2])
+                    if was < MIN_OPS <= p[1]:
+                        g.ready += 1
+                # every member has sent a window since the last tick, each with MIN_OPS ops
+                if g.ready >= g.size and g.ready == len(pend):
+                    g.long = elapsed >= 1.5 * (self.window_s or 1.0)
+                    out.append(self._tick(group, g, ts, step, not end))
+            if out:
+                done.append((i, out))
+                if stop:
+                    return done
+        return done
 
     def _tick(self, name: str, g: GroupTicks, ts: float, step: int, closed: bool = False
               ) -> tuple[str, list[int], dict[int, dict[str, Any]]]:
