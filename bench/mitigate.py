@@ -7,17 +7,23 @@ another on this machine:
 
 * ``none``: nobody acts: the slowed step time;
 * ``auto``: the loop closed in this process: the ranks' event files are tailed in ts
-  order into the detector (``models.pipeline.Detector``, as ``failslow detect``), its
-  incidents and the step events into ``models.actions.ActionPlanner``, whose actions are
-  appended to the file every rank's ``FileActionSource`` tails (as the host agent does);
+  order into the worker's detector (``models.acting.ActingDetector`` around
+  ``models.pipeline.Detector``, as the worker and ``failslow detect`` build it), whose
+  actions are appended to the file every rank's ``FileActionSource`` tails (as the host
+  agent does);
 * ``oracle``: shares in proportion to the ranks' true speeds (1 / factor for the
   culprit), switched at the step ``auto`` switched and back at ``--recover``.
+
+All three run the same detector and planner in this process (its CPU is on the same two
+cores as the ranks': before, only ``auto`` paid it); only ``auto``'s actions reach the
+ranks.
 
 Each run's slowdown is its median step over [applied, recover) against its own median
 before the onset, minus one (the VM's load drifts between runs; each run is compared with
 itself); ``--repeats`` sequences, medians over them. Printed per factor: steps from the
-page to the applied switch, from the recovery to the rollback, false actions (before the
-onset), the slowdowns, ``recovered``: (none - run) / none for auto and oracle, and
+page (or, for an incident that never pages, from its opening) to the applied switch, the
+refinements, steps from the recovery and from the incident's resolve to the rollback,
+false actions (before the onset), the slowdowns, ``recovered``: (none - run) / none for auto and oracle, and
 ``recovered_vs_oracle``, their ratio. Results: bench/results/mitigate.json.
 
     .venv/bin/python bench/mitigate.py [--factors 2,1.5] [--steps 200] [--onset 50]
@@ -47,6 +53,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from failslow.collectors.actions import FileActionSource  # noqa: E402
 from failslow.collectors.file_publisher import FilePublisher  # noqa: E402
 from failslow.collectors.torch_hook import TrainingHook  # noqa: E402
+from failslow.models.acting import ActingDetector  # noqa: E402
 from failslow.models.actions import ActionPlanner, MitigationConfig  # noqa: E402
 from failslow.models.pipeline import Detector  # noqa: E402
 from failslow.stack import free_port  # noqa: E402
@@ -134,13 +141,15 @@ def _rank(rank: int, port: int, out: str, steps: int, onset: int, recover: int,
 
 
 class Loop(threading.Thread):
-    """The worker's part, in-process: rank files -> detector -> planner -> actions file."""
+    """The worker's part, in-process: rank files -> detector -> planner -> actions file.
+    Every run has one, so every run pays its CPU on this machine's cores; only ``auto``'s
+    writes where the ranks read (``sink``), the others' actions go nowhere."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, sink: str = "actions.jsonl") -> None:
         super().__init__(daemon=True)
-        self.out, self.stop = out, threading.Event()
-        self.det = Detector()
-        self.planner = ActionPlanner(MitigationConfig(mode="auto"))
+        self.out, self.sink, self.stop = out, sink, threading.Event()
+        self.cpu_s = 0.0
+        self.det = ActingDetector(Detector(), ActionPlanner(MitigationConfig(mode="auto")))
         self.incidents: list[dict] = []
         self.actions: list[dict] = []
         self.step_ts: dict[int, float] = {}
@@ -150,7 +159,8 @@ class Loop(threading.Thread):
         heap: list[tuple[float, int, dict]] = []
         newest = [0.0] * WORLD
         n = 0
-        with open(self.out / "actions.jsonl", "ab") as sink:
+        cpu0 = time.thread_time()
+        with open(self.out / self.sink, "ab") as sink:
             while not self.stop.is_set():
                 for r, src in enumerate(srcs):
                     for ev in src.poll():
@@ -161,19 +171,18 @@ class Loop(threading.Thread):
                 mark = min(newest)
                 while heap and heap[0][0] <= mark:
                     self._feed(heapq.heappop(heap)[2], sink)
+                self.cpu_s = time.thread_time() - cpu0
                 time.sleep(0.02)
 
     def _feed(self, ev: dict, sink) -> None:
-        acts = []
-        if ev["kind"] == "step":
-            if ev["rank"] == 0:
-                self.step_ts[ev["step"]] = ev["ts"]
-            acts += self.planner.observe(ev)
-        for inc in self.det.process(ev):
-            inc["_step"] = max(self.step_ts, default=0)
-            self.incidents.append(inc)
-            acts += self.planner.on_incident(inc)
-        for a in acts:
+        if ev["kind"] == "step" and ev["rank"] == 0:
+            self.step_ts[ev["step"]] = ev["ts"]
+        out = self.det.process_batch([ev])
+        for inc in out:
+            if inc["kind"] == "incident":
+                inc["_step"] = max(self.step_ts, default=0)
+                self.incidents.append(inc)
+        for a in (e for e in out if e["kind"] == "action"):
             a["_step"] = max(self.step_ts, default=0)
             self.actions.append(a)
             sink.write(json.dumps({k: v for k, v in a.items() if k != "_step"}).encode() + b"\n")
@@ -183,27 +192,27 @@ class Loop(threading.Thread):
 def run(out: Path, mode: str, steps: int, onset: int, recover: int, factor: float,
         oracle_at: int | None = None) -> dict:
     out.mkdir(parents=True)
-    loop = Loop(out) if mode == "auto" else None
-    if loop:
-        loop.start()
+    loop = Loop(out, "actions.jsonl" if mode == "auto" else "actions.unread.jsonl")
+    loop.start()
     t0 = time.monotonic()
     mp.spawn(_rank, args=(free_port(), str(out), steps, onset, recover, factor, oracle_at),
              nprocs=WORLD)
-    if loop:
-        time.sleep(0.5)
-        loop.stop.set()
-        loop.join()
+    time.sleep(0.5)
+    loop.stop.set()
+    loop.join()
     evs = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
     step_s = {e["step"]: e["duration_s"] for e in evs if e["kind"] == "step"}
     switches = json.loads((out / "switches0.json").read_text())
     res = {"mode": mode, "wall_s": round(time.monotonic() - t0, 1), "step_s": step_s,
-           "switches": [(s["step"], s["shares"]) for s in switches]}
-    if loop:
+           "switches": [(s["step"], s["shares"]) for s in switches],
+           "loop_cpu_s": round(loop.cpu_s, 1)}
+    if mode == "auto":
         res["incidents"] = [{k: i.get(k) for k in ("_step", "status", "severity", "rank",
                                                    "fault", "mitigation", "incident_id")}
                             for i in loop.incidents]
         res["actions"] = [{k: a.get(k) for k in ("_step", "mode", "apply_at_step", "shares",
-                                                 "reason")} for a in loop.actions]
+                                                 "reason", "incident_id", "rank", "rollback")}
+                          for a in loop.actions]
     return res
 
 
@@ -223,9 +232,16 @@ def one_repeat(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
     on, rec, steps = args.onset, args.recover, args.steps
     none = run(tmp / "none", "none", steps, on, rec, factor)
     auto = run(tmp / "auto", "auto", steps, on, rec, factor)
-    culprit_pages = [i for i in auto["incidents"] if i["rank"] == CULPRIT
-                     and i["severity"] in ("warning", "critical") and i["fault"] == "slow_rank"]
-    page = culprit_pages[0]["_step"] if culprit_pages else None
+    # the incident acted on: its page (or its opening, for one acted on once it persisted
+    # at info), its resolve, its refinements
+    acted = next((a for a in auto["actions"] if a["rank"] == CULPRIT and a["_step"] >= on
+                  and not a["rollback"] and a["mode"] == "apply"), None)
+    evs = [i for i in auto["incidents"] if acted and i["incident_id"] == acted["incident_id"]]
+    pages = [i["_step"] for i in evs if i["severity"] in ("warning", "critical")]
+    page = pages[0] if pages else (evs[0]["_step"] if evs else None)
+    resolve = next((i["_step"] for i in evs if i["status"] == "resolved"), None)
+    refined = sum(1 for a in auto["actions"] if acted and a["incident_id"] == acted["incident_id"]
+                  and (a["reason"] or "").startswith("refined"))
     # the culprit's rebalance (the first switch after the onset that gives it less), and
     # the first switch back to equal shares after it; anything before the onset is a
     # false action, counted apart
@@ -240,10 +256,12 @@ def one_repeat(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
     resolves = [i["_step"] for i in auto["incidents"]
                 if i["rank"] == CULPRIT and i["status"] == "resolved"]
     return {
-        "page_step": page, "applied_step": applied,
+        "page_step": page, "paged": bool(pages), "applied_step": applied,
         "applied_after_page": None if page is None or applied is None else applied - page,
-        "rollback_step": rollback,
+        "refinements": refined, "rollback_step": rollback, "resolve_step": resolve,
         "rollback_after_recover": None if rollback is None else rollback - rec,
+        "rollback_after_resolve": None if rollback is None or resolve is None
+        else rollback - resolve,
         "culprit_resolves": resolves,
         "shares": sw[mine[0]][1] if mine else None,
         "switches": sw, "false_actions_before_onset": false_actions,
@@ -254,6 +272,7 @@ def one_repeat(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
         "after_rollback_auto": None if rollback is None or rollback + 2 >= steps
         else round(_rel(auto["step_s"], on, rollback + 2, steps), 4),
         "wall_s": [none["wall_s"], auto["wall_s"], oracle["wall_s"]],
+        "loop_cpu_s": [none["loop_cpu_s"], auto["loop_cpu_s"], oracle["loop_cpu_s"]],
         "actions": auto["actions"], "incidents": auto["incidents"],
     }
 
@@ -268,7 +287,10 @@ def factor_row(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
     return {
         "factor": factor, "repeats": len(reps),
         "applied_after_page": [r["applied_after_page"] for r in reps],
+        "refinements": [r["refinements"] for r in reps],
         "rollback_after_recover": [r["rollback_after_recover"] for r in reps],
+        "rollback_after_resolve": [r["rollback_after_resolve"] for r in reps],
+        "after_rollback_auto": [r["after_rollback_auto"] for r in reps],
         "false_actions": sum(len(r["false_actions_before_onset"]) for r in reps),
         **{f"{k}_med": round(v, 4) for k, v in med.items()},
         "recovered_auto": None if rec_auto is None else round(rec_auto, 3),

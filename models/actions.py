@@ -68,7 +68,7 @@ class MitigationConfig:
     steps (a transient never does) and its time per sample is ``min_gain`` slower.
     refine: refinements per incident: after ``window_steps`` steps on the new shares
     the plan is made again from the time per sample measured on them, and sent when it
-    moves the culprit's share by ``refine_gain`` (10 %) or more of it.
+    moves the culprit's share by ``refine_gain`` (15 %) or more of it.
     lead_steps: ``apply_at_step`` is this many steps after the newest step seen (time for
     the action to reach every rank). ttl_s: an action not applied by ``ts + ttl_s`` is
     dropped. drain_command: a command run once per escalation of a persistent hardware
@@ -88,7 +88,7 @@ class MitigationConfig:
     window_steps: int = 8
     warm_steps: int = 20
     persist_steps: int = 16
-    refine: int = 3
+    refine: int = 5
     lead_steps: int = 2
     ttl_s: float = 120.0
     drain_command: str | None = None
@@ -222,7 +222,7 @@ class ActionPlanner:
     newest event's, so replays give the same actions.
     """
 
-    def __init__(self, config: MitigationConfig | None = None, refine_gain: float = 0.10,
+    def __init__(self, config: MitigationConfig | None = None, refine_gain: float = 0.15,
                  forget_s: float = 3600.0) -> None:
         self.config = config or MitigationConfig()
         self.refine_gain = refine_gain
@@ -243,7 +243,7 @@ class ActionPlanner:
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a planner pickled before persist_steps and refinements (a worker's snapshot)
         state.setdefault("_waiting", {})
-        state.setdefault("refine_gain", 0.10)
+        state.setdefault("refine_gain", 0.15)
         self.__dict__.update(state)
 
     # -- measurement ---------------------------------------------------------------------------
@@ -284,14 +284,15 @@ class ActionPlanner:
                           self._held, self._version, self._first, self._waiting):
                 table.pop(job, None)
 
-    def per_sample(self, job: str, since: int | None = None) -> dict[int, float]:
-        """Each rank's median time per sample over its last ``window_steps`` steps (those
-        from step ``since`` on, when given)."""
+    def per_sample(self, job: str, since: int | None = None, n: int | None = None
+                   ) -> dict[int, float]:
+        """Each rank's median time per sample over its last ``n`` (``window_steps``) steps
+        (those from step ``since`` on, when given)."""
         out = {}
         for r, d in self._per_sample[job].items():
             vals = [v for s, v in d if since is None or s >= since]
             if vals:
-                out[r] = median(vals[-self.config.window_steps:])
+                out[r] = median(vals[-(n or self.config.window_steps):])
         return out
 
     def _gain(self, job: str, rank: int, since: int | None = None) -> float | None:
@@ -385,8 +386,9 @@ class ActionPlanner:
         return action
 
     def _maybe_refine(self, job: str, held: _Held) -> list[dict[str, Any]]:
-        """The plan made again from the steps on the shares in force (``window_steps`` of
-        them, every rank): sent when it moves the culprit's share by ``refine_gain``."""
+        """The plan made again from the steps on the shares in force (at least
+        ``window_steps`` of them, every rank, up to twice that: on shared cores one window
+        swings): sent when it moves the culprit's share by ``refine_gain``."""
         if held.refined >= self.config.refine:
             return []
         since = held.action["apply_at_step"]
@@ -396,7 +398,8 @@ class ActionPlanner:
                 sum(1 for s, _ in ranks[r] if s >= since) < self.config.window_steps
                 for r in range(world) if r in ranks):
             return []
-        shares = plan_shares(self.per_sample(job, since), self.config.floor)
+        per = self.per_sample(job, since, 2 * self.config.window_steps)
+        shares = plan_shares(per, self.config.floor)
         old = held.action["shares"]
         if len(shares) != len(old) or \
                 abs(shares[held.rank] - old[held.rank]) < self.refine_gain * old[held.rank]:
