@@ -281,20 +281,47 @@ def _column(obj: dict[str, Any], name: str, n: int, absent: dict[str, Any],
 class _Columns:
     """The entries of one step's windows, as columns taken when each record arrives (its
     dicts are then still in the CPU cache; read back a step later, they cost a cache miss
-    each): per entry its (group, op) and (blocked_s, bytes, n, min_s), per window its rank
-    and number of entries."""
+    each): per entry its group, op, blocked_s, bytes, n and min_s, per window its rank
+    and number of entries. Plain lists of strings and numbers: taking a batch's rows is
+    a few list extends, with no object per entry for the garbage collector to track."""
 
-    __slots__ = ("keys", "nums", "ranks", "counts")
+    __slots__ = ("groups", "ops", "blocked", "nbytes", "cnt", "min_s", "ranks", "counts")
 
     def __init__(self) -> None:
-        self.keys: list[tuple[str, str]] = []
-        self.nums: list[tuple] = []
+        self.groups: list[str] = []
+        self.ops: list[str] = []
+        self.blocked: list[float] = []
+        self.nbytes: list[int] = []
+        self.cnt: list[int] = []
+        self.min_s: list[float] = []
         self.ranks: list[int] = []
         self.counts: list[int] = []
 
     def __len__(self) -> int:
         """Windows (records) taken."""
         return len(self.ranks)
+
+    def __setstate__(self, state: Any) -> None:
+        slots = state[1] if isinstance(state, tuple) else state
+        if "keys" in slots:     # pickled as (group, op) and (blocked, bytes, n, min_s) tuples
+            self.__init__()     # type: ignore[misc]
+            self.take_entries(slots["keys"], slots["nums"])
+            self.ranks, self.counts = slots["ranks"], slots["counts"]
+            return
+        for k, v in slots.items():
+            setattr(self, k, v)
+
+    def take_entries(self, keys: list[tuple[str, str]], nums: list[tuple]) -> None:
+        """Entries given as (group, op) and (blocked_s, bytes, n, min_s) tuples."""
+        if keys:
+            g, o = zip(*keys, strict=True)
+            self.groups += g
+            self.ops += o
+            b, nb, n, m = zip(*nums, strict=True)
+            self.blocked += b
+            self.nbytes += nb
+            self.cnt += n
+            self.min_s += m
 
 
 class CommWindows:
@@ -329,9 +356,12 @@ class CommWindows:
                 cols = self.steps.get(step)
                 if cols is None:
                     cols = self.steps[step] = _Columns()
-                cols.keys += zip(c.group[a:b], c.op[a:b], strict=True)
-                cols.nums += zip(c.blocked[a:b], c.nbytes[a:b], c.cnt[a:b], c.min_s[a:b],
-                                 strict=True)
+                cols.groups += c.group[a:b]
+                cols.ops += c.op[a:b]
+                cols.blocked += c.blocked[a:b]
+                cols.nbytes += c.nbytes[a:b]
+                cols.cnt += c.cnt[a:b]
+                cols.min_s += c.min_s[a:b]
                 counts = [at[k + 1] - at[k] for k in range(i, j)]
                 if 0 in counts:     # a window with no entries is no member of any group
                     cols.ranks += [r for r, m in zip(c.rank[i:j], counts, strict=True) if m]
@@ -364,29 +394,42 @@ class CommWindows:
         if type(cols) is list:     # a snapshot from before columns: (rank, ts, ops) windows
             old, cols = cols, _Columns()
             for r, _, ops in old:
-                cols.keys.extend(map(_KEY, ops))
-                cols.nums.extend(map(_NUMS, ops))
+                cols.take_entries(list(map(_KEY, ops)), list(map(_NUMS, ops)))
                 cols.ranks.append(r)
                 cols.counts.append(len(ops))
-        keys, nums, ranks, counts = cols.keys, cols.nums, cols.ranks, cols.counts
-        ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        groups, ops, k = cols.groups, cols.ops, len(cols.groups)
+        # (group, op) -> its id, in first-seen order (no tuple per entry: group and op ids)
+        gname = list(dict.fromkeys(groups))
+        oname = list(dict.fromkeys(ops))
+        gix = {g: i for i, g in enumerate(gname)}
+        oix = {o: i for i, o in enumerate(oname)}
+        pair = (np.fromiter(map(gix.__getitem__, groups), dtype=np.int64, count=k)
+                * len(oname) + np.fromiter(map(oix.__getitem__, ops), dtype=np.int64, count=k))
+        uniq, first_at, inv_key = np.unique(pair, return_index=True, return_inverse=True)
+        order = np.argsort(first_at, kind="stable")
+        key_id = np.empty(len(uniq), dtype=np.int64)
+        key_id[order] = np.arange(len(uniq))
         # (group, op) -> its link: one per (group, kind of op), named by its first op
         link: dict[tuple[str, str], int] = {}
         names: list[tuple[str, str]] = []
-        to_link = np.empty(len(ids), dtype=np.int64)
-        for (group, op), i in ids.items():
+        to_link = np.empty(len(uniq), dtype=np.int64)
+        for i, u in enumerate(uniq[order].tolist()):
+            group, op = gname[u // len(oname)], oname[u % len(oname)]
             lk = (group, KIND.get(op, op))
             j = link.get(lk)
             if j is None:
                 j = link[lk] = len(names)
                 names.append((group, op))
             to_link[i] = j
-        rank = np.repeat(np.array(ranks, dtype=np.int64), counts)
-        v = np.fromiter(chain.from_iterable(nums), dtype=np.float64,
-                        count=4 * len(nums)).reshape(-1, 4)
+        rank = np.repeat(np.array(cols.ranks, dtype=np.int64), cols.counts)
+        v = np.empty((k, 4))
+        v[:, 0] = cols.blocked
+        v[:, 1] = cols.nbytes
+        v[:, 2] = cols.cnt
+        v[:, 3] = cols.min_s
         blocked = v[:, 0]
         self._time = _by_rank(rank, blocked)
-        gid = to_link[np.fromiter(map(ids.__getitem__, keys), dtype=np.int64, count=len(keys))]
+        gid = to_link[key_id[inv_key.reshape(-1)]]
         # one member per (link, rank): sums, and the shortest op
         span = int(rank.max()) + 1
         member, inv = np.unique(gid * span + rank, return_inverse=True)
