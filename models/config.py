@@ -44,6 +44,8 @@ class EvidenceConfig:
     long_n: int = _p(24, "windows holding this many values or more take long_z")
     long_z: float = _p(3.0, "the far verdict's bar over long windows (near-normal mean, "
                        "one-sided 3 sigma; healthy ranks peaked at 2.3 over 106 real traces)")
+    present_scales: tuple[int, ...] = _p((8, 16, 32), "windows that keep a finding alive "
+                                         "(present), steps")
     present_recent: int = _p(4, "present: the newest 1/this of a window must carry the "
                              "excess too")
     wait_n: int = _p(16, "waited for: judged steps in the window")
@@ -81,6 +83,8 @@ class LinkConfig:
                            "estimates depend on each other: a full step would overshoot)")
     groups_min: int = _p(4, "groups with a learned cost before groups are compared with "
                          "each other")
+    noise_floor: float = _p(0.02, "relative noise below which a group's cost is not trusted "
+                            "to be")
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class CauseConfig:
                                    "healthy devices count from this rate up (one a minute)")
     error_ratio: float = _p(5.0, "GPU error / PCIe replay counters this many times the "
                             "peers' rate are a fault (score 1)")
+    gauge_floor: float = _p(0.02, "a gauge's spread among peers is at least this share of "
+                            "their median")
     gauge_z: float = _p(4.0, "robust z of a gauge against the peers (temperature, power "
                         "limit, PCIe link, SM clock, NIC speed) that is a fault (score 1)")
     cpu_ratio: float = _p(1.5, "host load over both its peers and its own past that is "

@@ -313,7 +313,7 @@ class Windows:
         return ok, best_m, best_z, best_n
 
     def present(self, rows: np.ndarray, sigma: np.ndarray, delta: float) -> np.ndarray:
-        """Still there: over the last 8, 16 or 32 steps the mean excess is at least
+        """Still there: over the last 8, 16 or 32 steps (``present_scales``) the mean excess is at least
         ``delta / 2`` and one standard error above zero, and so is the mean of that
         window's newest quarter (``present_recent``: the excess has not left the recent
         steps). Looser than ``test``, so an open incident outlives noisy steps, and
@@ -322,7 +322,7 @@ class Windows:
         32-step window)."""
         out = np.zeros(rows.size, dtype=bool)
         sigma = self.noise(rows, sigma)
-        for n in (8, 16, 32):
+        for n in self.p.present_scales:
             cnt, mean, sd = self.stats(rows, n)
             se = self.mean_se(rows, sigma, sd, cnt, n)
             _, recent, _ = self.stats(rows, max(n // self.p.present_recent, 2))

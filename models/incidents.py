@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from failslow.models.config import CauseConfig
 from failslow.models.findings import Finding
 from failslow.models.policy import PagingPolicy, Persistence, PolicyConfig
 from failslow.models.rootcause import attribute
@@ -307,7 +308,8 @@ class IncidentTracker:
             del kept[next(iter(kept))]
 
     def late_sample(self, host: str, sample_ts: float, now: float, store: TelemetryStore,
-                    job_hosts: Any) -> list[dict[str, Any]]:
+                    job_hosts: Any, causes_for: Callable[[str], CauseConfig] | None = None
+                    ) -> list[dict[str, Any]]:
         """A device sample of ``host`` arrived after the steps it explains were judged
         (telemetry delivered late, e.g. replayed): a rank or host incident whose root cause
         is still ``unknown``, open or resolved since (the fault may end before its late
@@ -317,7 +319,9 @@ class IncidentTracker:
         on time), then every ``RECHECK_S`` of sample time while the cause stays unknown.
         A cause found is an incident update at ``now`` (event time), and is kept (a known
         cause outvotes ``unknown``, ``vote_cause``). ``job_hosts(job_id)``: the hosts of the
-        job, its culprit's peers. Same input order, same output: offline and in the stream."""
+        job, its culprit's peers; ``causes_for(job_id)``: the job's root-cause thresholds
+        (``[rules.causes]``, the defaults without it). Same input order, same output:
+        offline and in the stream."""
         out: list[dict[str, Any]] = []
         kept = self.unexplained
         todo = [(job_id, inc, False) for (job_id, _), inc in sorted(self.open.items())]
@@ -332,7 +336,8 @@ class IncidentTracker:
             inc.recheck = sample_ts + RECHECK_S
             hosts, gpus, data_share = where
             peers = set(job_hosts(job_id)) or {h for h, _ in store.gpus} | set(store.hosts)
-            cause, rc_ev = attribute(ev["fault"], store, hosts, gpus, peers, data_share)
+            cause, rc_ev = attribute(ev["fault"], store, hosts, gpus, peers, data_share,
+                                     c=causes_for(job_id) if causes_for else None)
             if cause == "unknown":
                 if resolved and sample_ts > ev["resolved_ts"] + RECHECK_S:
                     del kept[ev["incident_id"]]    # its whole window came: nothing to add

@@ -176,11 +176,11 @@ class LinkMonitor:
             else (0.0, 0.0)
         if ref > 0:
             peer_rel = np.where(warm, ratio / ref - 1.0, 0.0)
-            peer_z = peer_rel / np.maximum(max(sigma / ref, 0.02), own)
+            peer_z = peer_rel / np.maximum(max(sigma / ref, cfg.links.noise_floor), own)
         elif warm.any():
             # Too few groups to compare: each against its own past alone.
             peer_rel = np.where(warm, ratio - 1.0, 0.0)
-            peer_z = peer_rel / np.maximum(own, 0.02)
+            peer_z = peer_rel / np.maximum(own, cfg.links.noise_floor)
         slow, healthy = [], []
         # The evidence rule of ranks (models.cusum): gated, capped CUSUM of z; the
         # increments of all groups in one numpy call

@@ -42,14 +42,16 @@ def _peer_stats(values: list[float]) -> tuple[float, float]:
     return med, 1.4826 * median(np.abs(arr - med))
 
 
-def _gauge_z(dev: Device, peers: list[Device], name: str) -> tuple[float, dict[str, Any]] | None:
-    """Robust z of a gauge vs the peers (spread floored at 2% of the median)."""
+def _gauge_z(dev: Device, peers: list[Device], name: str, floor: float
+             ) -> tuple[float, dict[str, Any]] | None:
+    """Robust z of a gauge vs the peers (spread floored at ``floor``, 2 %, of the median:
+    ``CauseConfig.gauge_floor``)."""
     x = dev.gauges.get(name)
     vals = [p.gauges[name] for p in peers if name in p.gauges]
     if x is None or len(vals) < 2:
         return None
     med, mad = _peer_stats(vals)
-    scale = max(mad, 0.02 * abs(med), 1e-9)
+    scale = max(mad, floor * abs(med), 1e-9)
     info = {"value": round(x, 3), "peer_median": round(med, 3),
             "own_past": round(dev.first.get(name, x), 3)}
     return (x - med) / scale, info
@@ -106,11 +108,11 @@ def gpu_scores(dev: Device, peers: list[Device], c: CauseConfig | None = None) -
         out["gpu_thermal"] = (3.0, {"thermal_reason_share": round(dev.reasons["thermal"], 2)})
     if throttled("power"):
         out["gpu_power"] = (3.0, {"power_reason_share": round(dev.reasons["power"], 2)})
-    temp = _gauge_z(dev, peers, "temp_c")
+    temp = _gauge_z(dev, peers, "temp_c", c.gauge_floor)
     zb = c.gauge_z
     if temp and temp[0] >= zb and "gpu_thermal" not in out:
         out["gpu_thermal"] = (temp[0] / zb, {"temp_c": temp[1]})
-    limit = _gauge_z(dev, peers, "power_limit_w")
+    limit = _gauge_z(dev, peers, "power_limit_w", c.gauge_floor)
     if limit and limit[0] <= -zb and "gpu_power" not in out:
         out["gpu_power"] = (-limit[0] / zb, {"power_limit_w": limit[1]})
     if dev.xids:
@@ -128,10 +130,10 @@ def gpu_scores(dev: Device, peers: list[Device], c: CauseConfig | None = None) -
     if ratio >= c.error_ratio and "pcie_degraded" not in out:
         out["pcie_degraded"] = (min(ratio / c.error_ratio, 3.0), ev)
     for name in ("pcie_gen", "pcie_width"):
-        z = _gauge_z(dev, peers, name)
+        z = _gauge_z(dev, peers, name, c.gauge_floor)
         if z and z[0] <= -zb and "pcie_degraded" not in out:
             out["pcie_degraded"] = (3.0, {name: z[1]})
-    clock = _gauge_z(dev, peers, "sm_clock_mhz")
+    clock = _gauge_z(dev, peers, "sm_clock_mhz", c.gauge_floor)
     if clock and clock[0] <= -zb:
         out["gpu_clock"] = (-clock[0] / zb, {"sm_clock_mhz": clock[1]})
     elif throttled("hw_slowdown"):
@@ -174,7 +176,7 @@ def nic_scores(devs: list[Device], peers: list[Device], c: CauseConfig | None = 
         ratio, ev = rate_ratio(dev, peers, NIC_ERRORS, c.nic_agree, share=c.ref_floor)
         if dev.down:
             ratio, ev = max(ratio, 2 * bar), {**ev, "state": "down"}
-        speed = _gauge_z(dev, peers, "speed_gbps")
+        speed = _gauge_z(dev, peers, "speed_gbps", c.gauge_floor)
         if speed and speed[0] <= -c.gauge_z:
             ratio, ev = max(ratio, 2 * bar), {**ev, "speed_gbps": speed[1]}
         if ratio >= bar and ratio / bar > out.get("nic_errors", (0.0, {}))[0]:
