@@ -97,6 +97,10 @@ class PairState:
 class P2PMonitor:
     """Send/recv evidence of one job, per rank pair; ``evaluate`` once per judged step."""
 
+    # per size class, a lower bound of ``wcls``'s values (``_window``); a class default:
+    # a cache, rebuilt after a restore from a snapshot taken before it existed
+    _low: dict[float, float] | None = None
+
     def __init__(self, cfg: JobConfig, max_age: int = 4) -> None:
         self.cfg = cfg
         self.max_age = max_age
@@ -289,7 +293,20 @@ class P2PMonitor:
             run = self.wrun.get(pair)
             slow = False
             rel = z = 0.0
-            if len(same) >= PEERS_MIN and not surely_within(obs, same, cfg.far_rel):
+            # ``surely_within`` only skips work (an observation it passes is never slow),
+            # so a lower bound of the class's smallest value does as well as the value:
+            # kept per class, lowered by each observation, made exact when it cannot tell
+            lows = self._low
+            if lows is None:
+                lows = self._low = {}
+            low = lows.get(cls)
+            if low is None or obs < low:
+                low = lows[cls] = obs if low is not None else float(same.min())
+            unsure = len(same) >= PEERS_MIN and not (
+                low > 0 and obs < (1.0 + cfg.far_rel) * low * (1.0 - 1e-9))
+            if unsure:
+                lows[cls] = float(same.min())     # the bound could not tell: exact again
+            if unsure and not surely_within(obs, same, cfg.far_rel):
                 ref, sig = lower_half_ref(np.array(same))
                 if ref > 0:
                     rel = obs / ref - 1.0
