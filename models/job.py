@@ -701,11 +701,12 @@ class JobState(Attribution):
         the ranks' spread and the rank's own step-to-step spread. Returns (rel, z,
         noise sigma, whether the rank's own past is learned)."""
         n = len(sl)
-        med = self.ranks.med[sl]
-        ok = (self.ranks.work_n[sl] >= self.cfg.warm_steps) & (med > 0)
+        work = self.ranks.work
+        med = work.med[sl]
+        ok = (work.n[sl] >= self.cfg.warm_steps) & (med > 0)
         safe = np.where(ok, med, 1.0)
         ratio = np.where(ok, pos / safe, 1.0)
-        own = np.where(ok, self.ranks.sig[sl] / safe, 0.0)
+        own = np.where(ok, work.sig[sl] / safe, 0.0)
         none = np.zeros(n)
         # Four ranks with a learned past make a reference (three in a 4-rank job: one
         # rank slow from its first steps must not leave the others unjudged).

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 from failslow.models.comm import CommWindows
 from failslow.models.config import JobConfig
 from failslow.models.evidence import WaitedFor
+from failslow.models.links import GroupTable
 from failslow.models.peers import KeyedValues
 from failslow.models.ranks import EW_STATS, FLOATS, INTS, KIND_CODE, RankTable
 from failslow.models.settings import DetectionConfig
@@ -118,6 +118,8 @@ def _job(job: Any) -> None:
 def _from_8(state: dict[str, Any]) -> None:
     for job in state["jobs"].values():
         job.ranks = rank_table(job.ranks)
+        links = job.links.__dict__
+        links["table"] = GroupTable.of_groups(links.pop("groups", {}))
 
 
 def rank_table(old: dict[int, Any]) -> RankTable:
@@ -126,7 +128,6 @@ def rank_table(old: dict[int, Any]) -> RankTable:
     out of reach, is rebuilt as values with its median and spread (normal quantiles)."""
     t = RankTable()
     rows = t.slots_for(list(old))
-    w = t.window
     for i, st in zip(rows.tolist(), old.values(), strict=True):
         d = st.__dict__
         for name in (*FLOATS, *INTS):
@@ -141,11 +142,7 @@ def rank_table(old: dict[int, Any]) -> RankTable:
                 getattr(t, f"{name}_q")[i] = ew.var + ew.mean * ew.mean
                 getattr(t, f"{name}_n")[i] = ew.n
         work = d["work"]
-        k = min(work.n, w)
-        if k:
-            z = [NormalDist().inv_cdf((j + 0.5) / k) for j in range(k)]
-            t.win[i, :k] = [work.median + work.sigma * x for x in z]
-            t.work_n[i] = work.n
+        t.work.seed(i, work.n, work.median, work.sigma)
         pending = d.get("pending") or []
         if pending:
             t.pend_n[i] = len(pending)
@@ -155,7 +152,7 @@ def rank_table(old: dict[int, Any]) -> RankTable:
                 t.pend = grown
             t.pend[i, :len(pending)] = pending
     if rows.size:
-        t._window_stats(rows)
+        t.work.refresh(rows)
     return t
 
 

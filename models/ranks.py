@@ -32,7 +32,7 @@ while a one-step spike adds a bounded amount.
 >>> rows = t.slots_for([0, 1, 2])
 >>> t.observe(rows, np.array([1.0, 1.1, 0.9]), np.ones(3), np.zeros(3), np.ones(3),
 ...           np.array([False, True, False]), delay=0)
->>> t.work_n[rows].tolist(), t[1].work.n, t[2].work.median
+>>> t.work.n[rows].tolist(), t[1].work.n, t[2].work.median
 ([1, 0, 1], 0, 0.9)
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from failslow.models.stats import IQR_PER_SIGMA
+from failslow.models.stats import RollingMedians
 
 BASELINE_ALPHA = 0.05     # ~20 steps of memory
 BASELINE_WINDOW = 32      # steps in the rolling median of own work
@@ -116,9 +116,6 @@ class RankTable:
     data_m: np.ndarray
     data_q: np.ndarray
     data_n: np.ndarray
-    work_n: np.ndarray
-    med: np.ndarray
-    sig: np.ndarray
     pend_n: np.ndarray
 
     def __init__(self, window: int = BASELINE_WINDOW, alpha: float = BASELINE_ALPHA) -> None:
@@ -137,21 +134,18 @@ class RankTable:
             setattr(self, f"{name}_m", np.zeros(cap))
             setattr(self, f"{name}_q", np.zeros(cap))
             setattr(self, f"{name}_n", np.zeros(cap, dtype=np.int64))
-        self.win = np.zeros((cap, window))          # learned positions, a ring per row
-        self.work_n = np.zeros(cap, dtype=np.int64)  # positions learned (all time)
-        self.med = np.zeros(cap)                     # the window's median and sigma,
-        self.sig = np.zeros(cap)                     # kept current for every row
+        self.work = RollingMedians(window)           # learned positions, per row
         self.pend = np.zeros((cap, 0, 4))            # steps not learned yet (delay)
         self.pend_n = np.zeros(cap, dtype=np.int64)
 
     # -- rows ------------------------------------------------------------------------------
 
     def _arrays(self) -> list[str]:
-        return [*FLOATS, *INTS, *BOOLS, "kind", "work_n", "med", "sig", "pend_n",
+        return [*FLOATS, *INTS, *BOOLS, "kind", "pend_n",
                 *(f"{n}_{s}" for n in EW_STATS for s in "mqn")]
 
     def _grow(self, need: int) -> None:
-        cap = self.win.shape[0]
+        cap = self.kind.shape[0]
         if need <= cap:
             return
         new = max(need, 2 * cap, 8)
@@ -160,11 +154,10 @@ class RankTable:
             b = np.zeros(new, dtype=a.dtype)
             b[:cap] = a
             setattr(self, name, b)
-        for name in ("win", "pend"):
-            a = getattr(self, name)
-            b = np.zeros((new, *a.shape[1:]), dtype=a.dtype)
-            b[:cap] = a
-            setattr(self, name, b)
+        b = np.zeros((new, *self.pend.shape[1:]))
+        b[:cap] = self.pend
+        self.pend = b
+        self.work.grow(new)
 
     def slots_for(self, ranks: list[int]) -> np.ndarray:
         """The rows of ``ranks`` (made for ranks seen the first time)."""
@@ -239,11 +232,7 @@ class RankTable:
 
     def _learn(self, rows: np.ndarray, x: np.ndarray) -> None:
         """Learned steps (columns: position, own, data, step), one per row."""
-        w = self.window
-        at = self.work_n[rows] % w
-        self.win[rows, at] = x[:, 0]
-        self.work_n[rows] += 1
-        self._window_stats(rows)
+        self.work.update(rows, x[:, 0])
         a = self.alpha
         step, own = x[:, 3], x[:, 1]
         for name, v in (("step", step), ("own", own), ("comm", np.maximum(step - own, 0.0)),
@@ -254,33 +243,9 @@ class RankTable:
             q[rows] = np.where(first, v * v, a * (v * v) + (1 - a) * q[rows])
             n[rows] += 1
 
-    def _window_stats(self, rows: np.ndarray) -> None:
-        """The median and IQR sigma of ``rows``' windows (numpy's linear quantiles)."""
-        k = np.minimum(self.work_n[rows], self.window)
-        vals = np.where(np.arange(self.window) < k[:, None], self.win[rows], np.inf)
-        vals.sort(axis=1)
-        med = _quantile(vals, k, 0.5)
-        iqr = _quantile(vals, k, 0.75) - _quantile(vals, k, 0.25)
-        self.med[rows] = med
-        self.sig[rows] = np.where(k >= 2, iqr / IQR_PER_SIGMA, 0.0)
-
     def ew_mean(self, name: str, rows: Any) -> Any:
         n = getattr(self, f"{name}_n")[rows]
         return np.where(n > 0, getattr(self, f"{name}_m")[rows], 0.0)
-
-
-def _quantile(sorted_rows: np.ndarray, k: np.ndarray, q: float) -> np.ndarray:
-    """Per row, the ``q`` quantile of its first ``k`` (sorted) values, exactly as
-    ``np.quantile`` (method "linear") computes it; 0 where ``k`` is 0."""
-    vi = q * (np.maximum(k, 1) - 1).astype(float)
-    lo = np.floor(vi).astype(np.int64)
-    hi = np.minimum(lo + 1, np.maximum(k, 1) - 1)
-    t = vi - lo
-    idx = np.arange(sorted_rows.shape[0])
-    a, b = sorted_rows[idx, lo], sorted_rows[idx, hi]
-    diff = b - a
-    out = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
-    return np.where(k > 0, out, 0.0)
 
 
 class _Work:
@@ -293,15 +258,15 @@ class _Work:
 
     @property
     def n(self) -> int:
-        return int(self._t.work_n[self._i])
+        return int(self._t.work.n[self._i])
 
     @property
     def median(self) -> float:
-        return float(self._t.med[self._i])
+        return float(self._t.work.med[self._i])
 
     @property
     def sigma(self) -> float:
-        return float(self._t.sig[self._i])
+        return float(self._t.work.sig[self._i])
 
 
 class _EW:
