@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,15 @@ def _rowmedian(w: np.ndarray) -> np.ndarray:
 
 class Windows:
     """The last ``width`` values of one series for every rank of a job; ``p`` the
-    thresholds of its tests."""
+    thresholds of its tests.
+
+    Within one judged step (``begin``), what the tests ask of the step's rows again and
+    again is computed once: window statistics until the next ``push``, statistics of the
+    learned moments until the next ``learn`` (memos, never pickled)."""
+
+    _rows_key: Any = None      # the step's rows (``begin``): the memos hold for them only
+    _vm: dict | None = None    # memo of what depends on the values
+    _mm: dict | None = None    # memo of what depends on the learned moments
 
     # What a Windows unpickled from before its settings were stored ran with.
     p: EvidenceConfig = EvidenceConfig()
@@ -102,8 +111,25 @@ class Windows:
             self.mom = np.vstack([self.mom, np.zeros((grow.shape[0], 5))])
         return np.fromiter((self.rows[r] for r in ranks), dtype=np.int64, count=len(ranks))
 
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        for name in ("_rows_key", "_vm", "_mm"):
+            d.pop(name, None)
+        return d
+
+    def begin(self, rows: np.ndarray) -> None:
+        """A judged step's tests of ``rows`` start (memos for them from now on)."""
+        self._rows_key, self._vm, self._mm = rows, {}, {}
+
+    def _memo(self, rows: np.ndarray, moments: bool) -> dict | None:
+        if rows is not self._rows_key:
+            return None
+        return self._mm if moments else self._vm
+
     def push(self, rows: np.ndarray, values: np.ndarray) -> None:
         """One judged step: ``values`` for ``rows`` (NaN: no value), NaN for the others."""
+        if self._vm:
+            self._vm = {}
         v = self.vals
         v[:, :-1] = v[:, 1:]
         v[:, -1] = np.nan
@@ -118,6 +144,8 @@ class Windows:
         taken for noise before the test had a chance to see them."""
         p = self.p
         d = p.noise_delay
+        if self._mm:
+            self._mm = {}
         x, y = self.vals[rows, -1 - d], self.vals[rows, -2 - d]
         ok = mask & ~np.isnan(x)
         pair = ~np.isnan(y[ok])         # the correlation needs the step before, too
@@ -151,6 +179,22 @@ class Windows:
         """Variance of an ``n``-step mean over that of independent steps, for AR(1)
         noise with each row's learned correlation (shrunk to a prior while few steps
         were learned): 1 + 2 sum_k (1 - k/n) rho^k."""
+        memo = self._memo(rows, True)
+        if memo is not None and ("inflation", n) in memo:
+            return memo["inflation", n]
+        rho = memo.get("rho") if memo is not None else None
+        if rho is None:
+            rho = self._rho(rows)
+            if memo is not None:
+                memo["rho"] = rho
+        lag = np.arange(1, n)
+        out = 1.0 + 2.0 * ((1.0 - lag / n) * rho[:, None] ** lag).sum(axis=1)
+        if memo is not None:
+            memo["inflation", n] = out
+        return out
+
+    def _rho(self, rows: np.ndarray) -> np.ndarray:
+        """Each row's step-to-step correlation (``inflation``)."""
         p = self.p
         m = self.mom[rows]
         rho = np.where(m[:, 1] > 0, m[:, 2] / np.maximum(m[:, 1], 1e-12), 0.0)
@@ -159,9 +203,7 @@ class Windows:
         if known.sum() >= p.pool_min_ranks:
             k = self.mom[known]
             rho = np.maximum(rho, float(np.median(k[:, 2] / np.maximum(k[:, 1], 1e-12))))
-        rho = np.clip(rho, 0.0, p.rho_max)
-        lag = np.arange(1, n)
-        return 1.0 + 2.0 * ((1.0 - lag / n) * rho[:, None] ** lag).sum(axis=1)
+        return np.clip(rho, 0.0, p.rho_max)
 
     def learned(self, rows: np.ndarray) -> np.ndarray:
         """Whether each row's noise is known: learned over enough clean steps, its own
@@ -175,6 +217,9 @@ class Windows:
         about the same noise; one whose estimate came out low by chance is not
         trusted below its peers', and a fault that slipped into one rank's estimate
         cannot blind it."""
+        memo = self._memo(rows, True)
+        if memo is not None and ("pooled", col) in memo:
+            return memo["pooled", col]
         m, p = self.mom, self.p
         known = m[:, 3] >= p.noise_min
         own = np.where(known[rows], np.maximum(m[rows, col], 0.0), 0.0)
@@ -183,6 +228,8 @@ class Windows:
             # could be) takes its peers'.
             pool = float(np.median(m[known, col]))
             own = np.where(known[rows], np.clip(own, p.pool_floor ** 2 * pool, p.pool_cap ** 2 * pool), pool)
+        if memo is not None:
+            memo["pooled", col] = own
         return own
 
     def noise(self, rows: np.ndarray, sigma: np.ndarray) -> np.ndarray:
@@ -205,6 +252,9 @@ class Windows:
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(count, mean, sample std) of the last ``n`` values of ``rows`` (before the
         newest ``skip``)."""
+        memo = self._memo(rows, False)
+        if memo is not None and ("stats", n, skip) in memo:
+            return memo["stats", n, skip]
         w = self.vals[rows, -n - skip:self.width - skip]
         ok = ~np.isnan(w)
         cnt = ok.sum(axis=1)
@@ -212,7 +262,10 @@ class Windows:
         c = np.maximum(cnt, 1)
         mean = x.sum(axis=1) / c
         var = np.where(ok, (w - mean[:, None]) ** 2, 0.0).sum(axis=1) / np.maximum(cnt - 1, 1)
-        return cnt, mean, np.sqrt(var)
+        out = cnt, mean, np.sqrt(var)
+        if memo is not None:
+            memo["stats", n, skip] = out
+        return out
 
     def robust_stats(self, rows: np.ndarray, n: int, sigma: np.ndarray,
                      pool: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -257,6 +310,15 @@ class Windows:
         """The job's usual spread now: the median over its ranks of each one's MAD
         spread over the whole window (ranks with half a window or more; three such
         ranks at least, else 0)."""
+        memo = self._memo(rows, False)
+        if memo is not None and "mad_pool" in memo:
+            return memo["mad_pool"]
+        out = self._mad_pool_of(rows)
+        if memo is not None:
+            memo["mad_pool"] = out
+        return out
+
+    def _mad_pool_of(self, rows: np.ndarray) -> float:
         w = self.vals[rows]
         cnt = (~np.isnan(w)).sum(axis=1)
         full = cnt >= self.p.min_fill * self.width
@@ -441,6 +503,8 @@ class RankEvidence:
         nan = np.nan
         rows = self.peer.rows_for(ranks)
         self.own.rows_for(ranks)                    # the same rows: ranks come in order
+        self.peer.begin(rows)
+        self.own.begin(rows)
         # Per step: only an excess of at least min_rel (far_rel against peers) counts
         # in full, and one step adds at most z_min, so a confirmation (cusum >= 2 z_min)
         # always spans two steps or more.

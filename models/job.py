@@ -27,13 +27,12 @@ from failslow.models.attribution import JOB_HISTORY, Attribution
 from failslow.models.changepoint import BOCPD
 from failslow.models.comm import CommRows, CommWindows
 from failslow.models.config import JobConfig
-from failslow.models.cusum import cusum_update
 from failslow.models.evidence import SUSPECT_LEARN_Z, RankEvidence
 from failslow.models.findings import Finding
 from failslow.models.links import LinkMonitor
 from failslow.models.localize import imbalances, localize
 from failslow.models.peers import has_peers, lower_half_ref, peer_scores
-from failslow.models.ranks import RankState
+from failslow.models.ranks import RankState, RankTable
 from failslow.models.stats import EWMeanVar, RollingMedian, median
 from failslow.models.substep import SubStep
 
@@ -71,7 +70,7 @@ class JobState(Attribution):
         self.host_firm: dict[str, int] = {}   # host -> last step its host finding was confirmed
         self.alone: set[int] = set()          # the last judged step's ranks with no peers
         self.world = 0
-        self.ranks: dict[int, RankState] = {}
+        self.ranks = RankTable()      # every rank's state, in arrays (rank -> RankState)
         self.rank_host: dict[int, str] = {}
         self.rank_gpu: dict[int, int] = {}
         self.aligner = CollectiveAligner()
@@ -437,28 +436,25 @@ class JobState(Attribution):
         row = self.pending.pop(s)
         self.evaluated = max(self.evaluated, s)
         ranks = sorted(row)
-        work, data, dur, groups, ts_max = self._gather(s, row, ranks)
+        sl = self.ranks.slots_for(ranks)
+        work, data, dur, groups, ts, ts_max = self._gather(s, row, ranks)
         # the step's complete collectives (after ``_gather``: the comm windows' sums)
         colls = self.aligner.take_step(s)
         colls.extend(self.comm.take_step(s))
-        rel, z, perf, peers, pos, rel2, z2, warm = self._scores(row, ranks, work, groups)
+        rel, z, perf, peers, pos, rel2, z2, warm = self._scores(row, ranks, sl, work, groups)
         # ranks with no peer doing the same work (alone in their pipeline stage): their
         # z to peers is no measurement (``models.localize`` leaves it out)
         self.alone = {r for r, p in zip(ranks, peers.tolist(), strict=True) if not p}
         job_s = median(dur)
         self.judged += 1
         self.rank_steps += len(ranks)
-        states, recent = self._states(ranks, work)
-        ev_ = self._verdict(ranks, states, recent, rel, z, rel2, z2, warm, peers, job_s)
-        self._waited(ev_, ranks, states, colls if groups.min() == groups.max() else [], job_s)
-        present: list[int] = []
-        dref = median(data)
-        base = self._job_base()
-        for i, r in enumerate(ranks):
-            if self._judge_rank(s, i, r, row[r], states[i], ev_, work, data, dur, pos, rel,
-                                z, rel2, job_s, dref, base):
-                present.append(r)        # weakly present: no incident, but located
-        self._learn_job(s, job_s, ts_max, any(st.kind is not None for st in states))
+        recent = self._states(sl, work)
+        ev_ = self._verdict(ranks, sl, recent, rel, z, rel2, z2, warm, peers, job_s)
+        self._waited(ev_, ranks, sl, colls if groups.min() == groups.max() else [], job_s)
+        # weakly present ones too: no incident, but located
+        present = self._judge_ranks(s, ranks, sl, ev_, work, data, dur, ts - dur, pos, rel,
+                                    z, rel2, job_s, median(data), self._job_base())
+        self._learn_job(s, job_s, ts_max, bool(self.ranks.kind[sl].any()))
         findings = self._locate(s, present, ranks, perf, job_s, ts_max, colls)
         self.last_findings = findings
         for r in [r for r, (k, _) in self.sub_seen.items() if k < s]:
@@ -466,58 +462,51 @@ class JobState(Attribution):
         return s, findings, ts_max
 
     def _gather(self, s: int, row: dict[int, dict[str, Any]], ranks: list[int]
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
-        """Per rank of step ``s``: own work, input wait, step time and pipeline stage, and
-        the newest event's ts; records each rank's host and GPU."""
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+        """Per rank of step ``s``: own work, input wait, step time, pipeline stage and
+        event ts, and the newest event's ts; records each rank's host and GPU."""
         n = len(ranks)
-        work = np.empty(n)
-        data = np.zeros(n)
-        dur = np.empty(n)
-        groups = np.zeros(n, dtype=np.int64)
-        ts_max = 0.0
-        need_time = False
-        take_time = self.aligner.take_time
-        comm_time = self.comm.take_time if self.comm.steps else None
-        for i, r in enumerate(ranks):
-            ev = row[r]
-            d = ev["duration_s"]
-            dur[i] = d
-            ts_max = max(ts_max, ev["ts"])
-            coll = take_time(r, s)
-            if comm_time is not None:
-                cc = comm_time(r, s)
-                if cc is not None:
-                    coll = cc if coll is None else coll + cc
-            dt = ev.get("data_s")
-            if dt is not None:
-                data[i] = dt
-            c = ev.get("compute_s")
-            cm = ev.get("comm_s")
-            if c is not None:
-                work[i] = c + data[i]
-            elif cm is not None:
-                work[i] = d - cm
-            else:
-                need_time = True
-                work[i] = d - coll if coll is not None else d
-            pp = ev.get("pp_rank")
-            groups[i] = pp if pp is not None else 0
-            self.rank_host[r] = ev["host"]
-            g = ev.get("gpu")
-            if g is not None:
-                self.rank_gpu[r] = g
+        evs = [row[r] for r in ranks]
+        dur = np.array([ev["duration_s"] for ev in evs], dtype=float)
+        ts = np.array([ev["ts"] for ev in evs], dtype=float)
+        nan = math.nan
+        data = np.array([ev.get("data_s", 0.0) for ev in evs], dtype=float)
+        data[np.isnan(data)] = 0.0                     # a null data_s is none
+        compute = np.array([ev.get("compute_s", nan) for ev in evs], dtype=float)
+        comm = np.array([ev.get("comm_s", nan) for ev in evs], dtype=float)
+        work = np.where(np.isnan(compute), dur - comm, compute + data)
+        blind = np.flatnonzero(np.isnan(compute) & np.isnan(comm))
+        if blind.size:
+            # Steps without compute_s and comm_s: step time minus the time counted inside
+            # collectives (collective events, comm windows), else the step time itself.
+            take_time = self.aligner.take_time
+            comm_time = self.comm.take_time if self.comm.steps else None
+            for i in blind.tolist():
+                r = ranks[i]
+                coll = take_time(r, s)
+                if comm_time is not None:
+                    cc = comm_time(r, s)
+                    if cc is not None:
+                        coll = cc if coll is None else coll + cc
+                work[i] = dur[i] - coll if coll is not None else dur[i]
+        groups = np.array([ev.get("pp_rank") or 0 for ev in evs], dtype=np.int64)
+        self.rank_host.update(zip(ranks, [ev["host"] for ev in evs], strict=True))
+        gpus = [ev.get("gpu") for ev in evs]
+        if any(g is not None for g in gpus):
+            self.rank_gpu.update((r, g) for r, g in zip(ranks, gpus, strict=True)
+                                 if g is not None)
         # Time inside collectives is only counted while steps lack compute_s and comm_s.
-        self.aligner.need_time = need_time
+        self.aligner.need_time = bool(blind.size)
         # Ranks given uneven shares of the batch (issue 32's rebalance: steps carry
         # ``samples``) are judged on their own work per unit of share, at the median
         # share: a rebalanced straggler stays slow until it is fast again per sample.
-        share = np.array([row[r].get("samples") or 0 for r in ranks], dtype=float)
+        share = np.array([ev.get("samples") or 0 for ev in evs], dtype=float)
         if share.min() > 0 and share.min() != share.max():
             work *= float(np.median(share)) / share
-        return work, data, dur, groups, ts_max
+        return work, data, dur, groups, ts, max(float(ts.max()), 0.0) if n else 0.0
 
-    def _scores(self, row: dict[int, dict[str, Any]], ranks: list[int], work: np.ndarray,
-                groups: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _scores(self, row: dict[int, dict[str, Any]], ranks: list[int], sl: np.ndarray,
+                work: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, ...]:
         """Each rank against its peers (rel, z, perf, whether it has peers) and against its
         own past (its position, rel2, z2, whether that past is learned)."""
         cfg = self.cfg
@@ -531,7 +520,7 @@ class JobState(Attribution):
         # phase, longer sequences) never looks like a change of one rank.
         level = lower_half_ref(work)[0]
         pos = work / level if level > 0 else np.ones(n)
-        rel2, z2, sig2, warm = self._self_scores(ranks, pos)
+        rel2, z2, sig2, warm = self._self_scores(sl, pos)
         risen = np.flatnonzero((rel2 >= cfg.min_rel) & (z2 >= cfg.z_min / 2))
         if risen.size > max(2, n // 8) and len({row[ranks[i]]["host"] for i in risen}) > 1:
             # Many ranks (an eighth or more) on several hosts rose against their own past: a
@@ -542,21 +531,14 @@ class JobState(Attribution):
             warm[:] = False
         return rel, z, perf, peers, pos, rel2, z2, warm
 
-    def _states(self, ranks: list[int], work: np.ndarray) -> tuple[list[RankState], np.ndarray]:
-        """Each rank's state (created on its first step) and its own work, smoothed."""
-        states = []
-        recent = np.empty(len(ranks))
-        for i, r in enumerate(ranks):
-            st = self.ranks.get(r)
-            if st is None:
-                st = self.ranks[r] = RankState()
-            w = float(work[i])
-            st.recent = w if st.recent == 0.0 else 0.8 * st.recent + 0.2 * w
-            recent[i] = st.recent
-            states.append(st)
-        return states, recent
+    def _states(self, sl: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """Each rank's own work, smoothed (its rows ``sl``)."""
+        old = self.ranks.recent[sl]
+        recent = np.where(old == 0.0, work, 0.8 * old + 0.2 * work)
+        self.ranks.recent[sl] = recent
+        return recent
 
-    def _verdict(self, ranks: list[int], states: list[RankState], recent: np.ndarray,
+    def _verdict(self, ranks: list[int], sl: np.ndarray, recent: np.ndarray,
                  rel: np.ndarray, z: np.ndarray, rel2: np.ndarray, z2: np.ndarray,
                  warm: np.ndarray, peers: np.ndarray, job_s: float) -> Any:
         """This step's windowed evidence of every rank (``RankEvidence.judge``)."""
@@ -570,14 +552,14 @@ class JobState(Attribution):
         early_peers = self.judged <= cfg.peer_warm_steps
         # Noise is learned from every step outside a finding, high ones included (a
         # noise estimate that skipped the rank's own bursts would be too small).
-        clean = np.fromiter((st.kind is None for st in states), dtype=bool, count=n)
+        clean = self.ranks.kind[sl] == 0
         if not warm.any():
             self.sig_stable = np.full(n, max(0.01, self.noise.mean))
         return self.evidence.judge(ranks, rel, z, rel2, z2, self.sig_stable, peers,
                                    warm & ~early, early_peers,
                                    recent, job_s, max(0.01, self.noise.mean), clean)
 
-    def _waited(self, ev_: Any, ranks: list[int], states: list[RankState],
+    def _waited(self, ev_: Any, ranks: list[int], sl: np.ndarray,
                 colls: list[Collective], job_s: float) -> None:
         """Who the step's groups waited for (``models.alignment.waited_for``), into the
         windowed "waited for" evidence of every rank (``RankEvidence.judge_waited``). The
@@ -599,79 +581,100 @@ class JobState(Attribution):
                     if i is not None:
                         top[i] = 1.0
                         lag[i] = t
-        kinds = np.fromiter((st.kind is not None for st in states), dtype=bool, count=n)
+        kinds = self.ranks.kind[sl] != 0
         other = (int(kinds.sum()) - kinds) > 0
         self.evidence.judge_waited(ev_, ranks, top, lag, other, job_s)
 
-    def _judge_rank(self, s: int, i: int, r: int, ev: dict[str, Any], st: RankState, ev_: Any,
-                    work: np.ndarray, data: np.ndarray, dur: np.ndarray, pos: np.ndarray,
-                    rel: np.ndarray, z: np.ndarray, rel2: np.ndarray, job_s: float,
-                    dref: float, base: float) -> bool:
-        """One rank's step: confirm, open, keep or end its finding, update its state and
-        baselines; returns whether it is (at least weakly) present."""
+    def _judge_ranks(self, s: int, ranks: list[int], sl: np.ndarray, ev_: Any,
+                     work: np.ndarray, data: np.ndarray, dur: np.ndarray, start: np.ndarray,
+                     pos: np.ndarray, rel: np.ndarray, z: np.ndarray, rel2: np.ndarray,
+                     job_s: float, dref: float, base: float) -> list[int]:
+        """Every rank's step at once (rows ``sl`` of the table): confirm, open, keep or end
+        its finding, update its state and baselines; returns the ranks (at least weakly)
+        present. Per-rank Python runs only for ranks whose finding opens or is open, that
+        hold an imbalance, or were confirmed inside the step."""
         cfg = self.cfg
-        if ev_.inc[i] > 0 and st.cusum == 0.0:
-            st.c_onset_ts = ev["ts"] - ev["duration_s"]
-            st.c_onset_step = s
+        T = self.ranks
+        inc = np.asarray(ev_.inc, dtype=float)
+        cus = T.cusum[sl]
+        new = (inc > 0) & (cus == 0.0)
+        if new.any():
+            T.c_onset_ts[sl[new]] = start[new]
+            T.c_onset_step[sl[new]] = s
         # Capped so the evidence drains within a few steps once the fault ends.
-        st.cusum = cusum_update(st.cusum, float(ev_.inc[i]), cfg)
-        fast = st.cusum >= cfg.confirm_z
-        waited = bool(ev_.waited[i])
-        confirmed = fast or bool(ev_.confirmed[i]) or waited
-        sub = self.sub_seen.get(r)
-        if sub is not None and sub[0] >= s and not confirmed:
-            # Confirmed inside the step from its group's windows (models.substep).
-            confirmed = True
-            if st.kind is None and st.cusum == 0.0:
-                st.c_onset_ts, st.c_onset_step = sub[1]["onset_ts"], sub[1]["onset_step"]
-        ref = float(work[i]) / (1.0 + max(float(rel[i]), float(rel2[i]), 0.0))
-        excess = float(work[i]) - ref
-        own = max(float(rel[i]), float(rel2[i]))
-        if ev_.waited_present[i]:
+        cus = np.minimum(np.maximum(0.0, cus + inc), cfg.confirm_z + cfg.z_min)
+        T.cusum[sl] = cus
+        waited_present = np.asarray(ev_.waited_present, dtype=bool)
+        confirmed = (cus >= cfg.confirm_z) | np.asarray(ev_.confirmed, dtype=bool) \
+            | np.asarray(ev_.waited, dtype=bool)
+        if self.sub_seen:
+            at = {r: i for i, r in enumerate(ranks)}
+            for r, (k, hit) in self.sub_seen.items():
+                j = at.get(r)
+                if j is None or k < s or confirmed[j]:
+                    continue
+                # Confirmed inside the step from its group's windows (models.substep).
+                confirmed[j] = True
+                if T.kind[sl[j]] == 0 and cus[j] == 0.0:
+                    T.c_onset_ts[sl[j]], T.c_onset_step[sl[j]] = hit["onset_ts"], hit["onset_step"]
+        top = np.maximum(np.maximum(rel, rel2), 0.0)
+        excess = work - work / (1.0 + top)
+        own = np.maximum(rel, rel2)
+        if waited_present.any():
             # Its group waits for it: the lag charged to it is job time, whatever its own
             # work says (noisy under overlap); its lateness against the step is its own
             # excess.
-            wl = min(float(ev_.waited_lag[i]), 0.9)
-            excess = max(excess, wl * job_s)
-            own = max(own, wl / (1.0 - wl))
-        if confirmed and st.kind is None:
-            self._activate(st, s, ev_, i, base)
-        st.streak = st.streak + 1 if confirmed else 0
-        still = confirmed or bool(ev_.present[i]) or bool(ev_.waited_present[i])
-        if st.kind is not None:
-            st.since_s += job_s
-            st.since_n += 1
-            if still:
-                st.quiet = 0
-                st.lost_s += self._extra(st, job_s, max(excess, 0.0))
-            else:
-                st.quiet += 1
-                if st.quiet >= cfg.clean_steps:
-                    st.kind = None
+            wl = np.minimum(np.asarray(ev_.waited_lag, dtype=float), 0.9)
+            excess = np.where(waited_present, np.maximum(excess, wl * job_s), excess)
+            own = np.where(waited_present, np.maximum(own, wl / (1.0 - wl)), own)
+        for i in np.flatnonzero(confirmed & (T.kind[sl] == 0)):
+            self._activate(RankState(T, int(sl[i])), s, ev_, int(i), base)
+        streak = np.where(confirmed, T.streak[sl] + 1, 0)
+        T.streak[sl] = streak
+        still = confirmed | np.asarray(ev_.present, dtype=bool) | waited_present
+        held = np.flatnonzero(T.kind[sl] != 0)
+        if held.size:
+            T.since_s[sl[held]] += job_s
+            T.since_n[sl[held]] += 1
+            for i in held:
+                st = RankState(T, int(sl[i]))
+                if still[i]:
+                    st.quiet = 0
+                    st.lost_s += self._extra(st, job_s, max(float(excess[i]), 0.0))
+                else:
+                    st.quiet += 1
+                    if st.quiet >= cfg.clean_steps:
+                        st.kind = None
+        kind = T.kind[sl]
         # Smoothed over the life of a finding (a confirmation that comes and goes
         # with the noise does not restart them).
-        fresh = st.kind is None or st.streak == 1 and st.quiet == 0 and st.lost_s == 0.0
-        st.excess_s = excess if fresh else 0.9 * st.excess_s + 0.1 * excess
-        st.own_rel = own if fresh else 0.8 * st.own_rel + 0.2 * own
-        self._imbalance(st, s, ev_, i, float(work[i]), job_s, ev["ts"] - ev["duration_s"])
+        fresh = (kind == 0) | ((streak == 1) & (T.quiet[sl] == 0) & (T.lost_s[sl] == 0.0))
+        T.excess_s[sl] = np.where(fresh, excess, 0.9 * T.excess_s[sl] + 0.1 * excess)
+        T.own_rel[sl] = np.where(fresh, own, 0.8 * T.own_rel[sl] + 0.2 * own)
+        imbalance = np.asarray(ev_.imbalance, dtype=bool)
+        for i in np.flatnonzero(T.imb[sl] | (imbalance & (kind == 0))):
+            self._imbalance(RankState(T, int(sl[i])), s, ev_, int(i), float(work[i]), job_s,
+                            float(start[i]))
         # Input wait above both the peers' and the rank's own usual: a loader
         # that is always a little slower there is no stall.
-        usual_data = st.data.mean if st.data.n >= cfg.warm_steps else 0.0
-        st.data_excess_s = max(float(data[i]) - max(dref, usual_data), 0.0)
-        st.rel, st.z, st.self_rel = float(rel[i]), float(z[i]), float(rel2[i])
-        st.mean_excess, st.mean_z = float(ev_.mean[i]), float(max(ev_.z[i], 0.0))
-        st.mean_n = int(ev_.n[i])
-        st.waited_share, st.waited_lag = float(ev_.waited_share[i]), float(ev_.waited_lag[i])
+        usual_data = np.where(T.data_n[sl] >= cfg.warm_steps, T.ew_mean("data", sl), 0.0)
+        T.data_excess_s[sl] = np.maximum(data - np.maximum(dref, usual_data), 0.0)
+        T.rel[sl], T.z[sl], T.self_rel[sl] = rel, z, rel2
+        T.mean_excess[sl] = ev_.mean
+        T.mean_z[sl] = np.maximum(ev_.z, 0.0)
+        T.mean_n[sl] = ev_.n
+        T.waited_share[sl], T.waited_lag[sl] = ev_.waited_share, ev_.waited_lag
         # The own-past baseline never learns a step of an open finding, nor one
         # where the rank stands out against its own past, even weakly, nor one while
         # its windowed excess is moderately high (an open but unconfirmed fault: z of 2
         # and half the smallest slowdown worth flagging) so it is not absorbed.
-        rising = ev_.z[i] >= SUSPECT_LEARN_Z and ev_.mean[i] >= cfg.min_rel / 2
-        st.observe(float(pos[i]), float(work[i]), float(data[i]), float(dur[i]),
-                   bool(ev_.weak[i] or ev_.suspect[i] or rising) or st.kind is not None
-                   or st.cusum > 0, cfg.learn_delay)
-        return bool(st.kind is not None and (still or st.streak) or st.kind is None and (
-            ev_.weak[i] or ev_.suspect[i] or st.cusum > 0))
+        rising = (ev_.z >= SUSPECT_LEARN_Z) & (ev_.mean >= cfg.min_rel / 2)
+        weak = np.asarray(ev_.weak, dtype=bool) | np.asarray(ev_.suspect, dtype=bool)
+        cus_on = T.cusum[sl] > 0
+        open_ = kind != 0
+        T.observe(sl, pos, work, data, dur, weak | rising | open_ | cus_on, cfg.learn_delay)
+        present = open_ & (still | (streak > 0)) | ~open_ & (weak | cus_on)
+        return [ranks[i] for i in np.flatnonzero(present)]
 
     def _locate(self, s: int, present: list[int], ranks: list[int], perf: np.ndarray,
                 job_s: float, ts_max: float, colls: list[Collective]) -> list[Finding]:
@@ -690,24 +693,20 @@ class JobState(Attribution):
         findings.extend(self._job_level(s, job_s, ts_max, bool(findings)))
         return findings
 
-    def _self_scores(self, ranks: list[int], pos: np.ndarray
+    def _self_scores(self, sl: np.ndarray, pos: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Each rank's position (own work / job level) over its own usual position,
         compared across ranks: a rank or host that got slower stands out, even
         when its peers are all on that one slow host. The noise is the larger of
         the ranks' spread and the rank's own step-to-step spread. Returns (rel, z,
         noise sigma, whether the rank's own past is learned)."""
-        n = len(ranks)
-        ratio = np.ones(n)
-        own = np.zeros(n)
-        ok = np.zeros(n, dtype=bool)
-        for i, r in enumerate(ranks):
-            st = self.ranks.get(r)
-            med = st.work.median if st is not None else 0.0
-            if st is not None and st.work.n >= self.cfg.warm_steps and med > 0:
-                ratio[i] = pos[i] / med
-                own[i] = st.work.sigma / med
-                ok[i] = True
+        n = len(sl)
+        work = self.ranks.work
+        med = work.med[sl]
+        ok = (work.n[sl] >= self.cfg.warm_steps) & (med > 0)
+        safe = np.where(ok, med, 1.0)
+        ratio = np.where(ok, pos / safe, 1.0)
+        own = np.where(ok, work.sig[sl] / safe, 0.0)
         none = np.zeros(n)
         # Four ranks with a learned past make a reference (three in a 4-rank job: one
         # rank slow from its first steps must not leave the others unjudged).

@@ -25,7 +25,6 @@ local GPU k, the rail-optimized layout).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -34,17 +33,19 @@ import numpy as np
 
 from failslow.models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
 from failslow.models.config import CauseConfig, JobConfig
-from failslow.models.cusum import capped_increment, cusum_update
+from failslow.models.cusum import capped_increment
 from failslow.models.findings import Finding
 from failslow.models.peers import lower_half_ref
 from failslow.models.rootcause import CONGESTION, NIC_ERRORS, lower_quartiles
-from failslow.models.stats import RollingMedian
+from failslow.models.stats import RollingMedian, RollingMedians
 from failslow.models.telemetry import TelemetryStore
 
 P2P = ("send", "recv")
 
 
 class GroupState:
+    """A group as snapshots before version 9 kept it (``GroupTable.of_groups``)."""
+
     __slots__ = ("cost", "streak", "cusum", "onset_ts", "onset_step", "extra_s", "rel", "run",
                  "z")
 
@@ -61,6 +62,61 @@ class GroupState:
         # series its evidence reports (``mean_excess``, ``step_z``)
         self.run: list[float] = []
         self.z = 0.0
+
+
+class GroupTable:
+    """Every cross-host group of one job, one row each (``rows``: group -> row), in
+    arrays: its cost baseline (a rolling median of seconds per byte) and its evidence
+    (the capped CUSUM, the steps it confirmed in a row, its onset, and the relative
+    excess and job seconds of its newest slow step). ``runs``: per row with evidence,
+    log(1 + relative excess) of each step of its run (since the CUSUM left zero, the
+    newest last, ``run_max`` at most), the series its incident reports."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}
+        self.cost = RollingMedians(32)
+        self.cusum = np.zeros(0)
+        self.streak = np.zeros(0, dtype=np.int64)
+        self.onset_ts = np.zeros(0)
+        self.onset_step = np.zeros(0, dtype=np.int64)
+        self.extra_s = np.zeros(0)
+        self.rel = np.zeros(0)
+        self.z = np.zeros(0)
+        self.runs: dict[int, list[float]] = {}
+
+    def rows_for(self, names: list[str]) -> np.ndarray:
+        rows = self.rows
+        new = [g for g in names if g not in rows]
+        if new:
+            for g in new:
+                rows[g] = len(rows)
+            n, have = len(rows), self.cusum.size
+            if n > have:
+                cap = max(n, 2 * have, 8)
+                for name in ("cusum", "streak", "onset_ts", "onset_step", "extra_s", "rel",
+                             "z"):
+                    a = getattr(self, name)
+                    b = np.zeros(cap, dtype=a.dtype)
+                    b[:have] = a
+                    setattr(self, name, b)
+                self.cost.grow(cap)
+        return np.fromiter(map(rows.__getitem__, names), dtype=np.int64, count=len(names))
+
+    @classmethod
+    def of_groups(cls, groups: dict[str, Any]) -> GroupTable:
+        """The table of groups as snapshots before version 9 kept them (``GroupState``):
+        the cost window, which river keeps out of reach, rebuilt (``RollingMedians.seed``)."""
+        t = cls()
+        rows = t.rows_for(list(groups))
+        for i, st in zip(rows.tolist(), groups.values(), strict=True):
+            for name in ("cusum", "streak", "onset_ts", "onset_step", "extra_s", "rel", "z"):
+                getattr(t, name)[i] = getattr(st, name, 0)
+            if getattr(st, "run", None):
+                t.runs[i] = list(st.run)
+            cost = st.cost
+            t.cost.seed(i, cost.n, cost.median, cost.sigma)
+        t.cost.refresh(rows)
+        return t
 
 
 @dataclass(slots=True)
@@ -85,7 +141,7 @@ class LinkMonitor:
 
     def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
-        self.groups: dict[str, GroupState] = {}
+        self.table = GroupTable()
         self.slow_members: list[tuple[int, ...]] = []   # members of the located slow groups
         self.clock: dict[str, float] = {}   # host -> its clock's offset from the job's, s
 
@@ -156,20 +212,15 @@ class LinkMonitor:
         # Groups are compared through their cost relative to their own past: paths
         # differ (NVLink, rails, shared NICs), so raw costs of two groups are not
         # comparable, but a healthy network moves every group's ratio alike.
-        ratio = np.zeros(len(names))
-        own = np.zeros(len(names))
-        warm = np.zeros(len(names), dtype=bool)
-        for i, g in enumerate(names):
-            st = self.groups.get(g)
-            if st is None:
-                st = self.groups[g] = GroupState()
-            b = st.cost
-            # A zero cost (the data moved in no measurable time: an eager send that
-            # completed before its receive was posted) tells nothing about bandwidth.
-            if b.n >= cfg.warm_steps and b.median > 0 and cost[i] > 0:
-                ratio[i] = cost[i] / b.median
-                own[i] = b.sigma / b.median
-                warm[i] = True
+        G = self.table
+        rows = G.rows_for(names)
+        b_med = G.cost.med[rows]
+        # A zero cost (the data moved in no measurable time: an eager send that
+        # completed before its receive was posted) tells nothing about bandwidth.
+        warm = (G.cost.n[rows] >= cfg.warm_steps) & (b_med > 0) & (cost > 0)
+        safe = np.where(warm, b_med, 1.0)
+        ratio = np.where(warm, cost / safe, 0.0)
+        own = np.where(warm, G.cost.sig[rows] / safe, 0.0)
         peer_rel = np.zeros(len(names))
         peer_z = np.zeros(len(names))
         ref, sigma = lower_half_ref(ratio[warm]) if warm.sum() >= cfg.links.groups_min \
@@ -181,34 +232,38 @@ class LinkMonitor:
             # Too few groups to compare: each against its own past alone.
             peer_rel = np.where(warm, ratio - 1.0, 0.0)
             peer_z = peer_rel / np.maximum(own, cfg.links.noise_floor)
-        slow, healthy = [], []
-        # The evidence rule of ranks (models.cusum): gated, capped CUSUM of z; the
-        # increments of all groups in one numpy call
-        rels, zs = peer_rel.tolist(), peer_z.tolist()
-        incs = capped_increment(peer_rel, peer_z, cfg.min_rel, cfg).tolist()
-        for i, g in enumerate(names):
-            st = self.groups[g]
-            b = st.cost
-            rel, zi, inc = rels[i], zs[i], incs[i]
-            weak = rel >= cfg.min_rel / 2 and zi >= cfg.z_min / 2
-            if inc > 0 and st.cusum == 0.0:
-                st.onset_ts = ts - job_s
-                st.onset_step = s
-                st.run = []
-            st.cusum = cusum_update(st.cusum, inc, cfg)
-            st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
-            if st.cusum > 0:
-                st.run.append(math.log1p(max(rel, -0.5)))
-                del st.run[:-cfg.links.run_max]
-                st.z = zi
-            if not weak:
-                if cost[i] > 0:
-                    b.update(cost[i])
-                healthy.append(g)
-            elif st.cusum > 0:
-                st.rel = rel
-                st.extra_s = agg[g].transfer_s * rel / (1.0 + rel)
-                slow.append(g)
+        # The evidence rule of ranks (models.cusum): gated, capped CUSUM of z, every
+        # group at once; per-group Python only for groups with evidence (a run to keep)
+        inc = capped_increment(peer_rel, peer_z, cfg.min_rel, cfg)
+        weak = (peer_rel >= cfg.min_rel / 2) & (peer_z >= cfg.z_min / 2)
+        cus = G.cusum[rows]
+        new = rows[(inc > 0) & (cus == 0.0)]
+        G.onset_ts[new] = ts - job_s
+        G.onset_step[new] = s
+        for r in new.tolist():
+            G.runs[r] = []
+        cus = np.minimum(np.maximum(0.0, cus + inc), cfg.confirm_z + cfg.z_min)
+        G.cusum[rows] = cus
+        G.streak[rows] = np.where(cus >= cfg.confirm_z, G.streak[rows] + 1, 0)
+        on = np.flatnonzero(cus > 0)
+        if on.size:
+            G.z[rows[on]] = peer_z[on]
+            run_max = cfg.links.run_max
+            for i, x in zip(on.tolist(), np.log1p(np.maximum(peer_rel[on], -0.5)).tolist(),
+                            strict=True):
+                run = G.runs.setdefault(int(rows[i]), [])
+                run.append(x)
+                del run[:-run_max]
+        learn = ~weak & (cost > 0)
+        G.cost.update(rows[learn], cost[learn])
+        healthy = [names[i] for i in np.flatnonzero(~weak).tolist()]
+        hit = np.flatnonzero(weak & (cus > 0))
+        slow = [names[i] for i in hit.tolist()]
+        if hit.size:
+            rel = peer_rel[hit]
+            transfer_s = np.array([agg[g].transfer_s for g in slow])
+            G.rel[rows[hit]] = rel
+            G.extra_s[rows[hit]] = transfer_s * rel / (1.0 + rel)
         self.slow_members = []
         if not slow:
             return []
@@ -261,28 +316,29 @@ class LinkMonitor:
         ambiguous = len(ranked) > 1 and score(ranked[1]) == score(best)
         mine = [g for g in slow if covers(best, g)]
         self.slow_members = [agg[g].ranks for g in mine]
-        sts = [self.groups[g] for g in mine]
-        confirmed = any(st.streak > 0 for st in sts)
-        extra = max(st.extra_s for st in sts)
+        G = self.table
+        sts = G.rows_for(mine)
+        confirmed = bool((G.streak[sts] > 0).any())
+        extra = float(G.extra_s[sts].max())
         base = job_s - extra
         pct = 100.0 * extra / base if base > 0 else 0.0
         evidence = {"slow_groups": sorted(mine)[:16],
-                    "transfer_rel_slowdown": round(float(max(st.rel for st in sts)), 3),
+                    "transfer_rel_slowdown": round(float(G.rel[sts].max()), 3),
                     "healthy_groups": len(healthy)}
         evidence["ambiguous"] = ambiguous
         # The worst group's steps of evidence, as a rank's window (``mean_excess`` over
         # ``mean_excess_steps``) and its z this step: a confirmation whose latest step is as
         # slow as the earlier ones is a rate, not a lump (the evidence an operator reads).
-        worst = max(sts, key=lambda st: st.rel)
-        run = worst.run
+        worst = int(sts[int(np.argmax(G.rel[sts]))])
+        run = G.runs.get(worst, [])
         if run:
             evidence["mean_excess"] = round(sum(run) / len(run), 3)
             evidence["mean_excess_steps"] = len(run)
-            evidence["step_z"] = round(float(worst.z), 1)
+            evidence["step_z"] = round(float(G.z[worst]), 1)
         f = Finding(key="", fault="slow_link", confirmed=confirmed,
-                    onset_ts=min(st.onset_ts for st in sts),
-                    onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
-                    own_pct=100.0 * float(max(st.rel for st in sts)), evidence=evidence,
+                    onset_ts=float(G.onset_ts[sts].min()),
+                    onset_step=int(G.onset_step[sts].min()), slowdown_pct=pct,
+                    own_pct=100.0 * float(G.rel[sts].max()), evidence=evidence,
                     rule="link-groups")
         if best.kind == "pair":
             a, b = best.target

@@ -14,7 +14,7 @@ from failslow.models.alignment import Collective, lags
 from failslow.models.config import JobConfig
 from failslow.models.evidence import RankEvidence
 from failslow.models.findings import Finding, job_pct
-from failslow.models.ranks import RankState
+from failslow.models.ranks import RankState, RankTable
 from failslow.models.stats import median
 
 
@@ -24,7 +24,7 @@ class JobState(Protocol):
 
     rank_host: dict[int, str]
     rank_gpu: dict[int, int]
-    ranks: dict[int, RankState]
+    ranks: RankTable
     host_seen: dict[str, int]
     host_firm: dict[str, int]
     alone: set[int]
@@ -55,8 +55,11 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
     solo = {r for r in left if r in job.ranks and job.ranks[r].kind is not None
             and job.ranks[r].waited_share >= job.cfg.evidence.waited_bar}
     hosted = left - solo
+    # Only a host with a culprit that is not solo can be named or held (below): the
+    # others are never looked at (one step of a large job has a handful).
+    touched = {job.rank_host.get(r) for r in hosted}
     for h, members in per_host.items():
-        if len(members) < 2:
+        if len(members) < 2 or h not in touched:
             continue
         # One rank with a finding of its own beside ranks only weakly present (noise, a
         # machine-wide hiccup) is a rank fault: a host verdict needs two ranks of
@@ -113,7 +116,8 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
     # Half or more of a host rising together, not all of it yet: likely a host
     # fault still spreading over its ranks, so hold the single-rank verdicts for
     # a few steps.
-    held = {m for members in per_host.values() if len(members) >= 2
+    touched = {job.rank_host.get(r) for r in hosted}
+    held = {m for h, members in per_host.items() if len(members) >= 2 and h in touched
             and 2 * sum(m in left or (m in job.ranks and job.ranks[m].cusum > 0)
                         for m in members) >= len(members)
             for m in members if m in hosted and s - job.ranks[m].onset_step < hold}
@@ -162,10 +166,10 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
 def imbalances(job: JobState, ranks: list[int], job_s: float) -> list[Finding]:
     """Info-level records of ranks steadily off their peers since the start."""
     out = []
-    for r in ranks:
-        st = job.ranks[r]
-        if not st.imb:
-            continue
+    table = job.ranks
+    for i in np.flatnonzero(table.imb[table.slots_for(ranks)]).tolist():
+        r = ranks[i]
+        st = table[r]
         rh = job.rank_host.get(r)
         g = job.rank_gpu.get(r)
         cost = job_pct(st.imb_excess_s, job_s)

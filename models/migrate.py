@@ -6,7 +6,8 @@ step at a time. A field added to a model is given its default here, once, instea
 ``getattr`` fallback wherever it is read. History: 3 slotted objects pickled natively,
 4 queued telemetry, 5 windowed evidence, 6 comm windows per job, 7 sub-step evidence and
 p2p pairs per job, 8 the paging policy (issue 30: the tracker holds a ``PolicyConfig``,
-incidents count persistence, the detector a ``DetectionConfig``).
+incidents count persistence, the detector a ``DetectionConfig``), 9 columnar rank state
+(issue 31: a job's ranks are one ``RankTable`` of arrays, not an object per rank).
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from failslow.models.comm import CommWindows
 from failslow.models.config import JobConfig
 from failslow.models.evidence import WaitedFor
+from failslow.models.links import GroupTable
 from failslow.models.peers import KeyedValues
+from failslow.models.ranks import EW_STATS, FLOATS, INTS, KIND_CODE, RankTable
 from failslow.models.settings import DetectionConfig
 
-STATE_VERSION = 8
+STATE_VERSION = 9
 
 # Defaults of fields added to slotted objects during version 7's life.
 INCIDENT_SLOTS: dict[str, Callable[[], Any]] = {
@@ -110,4 +115,45 @@ def _job(job: Any) -> None:
         job._init_substep()
 
 
-STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7}
+def _from_8(state: dict[str, Any]) -> None:
+    for job in state["jobs"].values():
+        job.ranks = rank_table(job.ranks)
+        links = job.links.__dict__
+        links["table"] = GroupTable.of_groups(links.pop("groups", {}))
+
+
+def rank_table(old: dict[int, Any]) -> RankTable:
+    """A job's ranks as version 8 kept them (an object each, river statistics) as one
+    ``RankTable``. Every field is carried over; the own-work window, which river keeps
+    out of reach, is rebuilt as values with its median and spread (normal quantiles)."""
+    t = RankTable()
+    rows = t.slots_for(list(old))
+    for i, st in zip(rows.tolist(), old.values(), strict=True):
+        d = st.__dict__
+        for name in (*FLOATS, *INTS):
+            if name in d:
+                getattr(t, name)[i] = d[name]
+        t.imb[i] = bool(d.get("imb", False))
+        t.kind[i] = KIND_CODE[d.get("kind")]
+        for name in EW_STATS:
+            ew = d[name]
+            if ew.n:
+                getattr(t, f"{name}_m")[i] = ew.mean
+                getattr(t, f"{name}_q")[i] = ew.var + ew.mean * ew.mean
+                getattr(t, f"{name}_n")[i] = ew.n
+        work = d["work"]
+        t.work.seed(i, work.n, work.median, work.sigma)
+        pending = d.get("pending") or []
+        if pending:
+            t.pend_n[i] = len(pending)
+            if t.pend.shape[1] < len(pending):
+                grown = np.zeros((t.pend.shape[0], len(pending), 4))
+                grown[:, :t.pend.shape[1]] = t.pend
+                t.pend = grown
+            t.pend[i, :len(pending)] = pending
+    if rows.size:
+        t.work.refresh(rows)
+    return t
+
+
+STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7, 8: _from_8}

@@ -51,6 +51,7 @@ from failslow.models.links import far_end, nic_slots, refine_with_nics
 from failslow.models.migrate import STATE_VERSION, STEPS, migrate
 from failslow.models.mitigation import Planner
 from failslow.models.p2p import P2P_OPS, P2PMonitor
+from failslow.models.ranks import LegacyRankState
 from failslow.models.rootcause import attribute
 from failslow.models.settings import DetectionConfig
 from failslow.models.telemetry import TelemetryStore
@@ -68,6 +69,9 @@ class _PackageUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module.split(".", 1)[0] in _PRE_PACKAGE:
             module = f"failslow.{module}"
+        if (module, name) == ("failslow.models.ranks", "RankState"):
+            # before version 9 a rank was an object; now a row of a table (``migrate``)
+            return LegacyRankState
         return super().find_class(module, name)
 
 

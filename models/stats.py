@@ -15,6 +15,7 @@ thousands of ranks; the models update them once per step, never per event.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 from river import stats
@@ -124,3 +125,78 @@ def median(values) -> float:
     k = a.size
     m = k // 2
     return float(a[m]) if k % 2 else 0.5 * (float(a[m - 1]) + float(a[m]))
+
+
+class RollingMedians:
+    """``RollingMedian`` for many series at once: per row, the median and IQR sigma of
+    its last ``window`` values, in arrays (``med``, ``sig``, ``n``: values learned all
+    told), equal bit for bit to river's (numpy's linear quantiles). ``update`` takes one
+    value for each of some rows; only their statistics are computed again.
+
+    >>> m = RollingMedians(window=5)
+    >>> m.grow(2)
+    >>> for x in (9.0, 1.0, 1.1, 0.9, 1.0):
+    ...     m.update(np.array([0, 1]), np.array([x, 2 * x]))
+    >>> m.med.tolist(), m.n.tolist()
+    ([1.0, 2.0], [5, 5])
+    """
+
+    def __init__(self, window: int = 32) -> None:
+        self.window = window
+        self.win = np.zeros((0, window))       # a ring per row
+        self.n = np.zeros(0, dtype=np.int64)
+        self.med = np.zeros(0)
+        self.sig = np.zeros(0)
+
+    def grow(self, rows: int) -> None:
+        """Room for ``rows`` rows (new ones empty)."""
+        have = self.n.size
+        if rows <= have:
+            return
+        for name in ("win", "n", "med", "sig"):
+            a = getattr(self, name)
+            b = np.zeros((rows, *a.shape[1:]), dtype=a.dtype)
+            b[:have] = a
+            setattr(self, name, b)
+
+    def seed(self, row: int, n: int, median: float, sigma: float) -> None:
+        """Fill ``row`` as a series of ``n`` values with this median and sigma would leave
+        it (normal quantiles): a baseline carried over from river's, whose window is out
+        of reach. ``refresh`` the rows after."""
+        k = min(n, self.window)
+        if k:
+            z = [NormalDist().inv_cdf((j + 0.5) / k) for j in range(k)]
+            self.win[row, :k] = [median + sigma * x for x in z]
+            self.n[row] = n
+
+    def update(self, rows: np.ndarray, x: np.ndarray) -> None:
+        """One value for each of ``rows`` (distinct)."""
+        if not rows.size:
+            return
+        self.win[rows, self.n[rows] % self.window] = x
+        self.n[rows] += 1
+        self.refresh(rows)
+
+    def refresh(self, rows: np.ndarray) -> None:
+        """Compute the median and sigma of ``rows`` from their windows."""
+        w = self.window
+        k = np.minimum(self.n[rows], w)
+        vals = np.where(np.arange(w) < k[:, None], self.win[rows], np.inf)
+        vals.sort(axis=1)
+        iqr = _quantile(vals, k, 0.75) - _quantile(vals, k, 0.25)
+        self.med[rows] = _quantile(vals, k, 0.5)
+        self.sig[rows] = np.where(k >= 2, iqr / IQR_PER_SIGMA, 0.0)
+
+
+def _quantile(sorted_rows: np.ndarray, k: np.ndarray, q: float) -> np.ndarray:
+    """Per row, the ``q`` quantile of its first ``k`` (sorted) values, exactly as
+    ``np.quantile`` (method "linear") computes it; 0 where ``k`` is 0."""
+    vi = q * (np.maximum(k, 1) - 1).astype(float)
+    lo = np.floor(vi).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(k, 1) - 1)
+    t = vi - lo
+    idx = np.arange(sorted_rows.shape[0])
+    a, b = sorted_rows[idx, lo], sorted_rows[idx, hi]
+    diff = b - a
+    out = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+    return np.where(k > 0, out, 0.0)

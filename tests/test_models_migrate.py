@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import pickle
+from pathlib import Path
+
+import orjson
 
 import pytest
 
@@ -39,24 +43,57 @@ def _as_version_7(d: dict) -> dict:
             "queued": d["queued"]}
 
 
-def test_a_version_7_snapshot_restores_and_goes_on_judging():
+# A detector's snapshot as version 8 wrote it (commit 083fb33, a rank still an object of
+# river statistics): `gpu_thermal_30`, seed 0, after the first CUT of its 120 batches,
+# mid-fault (an incident is open); with the incident events it had emitted by then.
+V8 = Path(__file__).parent / "fixtures" / "detector_state_v8.json.gz"
+
+
+def _v8() -> tuple[dict, int, list[dict]]:
+    d = orjson.loads(gzip.decompress(V8.read_bytes()))
+    return d["snapshot"], d["cut"], d["before"]
+
+
+@pytest.mark.parametrize("version", [7, 8])
+def test_an_old_snapshot_restores_and_goes_on_judging(version):
+    snap, cut, before = _v8()
+    assert snap["version"] == 8
     batches = list(simulate(SCENARIOS["gpu_thermal_30"], seed=0).batches())
-    cut = len(batches) // 2          # mid-fault: an incident is open
-    det = Detector()
-    before = [e for b in batches[:cut] for e in det.process_batch(b)]
     open_ids = {e["incident_id"] for e in before} - {
         e["incident_id"] for e in before if e["status"] == "resolved"}
     assert open_ids
-    snap = det.state_dict()
-    assert snap["version"] == STATE_VERSION
-    old = Detector.from_state(_as_version_7(snap))
+    old = Detector.from_state(_as_version_7(snap) if version == 7 else snap)
+    # every rank carried over into the table: its state, and its baselines' values
+    legacy = _PackageUnpickler(io.BytesIO(base64.b64decode(snap["state"]))).load()
+    (was,) = legacy["jobs"].values()
+    (job,) = old.jobs.values()
+    assert len(job.ranks) == len(was.ranks) == 16
+    for r, st in was.ranks.items():
+        now = job.ranks[r]
+        assert (now.kind, now.streak, now.cusum) == (st.kind, st.streak, st.cusum)
+        assert now.work.n == st.work.n > 0
+        assert now.work.median == pytest.approx(st.work.median, rel=1e-12)
+        assert now.work.sigma == pytest.approx(st.work.sigma, rel=0.25, abs=1e-9)
+        assert now.step.mean == st.step.mean and now.own.var == pytest.approx(st.own.var)
     after = [e for b in batches[cut:] for e in old.process_batch(b)] + old.flush()
     # the open incident carries on under its id and resolves; every event is explained
     assert {e["incident_id"] for e in after if e["status"] == "resolved"} >= open_ids
     assert all(e["evidence"].get("rule") and e["evidence"].get("policy") for e in after)
-    # the current version round-trips unchanged
-    again = Detector.from_state(det.state_dict())
+
+
+def test_the_current_version_round_trips_and_judges_alike():
+    batches = list(simulate(SCENARIOS["gpu_thermal_30"], seed=0).batches())
+    cut = len(batches) // 2
+    det, twin = Detector(), Detector()
+    for b in batches[:cut]:
+        det.process_batch(b)
+        twin.process_batch(b)
+    snap = det.state_dict()
+    assert snap["version"] == STATE_VERSION
+    again = Detector.from_state(snap)
     assert again.tracker.policy == det.tracker.policy
+    rest = [e for b in batches[cut:] for e in again.process_batch(b)] + again.flush()
+    assert rest == [e for b in batches[cut:] for e in twin.process_batch(b)] + twin.flush()
 
 
 def test_an_unknown_version_is_refused():
