@@ -9,7 +9,6 @@ import pickle
 from pathlib import Path
 
 import orjson
-
 import pytest
 
 from failslow.models.migrate import INCIDENT_SLOTS, JOB_FIELDS, STATE_VERSION
