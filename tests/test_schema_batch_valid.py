@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from failslow.schema.batches import expand_checked, take, to_batch, valid, expand
+from failslow.schema.batches import expand, expand_checked, take, to_batch, valid
 from failslow.simulator import SCENARIOS, simulate
 
 BAD_VALUES = [None, "x", True, -1, 0, -0.5, 2**70, 2**40, 1e300, [], [1], [None], {},
