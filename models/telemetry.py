@@ -10,6 +10,7 @@ attribution (``models.rootcause``) reads this state; it never reads events.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -79,8 +80,11 @@ class Device:
 
 _NAN = float("nan")
 _REASON_BITS = tuple(REASON_GROUPS.values())
+_BITS = np.array(_REASON_BITS, dtype=np.int64)
 _REASON_NAMES = tuple(REASON_GROUPS)
 _NG, _NC, _NR = len(GPU_GAUGES), len(GPU_COUNTERS), len(REASON_GROUPS)
+# GPU samples held back at most (``TelemetryStore.flush``): a round over that many GPUs
+PENDING_MAX = 4096
 
 
 class GpuTable:
@@ -165,9 +169,11 @@ class GpuTable:
                 np.copyto(oldr, rate, where=ok)
                 self.rates[idx] = oldr
         if any(x is not None for x in reasons):
-            hit = np.array([[_NAN] * _NR if x is None else
-                            [1.0 if x & bits else 0.0 for bits in _REASON_BITS]
-                            for x in reasons])
+            none = [x is None for x in reasons]
+            bits = np.array([0 if x is None else x for x in reasons], dtype=np.int64)
+            hit = ((bits[:, None] & _BITS) != 0).astype(float)
+            if any(none):
+                hit[np.array(none)] = np.nan
             olds = self.reasons[idx]
             share = np.where(np.isnan(olds), hit, olds + RATE_ALPHA * (hit - olds))
             np.copyto(olds, share, where=~np.isnan(hit))
@@ -223,18 +229,26 @@ class GpuView:
     """One GPU of the ``GpuTable`` as a ``Device`` reads (``gauges``, ``first``, ``rates``,
     ``last``, ``reasons``: dicts of the values it has; ``xids``, ``last_ts``, ``n``,
     ``down``), for the readers of a few devices (``models.rootcause``, ``models.links``,
-    ``models.incidents``). A dict is made when read and kept until the table changes."""
+    ``models.incidents``). A dict is made when read and kept until the table changes;
+    samples the store holds back are applied first."""
 
-    __slots__ = ("table", "key", "_ver", "_dicts")
+    __slots__ = ("store", "key", "_ver", "_dicts")
     down = False
     _PARTS = (("gauges", GPU_GAUGES), ("first", GPU_GAUGES), ("rates", GPU_COUNTERS),
               ("last", GPU_COUNTERS), ("reasons", _REASON_NAMES))
 
-    def __init__(self, table: GpuTable, key: tuple[str, int]) -> None:
-        self.table = table
+    def __init__(self, store: TelemetryStore, key: tuple[str, int]) -> None:
+        self.store = store
         self.key = key
         self._ver = -1
         self._dicts: list[dict[str, float] | None] = [None] * 5
+
+    @property
+    def table(self) -> GpuTable:
+        st = self.store
+        if st._pending:
+            st.flush()
+        return st.table
 
     def _get(self, i: int) -> dict[str, float]:
         t = self.table
@@ -267,11 +281,6 @@ class GpuView:
         return int(self.table.n[self.table.rows[self.key]])
 
 
-def _matrix(cols: list[list[Any]]) -> np.ndarray:
-    """Columns (None: missing) as a (rows, columns) float matrix, NaN where missing."""
-    return np.array(cols, dtype=float).T
-
-
 def _is_batch(item: dict[str, Any]) -> bool:
     return item["kind"] == "gpu_batch"
 
@@ -283,20 +292,29 @@ class TelemetryStore:
     (``observe_gpu_items``); ``gpus`` maps each to a view that reads like a ``Device``.
     NICs and hosts are ``Device`` objects."""
 
+    rejected = 0          # GPU samples that failed when applied (a field of the wrong type)
+
     def __init__(self) -> None:
         self.table = GpuTable()
         self._gpus: dict[tuple[str, int], GpuView] = {}
+        # GPU samples not applied yet: applied together (``flush``) before anything reads
+        # the GPUs' state, so a lone sample costs no numpy step of its own
+        self._pending: list[dict[str, Any]] = []
         self.nics: dict[tuple[str, str, int], Device] = {}
         self.hosts: dict[str, Device] = {}
         self.gpu_rank: dict[tuple[str, int], int] = {}   # from gpu samples that name a rank
 
     @property
     def gpus(self) -> dict[tuple[str, int], Any]:   # GpuView: reads as a Device
+        if self._pending:
+            self.flush()
         return self._gpus
 
     @gpus.setter
     def gpus(self, keep: dict[tuple[str, int], Any]) -> None:
         """Keep only the GPUs of ``keep`` (a filtered ``gpus``): the others are forgotten."""
+        if self._pending:
+            self.flush()
         self._drop([k for k in self._gpus if k not in keep])
 
     def _drop(self, keys: list[tuple[str, int]]) -> None:
@@ -306,6 +324,8 @@ class TelemetryStore:
             self.table.drop(set(keys))
 
     def __getstate__(self) -> dict[str, Any]:
+        if self._pending:
+            self.flush()
         state = dict(self.__dict__)
         del state["_gpus"]                 # views: made again from the table
         return state
@@ -313,11 +333,12 @@ class TelemetryStore:
     def __setstate__(self, state: dict[str, Any]) -> None:
         old = state.pop("gpus", None)      # a snapshot from before the table: Devices
         self.__dict__.update(state)
+        self._pending = []
         if old is not None:
             self.table = GpuTable()
             for key, dev in old.items():
                 self._load(key, dev)
-        self._gpus = {k: GpuView(self.table, k) for k in self.table.rows}
+        self._gpus = {k: GpuView(self, k) for k in self.table.rows}
 
     def _load(self, key: tuple[str, int], dev: Device) -> None:
         t = self.table
@@ -336,34 +357,74 @@ class TelemetryStore:
     def _rows(self, keys: list[tuple[str, int]]) -> list[int]:
         rows, new = self.table.index(keys)
         for k in new:
-            self._gpus[k] = GpuView(self.table, k)
+            self._gpus[k] = GpuView(self, k)
         return rows
 
     def observe_gpu(self, ev: dict[str, Any]) -> None:
+        """One GPU's sample, held back until the GPUs' state is read (``flush``)."""
         key = (ev["host"], ev["gpu"])
         ts = ev["ts"]
         if type(ts) is not float and type(ts) is not int:
             raise TypeError("a sample's ts is not a number")
+        hash(key)
+        self._pending.append(ev)
+        if ev.get("rank") is not None:
+            self.gpu_rank[key] = ev["rank"]
+        if len(self._pending) >= PENDING_MAX:
+            self.flush()
+
+    def _observe_one(self, ev: dict[str, Any]) -> None:
+        key = (ev["host"], ev["gpu"])
         (row,) = self._rows([key])
         self.table.update_one(row, ev)
         xid = ev.get("xid")
         if xid:
             self.table.xids[row].extend(xid)
-        if ev.get("rank") is not None:
-            self.gpu_rank[key] = ev["rank"]
 
     def observe_gpu_batch(self, batch: dict[str, Any]) -> None:
-        if self.observe_gpu_items([batch]):
-            raise ValueError("a gpu_batch column of the wrong type")
+        """A host's GPUs sampled together (valid: ``schema.batches.valid``), held back
+        until the GPUs' state is read."""
+        self._hold([batch])
+        if len(self._pending) >= PENDING_MAX:
+            self.flush()
 
     def observe_gpu_items(self, items: list[dict[str, Any]]) -> int:
         """GPU samples, ``gpu`` events and ``gpu_batch``es (valid: ``schema.batches.valid``,
-        read from their columns, no per-GPU event made), in the order given. They are
-        applied in rounds, each a numpy step over GPUs that differ: a GPU's samples in
-        their order, each in the round after its previous one. Returns how many items were
-        rejected (a field of the wrong type: the items of its round go one by one)."""
+        read from their columns, no per-GPU event made), in the order given, applied now
+        with those held back (``flush``); returns how many items were rejected."""
+        self._hold(items)
+        return self.flush()
+
+    def _hold(self, items: list[dict[str, Any]]) -> None:
+        for it in items:
+            if _is_batch(it):
+                ranks = it.get("rank")
+                if ranks is not None:
+                    h = it["host"]
+                    gpus = it["gpu"]
+                    if type(ranks) is not list:
+                        ranks = [ranks] * len(gpus)
+                    gone = (it.get("absent") or {}).get("rank")
+                    if None in ranks or gone:
+                        ranks = [None if i in (gone or ()) else r for i, r in enumerate(ranks)]
+                        self.gpu_rank.update(((h, g), r) for g, r in zip(gpus, ranks,
+                                                                         strict=True)
+                                             if r is not None)
+                    else:
+                        self.gpu_rank.update(zip(zip(repeat(h), gpus, strict=False), ranks,
+                                                 strict=True))
+            elif it.get("rank") is not None:
+                self.gpu_rank[(it["host"], it["gpu"])] = it["rank"]
+        self._pending += items
+
+    def flush(self) -> int:
+        """Apply the GPU samples held back, in rounds, each a numpy step over GPUs that
+        differ: a GPU's samples in their order, each in the round after its previous one.
+        Returns how many samples were rejected (a field of the wrong type: the items of its
+        round go one by one)."""
+        items, self._pending = self._pending, []
         rounds: list[list[tuple[dict[str, Any], list[tuple[str, int]]]]] = []
-        done: dict[tuple[str, int], int] = {}
+        done: dict[Any, int] = {}
         for it in items:
             h = it["host"]
             if _is_batch(it):
@@ -380,7 +441,7 @@ class TelemetryStore:
         for rnd in rounds:
             try:
                 if len(rnd) == 1 and not _is_batch(rnd[0][0]):
-                    self.observe_gpu(rnd[0][0])
+                    self._observe_one(rnd[0][0])
                 else:
                     self._round(rnd)
             except (KeyError, TypeError, ValueError):
@@ -388,42 +449,52 @@ class TelemetryStore:
                     bad += 1
                     continue
                 for it, _ in rnd:               # the round again, item by item
-                    bad += self.observe_gpu_items([it])
+                    self._pending = [it]
+                    bad += self.flush()
+        self.rejected += bad
         return bad
 
     @staticmethod
     def _place(rounds: list, done: dict, it: dict[str, Any], keys: list) -> None:
-        r = max(done.get(k, 0) for k in keys)
-        for k in keys:
+        """Put ``it`` in the round after every earlier sample of its GPUs: ``done`` maps a
+        host to the round after its last batch and ``(host, None)`` to the round after
+        its last lone sample, a GPU ``(host, gpu)`` to the round after its last sample.
+        A batch goes after all of its host's earlier samples (a round more at worst)."""
+        h = keys[0][0]
+        if len(keys) > 1 or _is_batch(it):
+            r = max(done.get(h, 0), done.get((h, None), 0))
+            done[h] = r + 1
+        else:
+            k = keys[0]
+            r = max(done.get(h, 0), done.get(k, 0))
             done[k] = r + 1
+            if r + 1 > done.get((h, None), 0):
+                done[(h, None)] = r + 1
         if r == len(rounds):
             rounds.append([])
         rounds[r].append((it, keys))
 
     def _round(self, rnd: list[tuple[dict[str, Any], list[tuple[str, int]]]]) -> None:
-        """One numpy step over samples of distinct GPUs."""
+        """One numpy step over samples of distinct GPUs: their values gathered a row per
+        GPU (a lone sample's by one C-level map, a batch's columns turned to rows)."""
         keys: list[tuple[str, int]] = []
         ts: list[Any] = []
-        gauges: list[list[Any]] = [[] for _ in GPU_GAUGES]
-        counters: list[list[Any]] = [[] for _ in GPU_COUNTERS]
+        gauges: list[tuple[Any, ...]] = []
+        counters: list[tuple[Any, ...]] = []
         reasons: list[Any] = []
         xids: list[Any] = []
-        ranks: list[Any] = []
         for it, its in rnd:
             keys += its
+            get = it.get
             if not _is_batch(it):
                 ts.append(it["ts"])
-                for j, name in enumerate(GPU_GAUGES):
-                    gauges[j].append(it.get(name))
-                for j, name in enumerate(GPU_COUNTERS):
-                    counters[j].append(it.get(name))
-                reasons.append(it.get("clocks_event_reasons"))
-                xids.append(it.get("xid"))
-                ranks.append(it.get("rank"))
+                gauges.append(tuple(map(get, GPU_GAUGES)))
+                counters.append(tuple(map(get, GPU_COUNTERS)))
+                reasons.append(get("clocks_event_reasons"))
+                xids.append(get("xid"))
                 continue
             k = len(its)
-            absent = it.get("absent") or {}
-            get = it.get
+            absent = get("absent") or {}
 
             def col(name: str, k: int = k, absent: dict = absent, get: Any = get) -> list[Any]:
                 v = get(name)
@@ -436,25 +507,19 @@ class TelemetryStore:
                 return v
 
             ts += col("ts")
-            for j, name in enumerate(GPU_GAUGES):
-                gauges[j] += col(name)
-            for j, name in enumerate(GPU_COUNTERS):
-                counters[j] += col(name)
+            gauges += zip(*map(col, GPU_GAUGES), strict=True)
+            counters += zip(*map(col, GPU_COUNTERS), strict=True)
             reasons += col("clocks_event_reasons")
             xids += col("xid")
-            ranks += col("rank")
         if any(type(t) is not float and type(t) is not int for t in ts):
             raise TypeError("a sample's ts is not a number")
         rows = self._rows(keys)
-        self.table.update(rows, np.array(ts, dtype=float), _matrix(gauges), _matrix(counters),
-                          reasons)
+        self.table.update(rows, np.array(ts, dtype=float), np.array(gauges, dtype=float),
+                          np.array(counters, dtype=float), reasons)
         txids = self.table.xids
         for r, xid in zip(rows, xids, strict=True):
             if xid:
                 txids[r].extend(xid)
-        for key, rank in zip(keys, ranks, strict=True):
-            if rank is not None:
-                self.gpu_rank[key] = rank
 
     def observe_nic(self, ev: dict[str, Any]) -> None:
         key = (ev["host"], ev["nic"], ev["port"])
@@ -477,6 +542,8 @@ class TelemetryStore:
         """Drop every device whose newest sample is older than ``before_ts`` and whose host
         is not in ``keep_hosts`` (issue 17: the devices of hosts no job runs on any more
         would otherwise be kept for ever); returns how many were dropped."""
+        if self._pending:
+            self.flush()
         t = self.table
         gone_g = [k for k, r in t.rows.items()
                   if k[0] not in keep_hosts and t.last_ts[r] < before_ts]
