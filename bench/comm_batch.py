@@ -12,7 +12,8 @@ taken: the step evidence, the sub-step evidence and the pipeline pairs, with the
 judgements they make) and the sums of the windows when a step is judged
 (``CommWindows._sum``). A tree from before the columns (``JobState.add_comm`` and
 ``P2PMonitor.add_comm`` as the entry points) is timed the same way: run this file from
-a copy of that tree. Prints the numbers and whether both inputs gave the same incidents.
+a copy of that tree. Prints the numbers and whether both inputs gave the same incidents,
+and writes them to bench/results/comm_batch.json.
 
     .venv/bin/python bench/comm_batch.py [--scenario large_1024] [--steps 20] [--repeat 3]
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -109,6 +112,9 @@ def main() -> int:
           f"{sum(e['kind'] == 'comm_batch' for e in batched)} comm_batch; "
           f"{'columnar' if columnar else 'per-event'} tree, best of {args.repeat}")
     incidents = {}
+    results: dict[str, Any] = {"scenario": args.scenario, "ranks": ranks,
+                               "rank_steps": rank_steps, "columnar_tree": columnar,
+                               "load_avg": os.getloadavg()[0], "inputs": {}}
     for label, events in inputs.items():
         best = None
         for _ in range(args.repeat):
@@ -119,16 +125,23 @@ def main() -> int:
         incidents[label] = out
         assert best is not None
         path, entry, summed, total = best
+        results["inputs"][label] = {"comm_path_cpu_s": round(path, 4),
+                                    "us_per_rank_step": round(1e6 * path / rank_steps, 2),
+                                    "entry_points_cpu_s": round(entry, 4),
+                                    "step_sums_cpu_s": round(summed, 4),
+                                    "detector_comm_step_cpu_s": round(total, 4)}
         print(f"  {label:14s} comm path {path:6.3f} s CPU = {1e6 * path / rank_steps:5.1f} us "
               f"per rank-step ({rank_steps / path:8.0f} rank-steps per CPU s; entry points "
               f"{entry:.3f} s, step sums {summed:.3f} s); detector on comm+step "
               f"{total:.3f} s")
+    same = len(incidents) < 2 or incidents["per-rank comm"] == incidents["comm_batch"]
     if len(incidents) == 2:
-        same = incidents["per-rank comm"] == incidents["comm_batch"]
         print(f"  incidents: {len(incidents['comm_batch'])}, "
               f"{'identical' if same else 'DIFFERENT'} between the inputs")
-        return 0 if same else 1
-    return 0
+        results["identical_incidents"] = same
+    out = ROOT / "bench" / "results" / "comm_batch.json"
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

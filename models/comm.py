@@ -215,7 +215,7 @@ class CommRows:
         in entry order (the same floats as a loop of ``+=`` over the row's entries); per
         entry, whether it is a send/recv. Computed once, for all rows."""
         if self._sums is None:
-            isp = [o in KIND for o in self.op]
+            isp = list(map(KIND.__contains__, self.op))
             self._sums = (self._row_sums(None), self._row_sums(isp) if True in isp
                           else [0.0] * self.n, isp)
         return self._sums
@@ -362,7 +362,7 @@ class CommWindows:
                 cols.nbytes += c.nbytes[a:b]
                 cols.cnt += c.cnt[a:b]
                 cols.min_s += c.min_s[a:b]
-                counts = [at[k + 1] - at[k] for k in range(i, j)]
+                counts = [b - a] if j == i + 1 else [at[k + 1] - at[k] for k in range(i, j)]
                 if 0 in counts:     # a window with no entries is no member of any group
                     cols.ranks += [r for r, m in zip(c.rank[i:j], counts, strict=True) if m]
                     cols.counts += [m for m in counts if m]

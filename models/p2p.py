@@ -194,9 +194,8 @@ class P2PMonitor:
         ``add_comm`` takes one; the rows where a pair was confirmed. ``stop``: return after
         the first such row (the caller judges it before the rest)."""
         at, ranks, ops, peers, sizes = c.at, c.rank, c.op, c.peer, c.size
-        # the job's recent step time (median of the last five), for ``_window``
-        recent = sorted(d for _, d in self.hist[-5:])
-        mid = recent[len(recent) // 2] if recent else None
+        mid: float | None = None      # the job's recent step time, for ``_window``
+        ask = True
         done = []
         for i in range(lo, hi):
             rank = ranks[i]
@@ -216,6 +215,10 @@ class P2PMonitor:
                                      c.cnt[j])
             if seen:
                 self.hosts[rank] = c.host[i]
+                if ask:       # the median of the last five steps, once per call
+                    recent = sorted(d for _, d in self.hist[-5:])
+                    mid = recent[len(recent) // 2] if recent else None
+                    ask = False
                 if self._window(c, i, step, mid):
                     done.append(i)
                     if stop:

@@ -399,8 +399,12 @@ class Detector:
                 out.extend(self._comm_nostep(job, p2p, c.event(i)))
             return out
         last = job.last_step
-        steps = [int(s) if s is not None else last.get(r, -1) + 1
-                 for s, r in zip(c.step, c.rank, strict=True)]
+        if c.n == 1:        # one rank's window (the per-rank kind)
+            s = c.step[0]
+            steps = [int(s) if s is not None else last.get(c.rank[0], -1) + 1]
+        else:
+            steps = [int(s) if s is not None else last.get(r, -1) + 1
+                     for s, r in zip(c.step, c.rank, strict=True)]
         done = job.evaluated
         known = job.rank_host
         out = []
