@@ -198,6 +198,8 @@ def test_drain_goes_out_once_per_escalation_and_is_a_dry_run_unless_configured()
     ({"floor": 2.0}, "mitigate.floor: 2.0 is not in (0, 1]"),
     ({"lead_steps": 0}, "mitigate.lead_steps: 0 is not an integer >= 1"),
     ({"steady": "yes"}, "mitigate.steady: 'yes' is not a bool"),
+    ({"persist_steps": 0}, "mitigate.persist_steps: 0 is not an integer >= 1"),
+    ({"refine": -1}, "mitigate.refine: -1 is not an integer >= 0"),
 ])
 def test_config_errors_are_one_line(table, why):
     with pytest.raises(MitigationConfigError) as err:
