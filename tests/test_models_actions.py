@@ -285,3 +285,16 @@ def test_closed_loop_the_incident_stays_open_while_rebalanced_and_the_rollback_f
     assert balanced < base + 0.6 * (slowed - base)
     assert after == pytest.approx(base, rel=0.05)
     assert len([a for a in run["actions"] if a["incident_id"] == go["incident_id"]]) <= 2 + 3
+
+
+def test_no_rebalance_from_a_partial_view_a_job_whose_steps_it_never_saw():
+    """A job larger than one shard: ``ActingDetector`` hands the planner none of its steps
+    (each partition sees only its ranks), so its incidents, paged or persisted, plan
+    nothing; a drain, which names one host, still goes out."""
+    p = ActionPlanner(MitigationConfig(mode="auto"))
+    steps(p, 0, 60, {2: 2.0}, job="another-job")
+    assert p.on_incident(incident(severity="critical")) == []
+    assert p.on_incident(incident(severity="info")) == []
+    assert steps(p, 60, 40, {2: 2.0}, job="another-job") == []
+    (drain,) = p.on_incident(incident(mitigation="migrate_node"))
+    assert drain["type"] == "drain_host" and p.held(JOB) is None
