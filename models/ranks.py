@@ -144,6 +144,15 @@ class RankTable:
         return [*FLOATS, *INTS, *BOOLS, "kind", "pend_n",
                 *(f"{n}_{s}" for n in EW_STATS for s in "mqn")]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the room kept for ranks yet to come (``_grow`` doubles)."""
+        d = dict(self.__dict__)
+        n = self.size
+        for name in (*self._arrays(), "pend"):
+            d[name] = d[name][:n].copy()
+        d["work"] = self.work.trimmed(n)
+        return d
+
     def _grow(self, need: int) -> None:
         cap = self.kind.shape[0]
         if need <= cap:

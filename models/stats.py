@@ -159,6 +159,13 @@ class RollingMedians:
             b[:have] = a
             setattr(self, name, b)
 
+    def trimmed(self, rows: int) -> RollingMedians:
+        """A copy of the first ``rows`` rows only."""
+        out = RollingMedians(self.window)
+        for name in ("win", "n", "med", "sig"):
+            setattr(out, name, getattr(self, name)[:rows].copy())
+        return out
+
     def seed(self, row: int, n: int, median: float, sigma: float) -> None:
         """Fill ``row`` as a series of ``n`` values with this median and sigma would leave
         it (normal quantiles): a baseline carried over from river's, whose window is out
