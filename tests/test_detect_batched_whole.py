@@ -88,3 +88,21 @@ def test_a_bad_batch_line_is_one_warning_and_costs_no_other_line():
                           "'hot'")]
     # 4 + 4 rows of the good lines and the 3 good rows of line 3 reached the store
     assert det.store.gpus[("h0", 0)].n == 3 and det.store.gpus[("h0", 1)].n == 2
+
+
+def test_a_job_cut_in_shards_takes_its_batches_as_its_rows():
+    """A comm_batch of a job judged in shards (models.shard) goes row by row to its
+    ranks' shards: the incidents are the per-rank trace's."""
+    from failslow.models.shard import ShardedDetector
+
+    events = list(simulate(SCENARIOS["gpu_thermal_30"], seed=1, steps=60).events())
+    outs = []
+    for seq in (events, list(batch_trace(events))):
+        det = ShardedDetector(shard_ranks=8)
+        out = []
+        for i in range(0, len(seq), 512):
+            out += det.process_batch(seq[i:i + 512])
+        out += det.flush() + det.end_jobs()
+        assert det.rejected == det.errors == 0
+        outs.append([orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY) for x in out])
+    assert outs[0] and outs[1] == outs[0]
