@@ -59,9 +59,16 @@ def job_of_key(key: str, value: bytes) -> str | None:
     kind = lead_kind(value)
     if kind == "collective":
         return job_of_collective_key(key) or None
-    if kind in ("comm", "step"):
+    if kind in _JOB_KEYED:
         return key or None
     return None
+
+
+# Kinds keyed by their ``job_id`` alone (schema.topics.key_for). A host's ``comm_batch``
+# is one of them (issue 31): read as unknown, every batch of the collectives topic was
+# decoded and expanded in the route stage to find a job its key already named, a third
+# of the worker's extra CPU over `failslow detect` at 1,024 ranks.
+_JOB_KEYED = frozenset(("comm", "step", "comm_batch"))
 
 
 def job_of_collective_key(key: str) -> str:

@@ -40,6 +40,9 @@ __all__ = ["SHARD_RANKS", "shard_of", "shard_partition", "shard_parts", "event_s
            "prune_foreign_hosts"]
 
 _RANK = re.compile(rb'"rank"\s*:\s*(\d+)')
+# a "rank" field that is a number or a list of numbers (a batch's column)
+_RANKS = re.compile(rb'"rank"\s*:\s*(\d+|\[\s*(?:\d+\s*(?:,\s*\d+\s*)*)?\])')
+_NUMS = re.compile(rb'\d+')
 
 
 def shard_partition(job_id: str, shard: int, partitions: int) -> int:
@@ -59,9 +62,15 @@ def shard_parts(value: bytes, shard_ranks: int = SHARD_RANKS) -> dict[int, bytes
     """A job message cut per shard: shard -> a JSON array of its events, in their order.
     None when every event is in shard 0 (the message goes on whole, undecoded) or the
     value is not a JSON array (its home partition reports it)."""
-    # a columnar batch (schema.batches) lists its ranks, which the pattern does not see
-    batched = b'_batch"' in value
-    if not batched and not any(int(m) >= shard_ranks for m in _RANK.findall(value)):
+    if b'_batch"' in value:
+        # a columnar batch (schema.batches) lists its ranks in a column: read without a
+        # decode when every "rank" of the value is a number or a list of numbers (issue
+        # 31: each host's batch of a small job was decoded here, to go on whole)
+        found = _RANKS.findall(value)
+        if len(found) == value.count(b'"rank"') and not any(
+                int(r) >= shard_ranks for m in found for r in _NUMS.findall(m)):
+            return None
+    elif not any(int(m) >= shard_ranks for m in _RANK.findall(value)):
         return None
     try:
         items = orjson.loads(value)

@@ -1,0 +1,314 @@
+"""The worker's CPU per judged rank-step against `failslow detect`'s, on the same batched
+trace, offline, broken down by stage (issue 31, part 3: "the worker stays close to detect").
+
+For each size (ranks, tp8 pp8, 2 s steps, comm grain, 1 Hz GPU/NIC/host telemetry:
+bench/streams_scale.py's scenario) the simulator's events are batched as the host agents
+publish them (``schema.batches.batch_trace``: one ``comm_batch`` / ``gpu_batch`` per host
+and window) and written as a JSON Lines trace. Then, each in a child process (CPU = user +
+sys from wait4, nothing else in the child):
+
+- ``failslow detect TRACE``;
+- the worker's path with no broker: the trace cut into Kafka messages as ``Publisher``
+  cuts them (0.1 s slices of event time, grouped per topic and key, at most 500 objects a
+  message), the real ``RouteStage.route_batch`` (its packs kept, not sent), then the real
+  ``JobStage.judge_message`` on each pack of the partitions, ``tick_one`` after each
+  slice, and one ``take_snapshot`` at the end (shown apart, not in the ratio: the worker
+  spends at most ``SNAPSHOT_SHARE`` of its time on them). The worker's clock follows
+  the trace's event time.
+
+The worker child times its stages with ``time.process_time`` (inclusive times; the
+wrappers add ~1 us a call) and prints them. Ratio = worker CPU per judged rank-step /
+detect's. A second pass with no wrappers gives the worker's total.
+
+    .venv/bin/python bench/streams_worker_cost.py [--ranks 1024 4096 16384] [--steps 6]
+
+Prints numbers and writes bench/results/streams_worker_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+
+RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def write_batched(ranks: int, steps: int, path: Path) -> dict:
+    from streams_scale import scenario
+
+    from failslow.schema.batches import batch_trace
+    from failslow.simulator import simulate
+
+    n = 0
+    with path.open("wb") as f:
+        for obj in batch_trace(simulate(scenario(ranks, steps), seed=0, steps=steps).events()):
+            f.write(orjson.dumps(obj) + b"\n")
+            n += 1
+    return {"objects": n, "trace_bytes": path.stat().st_size}
+
+
+class _Topic:
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    async def send(self, **kwargs) -> None:
+        self.sent.append(kwargs)
+
+
+class _Msg:
+    __slots__ = ("topic", "key", "value", "timestamp", "partition", "offset")
+
+    def __init__(self, topic: str, key: bytes | None, value: bytes, ts: float) -> None:
+        self.topic, self.key, self.value, self.timestamp = topic, key, value, ts
+
+
+STAGES: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+
+
+def timed(owner, name: str, label: str) -> None:
+    """Wrap ``owner.name`` to add its CPU time (inclusive) to ``STAGES[label]``."""
+    fn = getattr(owner, name)
+    clock = time.process_time
+
+    if asyncio.iscoroutinefunction(fn):
+        async def wrap_async(*a, **k):
+            t0 = clock()
+            try:
+                return await fn(*a, **k)
+            finally:
+                s = STAGES[label]
+                s[0] += clock() - t0
+                s[1] += 1
+        setattr(owner, name, wrap_async)
+        return
+
+    def wrap(*a, **k):
+        t0 = clock()
+        try:
+            return fn(*a, **k)
+        finally:
+            s = STAGES[label]
+            s[0] += clock() - t0
+            s[1] += 1
+    setattr(owner, name, wrap)
+
+
+def instrument() -> None:
+    from failslow.models.shard import ShardedDetector
+    from failslow.streams import job_stage, outputs, route_stage, sharding
+    from failslow.streams.clocks import ClockGuard
+    from failslow.streams.limits import InputLimits
+    from failslow.streams.ordering import EventOrder
+    from failslow.streams.partition import JobPartition
+
+    timed(route_stage.RouteStage, "route_batch", "route: all")
+    timed(route_stage.RouteStage, "learn_hosts", "route: learn hosts (steps)")
+    timed(route_stage.RouteStage, "learn_gpu_host", "route: learn hosts (gpu)")
+    timed(route_stage, "shard_parts", "route: shard split (decode/re-encode)")
+    timed(route_stage, "split_value", "route: split_value")
+    timed(outputs, "pack", "route: pack")
+    timed(sharding, "split_batch", "route: split_batch")
+    timed(job_stage.JobStage, "judge_message", "job: all")
+    timed(job_stage, "unpack", "job: unpack")
+    timed(job_stage, "decode_value", "job: decode")
+    timed(JobPartition, "ingest", "job: ingest")
+    timed(ClockGuard, "screen", "job: ingest: clock screen")
+    timed(InputLimits, "admit", "job: ingest: input limits")
+    timed(EventOrder, "add", "job: ingest: order add")
+    timed(EventOrder, "advance", "job: ingest: order advance")
+    timed(JobPartition, "_feed", "job: feed (dedupe + detector)")
+    timed(ShardedDetector, "process_batch", "job: feed: detector")
+    timed(job_stage.JobStage, "tick_one", "tick")
+
+
+def messages(trace: str, topics, slice_s: float = 0.1, batch_events: int = 500):
+    """The trace as the Publisher sends it: per slice of event time, [(msg, ...)], ts."""
+    from failslow.schema.topics import key_for
+
+    def cut(chunk: list[dict]) -> list[_Msg]:
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for ev in chunk:
+            groups.setdefault((topics.for_kind(ev["kind"]), key_for(ev)), []).append(ev)
+        out = []
+        for (topic, key), evs in groups.items():
+            for i in range(0, len(evs), batch_events):
+                out.append(_Msg(topic, key.encode(), orjson.dumps(evs[i:i + batch_events]),
+                                ts(evs[0])))
+        return out
+
+    def ts(ev: dict) -> float:   # a batch's first row's
+        t = ev["ts"]
+        return t[0] if type(t) is list else t
+
+    chunk: list[dict] = []
+    with open(trace, "rb") as f:
+        for line in f:
+            ev = orjson.loads(line)
+            if chunk and ts(ev) - ts(chunk[0]) >= slice_s:
+                yield cut(chunk), ts(chunk[-1])
+                chunk = []
+            chunk.append(ev)
+    if chunk:
+        yield cut(chunk), ts(chunk[-1])
+
+
+def worker_child(trace: str, partitions: int, profile: bool) -> None:
+    """In a child: the trace through the route and job stages (no broker); prints JSON."""
+    if profile:
+        instrument()
+    from failslow.schema import Topics
+    from failslow.streams.config import WorkerConfig
+    from failslow.streams.job_stage import JobStage
+    from failslow.streams.metrics import Metrics
+    from failslow.streams.outputs import Outputs
+    from failslow.streams.route_stage import RouteStage
+    from failslow.streams.routing import HostMap
+    from failslow.streams.snapshots import SnapshotStore
+
+    cfg = WorkerConfig(bootstrap="unused:1", topics=Topics())
+    sinks = {name: _Topic() for name in ("job", "incidents", "dead", "hostmap")}
+    metrics = Metrics()
+    out = Outputs(metrics, partitions=partitions, **sinks)
+    hostmap = HostMap()
+    route = RouteStage(cfg, partitions, out, metrics, hostmap)
+    jobs = JobStage(cfg, partitions, out, metrics, hostmap, SnapshotStore.__new__(SnapshotStore))
+    # messages read before the clock starts: the trace's decode is the publisher's cost
+    slices = list(messages(trace, cfg.topics))
+    offsets = [0] * partitions
+    loop = asyncio.new_event_loop()
+    c0 = time.process_time()
+    for msgs, ts in slices:
+        now = ts + 0.5
+        loop.run_until_complete(route.route_batch(msgs, now))
+        sent, sinks["job"].sent = sinks["job"].sent, []
+        for s in sent:
+            p = s["partition"]
+            state = jobs.parts.get(p)
+            if state is None:
+                state = jobs.parts[p] = jobs.new_partition(p)
+                jobs.announced[p] = {}
+            offsets[p] += 1
+            for kind, *args in jobs.judge_message(state, p, s["value"], offsets[p], now,
+                                                  jobs.announced[p]):
+                if kind == "dead":
+                    metrics.deadletters.labels(args[1]).inc()
+        sinks["hostmap"].sent.clear()
+        for state in jobs.parts.values():
+            jobs.tick_one(state, now, True)
+    # the end of the trace: let the partitions release what they hold
+    for state in jobs.parts.values():
+        jobs.tick_one(state, slices[-1][1] + 60.0, False)
+    cpu = time.process_time() - c0
+    judged = sum(s.counts["judged_rank_steps"] for s in jobs.parts.values())
+    c1 = time.process_time()
+    snap_bytes = 0
+    for state in jobs.parts.values():
+        snap = state.snapshot()
+        snap_bytes += len(SnapshotStore.encode(snap))
+    snap_cpu = time.process_time() - c1
+    print(json.dumps({"worker_cpu_s": cpu, "judged_rank_steps": judged,
+                      "partitions_used": sorted(jobs.parts), "snapshot_cpu_s": snap_cpu,
+                      "snapshot_bytes": snap_bytes,
+                      "incidents": sum(s.counts["incidents"] for s in jobs.parts.values()),
+                      "deadletters": sum(len(v) for v in [sinks["dead"].sent]),
+                      "stages": {k: {"cpu_s": v[0], "calls": v[1]}
+                                 for k, v in sorted(STAGES.items())}}))
+
+
+def run_child(args: list[str]) -> tuple[float, str]:
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    _, status, ru = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{args} failed: {err.decode()[-3000:]}")
+    return ru.ru_utime + ru.ru_stime, out.decode()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--out", default=str(RESULTS / "streams_worker_cost.json"))
+    ap.add_argument("--worker-child", nargs=3, metavar=("TRACE", "PARTS", "PROFILE"),
+                    help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker_child:
+        trace, parts, prof = args.worker_child
+        worker_child(trace, int(parts), prof == "1")
+        return
+    rows = []
+    me = str(Path(__file__).resolve())
+    with tempfile.TemporaryDirectory(prefix="failslow-wcost-") as tmp:
+        for ranks in args.ranks:
+            trace = Path(tmp) / f"b_{ranks}.jsonl"
+            row: dict = {"ranks": ranks, "steps": args.steps, "step_s": 2.0,
+                         "partitions": args.partitions, "loadavg_before": os.getloadavg()}
+            row.update(write_batched(ranks, args.steps, trace))
+            det_cpu, det_out = run_child([sys.executable, "-m", "failslow.cli", "detect",
+                                          str(trace), "--out", os.devnull])
+            # the same child on the trace's first line: the start (imports), which the
+            # worker pays once, not per step
+            one = Path(tmp) / "one.jsonl"
+            with trace.open("rb") as f:
+                one.write_bytes(f.readline())
+            start_cpu, _ = run_child([sys.executable, "-m", "failslow.cli", "detect", str(one),
+                                      "--out", os.devnull])
+            # detect judges every step of the trace: ranks x steps rank-steps
+            det_rs = ranks * args.steps
+            row.update(detect_start_cpu_s=start_cpu,
+                       detect_judging_us_per_rank_step=(det_cpu - start_cpu) / det_rs * 1e6)
+            w_cpu, w_out = run_child([sys.executable, me, "--worker-child", str(trace),
+                                      str(args.partitions), "0"])
+            plain = orjson.loads(w_out.strip().splitlines()[-1])
+            _, p_out = run_child([sys.executable, me, "--worker-child", str(trace),
+                                  str(args.partitions), "1"])
+            prof = orjson.loads(p_out.strip().splitlines()[-1])
+            judged = plain["judged_rank_steps"] or 1
+            row.update(detect_cpu_s=det_cpu, detect_us_per_rank_step=det_cpu / det_rs * 1e6,
+                       worker_child_cpu_s=w_cpu, worker_path_cpu_s=plain["worker_cpu_s"],
+                       worker_judged_rank_steps=plain["judged_rank_steps"],
+                       worker_us_per_rank_step=plain["worker_cpu_s"] / judged * 1e6,
+                       snapshot_cpu_s=plain["snapshot_cpu_s"],
+                       snapshot_bytes=plain["snapshot_bytes"],
+                       worker_incidents=plain["incidents"],
+                       partitions_used=plain["partitions_used"],
+                       profiled_cpu_s=prof["worker_cpu_s"], stages=prof["stages"],
+                       loadavg_after=os.getloadavg())
+            row["ratio"] = row["worker_us_per_rank_step"] / row["detect_us_per_rank_step"]
+            row["ratio_judging"] = (row["worker_us_per_rank_step"]
+                                    / row["detect_judging_us_per_rank_step"])
+            rows.append(row)
+            print(f"{ranks:>6,} ranks x {args.steps} steps ({row['objects']:,} objects): detect "
+                  f"{row['detect_us_per_rank_step']:.1f} us/rank-step ({det_cpu:.1f} CPU s, "
+                  f"child incl. start); worker path {row['worker_us_per_rank_step']:.1f} "
+                  f"us/judged rank-step ({plain['worker_cpu_s']:.1f} CPU s, "
+                  f"{judged:,} judged, partitions {plain['partitions_used']}) -> "
+                  f"{row['ratio']:.2f}x ({row['ratio_judging']:.2f}x of detect less its "
+                  f"{start_cpu:.1f} CPU s start); snapshot {plain['snapshot_cpu_s']:.2f} CPU s "
+                  f"({plain['snapshot_bytes'] / 2**20:.1f} MiB); load "
+                  f"{row['loadavg_before'][0]:.1f}->{row['loadavg_after'][0]:.1f}", flush=True)
+            for name, s in prof["stages"].items():
+                print(f"    {name:<42} {s['cpu_s']:8.2f} CPU s {s['calls']:>8,} calls "
+                      f"{s['cpu_s'] / judged * 1e6:8.1f} us/rank-step")
+            trace.unlink()
+    RESULTS.mkdir(exist_ok=True)
+    Path(args.out).write_text(json.dumps({"runs": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
