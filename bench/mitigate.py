@@ -18,9 +18,10 @@ All three run the same detector and planner in this process (its CPU is on the s
 cores as the ranks': before, only ``auto`` paid it); only ``auto``'s actions reach the
 ranks.
 
-Each run's slowdown is its median step over [applied, recover) against its own median
-before the onset, minus one (the VM's load drifts between runs; each run is compared with
-itself); ``--repeats`` sequences, medians over them. Printed per factor: steps from the
+Each run's slowdown is its median step over [applied, recover) against its own base,
+minus one (the VM's load drifts between runs; each run is compared with itself): the mean
+of its medians before the onset and after the recovery and auto's rollback (the load also
+drifts during a run; ``slow_pre_only`` keeps the former, before-only measure); ``--repeats`` sequences, medians over them. Printed per factor: steps from the
 page (or, for an incident that never pages, from its opening) to the applied switch, the
 refinements, steps from the recovery and from the incident's resolve to the rollback,
 false actions (before the onset), the slowdowns, ``recovered``: (none - run) / none for auto and oracle, and
@@ -221,11 +222,18 @@ def window(step_s: dict, lo: int, hi: int) -> float | None:
     return median(vals) if vals else None
 
 
-def _rel(step_s: dict, on: int, lo: int, hi: int) -> float:
-    """The run's median step over [lo, hi) against its own median before the onset, minus
-    one: each run is compared with itself, so the shared VM's load drifting between runs
-    moves the comparison less."""
-    return window(step_s, lo, hi) / window(step_s, 10, on) - 1.0
+def _rel(step_s: dict, on: int, lo: int, hi: int, post: int | None = None) -> float:
+    """The run's median step over [lo, hi) against its own base, minus one: each run is
+    compared with itself, so the shared VM's load drifting between runs moves the
+    comparison less. The base is the median before the onset, averaged with the median
+    from ``post`` on (once the fault and every action are over) when given: a load that
+    drifts during the run moves both ends, and their mean is what the middle is judged
+    against."""
+    base = window(step_s, 10, on)
+    after = window(step_s, post, max(step_s) + 1) if post is not None else None
+    if after is not None:
+        base = (base + after) / 2
+    return window(step_s, lo, hi) / base - 1.0
 
 
 def one_repeat(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
@@ -252,6 +260,8 @@ def one_repeat(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
     rollback = next((st for st in back if st > applied), None) if mine else None
     false_actions = [(st, sh) for st, sh in sw if st < on and max(sh) - min(sh) > 1e-3]
     at = applied if applied is not None else on + 10
+    # the same after-window for the three runs: past the recovery and auto's rollback
+    post = max(rec, rollback or rec) + 5
     oracle = run(tmp / "oracle", "oracle", steps, on, rec, factor, oracle_at=at)
     resolves = [i["_step"] for i in auto["incidents"]
                 if i["rank"] == CULPRIT and i["status"] == "resolved"]
@@ -266,9 +276,13 @@ def one_repeat(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
         "shares": sw[mine[0]][1] if mine else None,
         "switches": sw, "false_actions_before_onset": false_actions,
         "base_s": [round(window(r["step_s"], 10, on), 4) for r in (none, auto, oracle)],
-        "slow_none": round(_rel(none["step_s"], on, at, rec), 4),
-        "slow_auto": round(_rel(auto["step_s"], on, at, rec), 4),
-        "slow_oracle": round(_rel(oracle["step_s"], on, at, rec), 4),
+        "post_step": post,
+        "post_s": [None if post >= steps else round(window(r["step_s"], post, steps), 4)
+                   for r in (none, auto, oracle)],
+        "slow_none": round(_rel(none["step_s"], on, at, rec, post), 4),
+        "slow_auto": round(_rel(auto["step_s"], on, at, rec, post), 4),
+        "slow_oracle": round(_rel(oracle["step_s"], on, at, rec, post), 4),
+        "slow_pre_only": [round(_rel(r["step_s"], on, at, rec), 4) for r in (none, auto, oracle)],
         "after_rollback_auto": None if rollback is None or rollback + 2 >= steps
         else round(_rel(auto["step_s"], on, rollback + 2, steps), 4),
         "wall_s": [none["wall_s"], auto["wall_s"], oracle["wall_s"]],

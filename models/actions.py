@@ -66,7 +66,8 @@ class MitigationConfig:
     steps of time per sample the plan reads. persist_steps: an ``info`` (not paged)
     compute straggler gets its rebalance once its incident has stayed open this many
     steps (a transient never does) and its time per sample is ``min_gain`` slower.
-    refine: refinements per incident: after ``window_steps`` steps on the new shares
+    refine: refinements per incident that take more from the culprit (those that give it
+    back are not bounded: they only undo): after ``window_steps`` steps on the new shares
     the plan is made again from the time per sample measured on them, and sent when it
     moves the culprit's share by ``refine_gain`` (15 %) or more of it.
     lead_steps: ``apply_at_step`` is this many steps after the newest step seen (time for
@@ -389,7 +390,7 @@ class ActionPlanner:
         """The plan made again from the steps on the shares in force (at least
         ``window_steps`` of them, every rank, up to twice that: on shared cores one window
         swings): sent when it moves the culprit's share by ``refine_gain``."""
-        if held.refined >= self.config.refine:
+        if self.config.refine == 0:
             return []
         since = held.action["apply_at_step"]
         world = self._world[job]
@@ -403,6 +404,10 @@ class ActionPlanner:
         old = held.action["shares"]
         if len(shares) != len(old) or \
                 abs(shares[held.rank] - old[held.rank]) < self.refine_gain * old[held.rank]:
+            return []
+        # the bound holds for moves that take more from the culprit; one that gives it
+        # back (it recovered, or the last move overshot) only undoes, so it always may
+        if shares[held.rank] < old[held.rank] and held.refined >= self.config.refine:
             return []
         equal = 1.0 / len(shares)
         less = 100.0 * (1.0 - shares[held.rank] / equal)

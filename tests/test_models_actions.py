@@ -118,7 +118,11 @@ def test_a_plan_that_undershoots_is_refined_on_the_new_shares_a_bounded_number_o
     s = ref["apply_at_step"] + 20
     (again,) = steps(p, s, 20, {2: 4.0}, samples=counts)
     assert again["shares"][2] < ref["shares"][2]
-    assert steps(p, s + 20, 40, {2: 8.0}, samples=whole_counts(again["shares"], 128)) == []
+    counts = whole_counts(again["shares"], 128)
+    assert steps(p, s + 20, 40, {2: 8.0}, samples=counts) == []   # a third cut: over the bound
+    # giving its share back only undoes: not bounded (it recovered: near equal again)
+    (undo,) = steps(p, s + 60, 20, {}, samples=counts)
+    assert undo["shares"][2] > again["shares"][2] and p.held(JOB) == undo
 
 
 def test_an_info_straggler_is_rebalanced_once_its_incident_persisted_never_a_transient():
