@@ -18,10 +18,6 @@ from failslow.models.findings import job_pct
 from failslow.models.ranks import RankState
 from failslow.models.stats import RollingMedian
 
-# TEMPORARY (issue 30): the default of ``CostConfig.history_steps`` under its old name
-# for job.py's import, until job.py reads its cfg.
-JOB_HISTORY = 64
-
 
 class Attribution:
     """The job-level half of ``models.job.JobState``: its step-time history and the

@@ -47,11 +47,6 @@ from failslow.models.cusum import capped_increment
 # Over 106 kept real traces, healthy ranks' far z at 24 and 32 steps peaked at 2.3 (at 6
 # steps: 5.7).
 ROBUST_MAD = 1.4826          # MAD of normal noise -> its sigma (a property of the normal law)
-# TEMPORARY (issue 30, until substep.py and job.py read cfg.evidence): the defaults under
-# their old names for those two modules' imports.
-_D = EvidenceConfig()
-LEARN_DELAY, LEARN_MIN, SUSPECT_Z, SUSPECT_LEARN_Z = (_D.noise_delay, _D.noise_min,
-                                                      _D.suspect_z, _D.suspect_learn_z)
 
 
 def _rowmedian(w: np.ndarray) -> np.ndarray:

@@ -23,11 +23,11 @@ from typing import Any, cast
 import numpy as np
 
 from failslow.models.alignment import Collective, CollectiveAligner, waited_for
-from failslow.models.attribution import JOB_HISTORY, Attribution
+from failslow.models.attribution import Attribution
 from failslow.models.changepoint import BOCPD
 from failslow.models.comm import CommRows, CommWindows
 from failslow.models.config import JobConfig
-from failslow.models.evidence import SUSPECT_LEARN_Z, RankEvidence
+from failslow.models.evidence import RankEvidence
 from failslow.models.findings import Finding
 from failslow.models.links import LinkMonitor
 from failslow.models.localize import imbalances, localize
@@ -70,7 +70,8 @@ class JobState(Attribution):
         self.host_firm: dict[str, int] = {}   # host -> last step its host finding was confirmed
         self.alone: set[int] = set()          # the last judged step's ranks with no peers
         self.world = 0
-        self.ranks = RankTable()      # every rank's state, in arrays (rank -> RankState)
+        # every rank's state, in arrays (rank -> RankState)
+        self.ranks = RankTable(cfg.ranks.baseline_window, cfg.ranks.baseline_alpha)
         self.rank_host: dict[int, str] = {}
         self.rank_gpu: dict[int, int] = {}
         self.aligner = CollectiveAligner()
@@ -84,7 +85,7 @@ class JobState(Attribution):
         self.synth: dict[int, list[Any]] = {}   # rank -> [step, end ts, seconds in colls]
         self.widest = 0              # largest collective group seen
         self.evidence = RankEvidence(cfg)
-        self.job_hist: deque[tuple[int, float]] = deque(maxlen=JOB_HISTORY)
+        self.job_hist: deque[tuple[int, float]] = deque(maxlen=cfg.cost.history_steps)
         self.job_recent = 0.0        # the job's step time, smoothed over recent steps
         self.job_clean = RollingMedian(32)   # its step time while no rank stands out
         self.step_start: dict[int, float] = {}   # step -> its start (epoch s)
@@ -314,7 +315,8 @@ class JobState(Attribution):
                 st = self.ranks.get(m)
                 # Inside a long step: this one has run 1.5 windows (``models.substep``), or
                 # the job's steps last that long (the step's first window is inside too).
-                long = hit["long"] or self.job_step_s >= 1.5 * (self.substep.window_s or 1.0)
+                long = hit["long"] or self.job_step_s >= self.cfg.substep.long_windows * (
+                    self.substep.window_s or 1.0)
                 if not long or (st is not None and st.kind is not None):
                     continue
                 k = self.sub_emits.get(m, 0) + 1
@@ -347,7 +349,7 @@ class JobState(Attribution):
         paging policy weighs (``models.policy``)."""
         cfg = self.cfg
         if s != self.evaluated + 1 or self.job_step_s <= 0.0 \
-                or self.job_step_s >= 1.5 * (self.substep.window_s or 1.0):
+                or self.job_step_s >= cfg.substep.long_windows * (self.substep.window_s or 1.0):
             return []
         floor = 2.0 * cfg.min_rel
         out: list[Finding] = []
@@ -522,7 +524,8 @@ class JobState(Attribution):
         pos = work / level if level > 0 else np.ones(n)
         rel2, z2, sig2, warm = self._self_scores(sl, pos)
         risen = np.flatnonzero((rel2 >= cfg.min_rel) & (z2 >= cfg.z_min / 2))
-        if risen.size > max(2, n // 8) and len({row[ranks[i]]["host"] for i in risen}) > 1:
+        if risen.size > max(2, int(n * cfg.ranks.jobwide_share)) \
+                and len({row[ranks[i]]["host"] for i in risen}) > 1:
             # Many ranks (an eighth or more) on several hosts rose against their own past: a
             # job-wide change (a new phase reaching the stages a step apart), not a
             # culprit. Only peers judge this step.
@@ -571,7 +574,7 @@ class JobState(Attribution):
         top = np.full(n, np.nan)
         lag = np.zeros(n)
         if colls and self.judged > self.cfg.peer_warm_steps:
-            late, members = waited_for(colls)
+            late, members = waited_for(colls, self.cfg.evidence)
             if members:
                 idx = np.fromiter((r in members for r in ranks), dtype=bool, count=n)
                 top[idx] = 0.0
@@ -668,7 +671,7 @@ class JobState(Attribution):
         # where the rank stands out against its own past, even weakly, nor one while
         # its windowed excess is moderately high (an open but unconfirmed fault: z of 2
         # and half the smallest slowdown worth flagging) so it is not absorbed.
-        rising = (ev_.z >= SUSPECT_LEARN_Z) & (ev_.mean >= cfg.min_rel / 2)
+        rising = (ev_.z >= cfg.evidence.suspect_learn_z) & (ev_.mean >= cfg.min_rel / 2)
         weak = np.asarray(ev_.weak, dtype=bool) | np.asarray(ev_.suspect, dtype=bool)
         cus_on = T.cusum[sl] > 0
         open_ = kind != 0
@@ -710,7 +713,8 @@ class JobState(Attribution):
         none = np.zeros(n)
         # Four ranks with a learned past make a reference (three in a 4-rank job: one
         # rank slow from its first steps must not leave the others unjudged).
-        if n < 4 or ok.sum() < min(4, n - 1):
+        least = self.cfg.ranks.own_ref_min
+        if n < least or ok.sum() < min(least, n - 1):
             return none, none, none, np.zeros(n, dtype=bool)
         ref, sigma = lower_half_ref(ratio[ok])
         if ref <= 0:           # most ranks did no own work this step (odd clocks): no score

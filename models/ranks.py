@@ -9,7 +9,7 @@ The baselines are updated once per step and only from steps where the rank was *
 flagged, so they never drift to the fault and the alarm never clears itself:
 
 - ``work``: own work as a position against the job-wide level (a ratio): rolling
-  median and IQR sigma of the last ``BASELINE_WINDOW`` learned steps (numpy's linear
+  median and IQR sigma of the last ``baseline_window`` (32) learned steps (numpy's linear
   quantiles, as river's ``RollingQuantile`` / ``RollingIQR`` compute them), so warm-up
   steps and one-off pauses do not move it; the self-relative score of ``models.job``
   reads it;
@@ -44,10 +44,11 @@ from typing import Any
 
 import numpy as np
 
+from failslow.models.config import RankConfig
 from failslow.models.stats import RollingMedians
 
-BASELINE_ALPHA = 0.05     # ~20 steps of memory
-BASELINE_WINDOW = 32      # steps in the rolling median of own work
+# ``window`` and ``alpha``: ``RankConfig.baseline_window`` (32 steps in the rolling median of
+# own work) and ``baseline_alpha`` (0.05: ~20 steps of memory), ``[rules.ranks]``.
 
 # Scalar fields of a rank, by dtype; ``kind`` is coded (KINDS) and read as a string.
 FLOATS = ("cusum", "onset_ts", "excess_s", "own_rel", "data_excess_s", "rel", "z", "self_rel",
@@ -118,9 +119,9 @@ class RankTable:
     data_n: np.ndarray
     pend_n: np.ndarray
 
-    def __init__(self, window: int = BASELINE_WINDOW, alpha: float = BASELINE_ALPHA) -> None:
-        self.window = window
-        self.alpha = alpha
+    def __init__(self, window: int | None = None, alpha: float | None = None) -> None:
+        self.window = RankConfig().baseline_window if window is None else window
+        self.alpha = RankConfig().baseline_alpha if alpha is None else alpha
         self.slots: dict[int, int] = {}
         self.size = 0
         cap = 0
@@ -134,7 +135,7 @@ class RankTable:
             setattr(self, f"{name}_m", np.zeros(cap))
             setattr(self, f"{name}_q", np.zeros(cap))
             setattr(self, f"{name}_n", np.zeros(cap, dtype=np.int64))
-        self.work = RollingMedians(window)           # learned positions, per row
+        self.work = RollingMedians(self.window)      # learned positions, per row
         self.pend = np.zeros((cap, 0, 4))            # steps not learned yet (delay)
         self.pend_n = np.zeros(cap, dtype=np.int64)
 

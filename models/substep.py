@@ -16,8 +16,8 @@ because a pipeline neighbour or link was late, not because it worked longer). In
 member's first window of a step its longest op is left out (the first op of a step
 waits for the members' different starts, not for their work); groups whose ops come in
 a burst (windows with its ops that closed on time, not cut by the step's end: fewer than
-``MIN_SPREAD`` a step, e.g. gradient buckets at the step's end, which fill the step's last
-window and at most one before it) or with almost no work between them (``MIN_WORK``)
+``min_spread`` a step, e.g. gradient buckets at the step's end, which fill the step's last
+window and at most one before it) or with almost no work between them (``min_work``)
 give no value. Counting windows closed on time, not all windows, lets a 2 s step (two
 full windows and the short one its end cuts) judge its tensor-parallel group.
 
@@ -32,13 +32,13 @@ window_s))``):
 
 - far outside its peers: the mean at least ``far_rel``, any step it began;
 - a change against its own past: once a member's usual value is learned (its clean
-  ticks, ``LEARN_DELAY`` late, as for steps), the mean of value minus usual at least
+  ticks, ``noise_delay`` late, as for steps), the mean of value minus usual at least
   twice ``min_rel`` (inside one step a rank's speed varies a few per cent for the
   whole step: a clock, its data; smaller changes are left to the per-step evidence).
   A member a few per cent off its peers from the first op has that offset
   as its usual: steady imbalance never confirms here.
 
-A tick waits for ``MIN_OPS`` ops of the group on every member (windows add up until
+A tick waits for ``min_ops`` ops of the group on every member (windows add up until
 then): a member's work between two ops is only known once the next op ended, so one op
 per tick would swing its value by the work still in progress at the window's close.
 
@@ -66,17 +66,16 @@ from typing import Any
 import numpy as np
 
 from failslow.models.comm import CommRows
-from failslow.models.config import JobConfig
-from failslow.models.evidence import LEARN_DELAY, LEARN_MIN, SUSPECT_Z, Windows
+from failslow.models.config import JobConfig, SubstepConfig
+from failslow.models.evidence import Windows
 from failslow.models.peers import lower_half_ref
 
 P2P = frozenset(("send", "recv"))
-WIDTH = 32                 # ticks kept per member
-MIN_OPS = 3               # ops of the group per member in a tick (windows add up until then)
-MIN_SPREAD = 2            # windows of a step with ops of the group, closed by time, not by
-                          # the step's end (this step or the last)
-MIN_WORK = 0.2            # least share of a member's time spent working between the ops
-SIGMA_FLOOR = 0.02         # per-tick noise floor (fraction): per-op means over ~1 s jitter
+# Thresholds: ``SubstepConfig`` (``[rules.substep]``): ``width`` ticks kept per member,
+# ``min_ops`` ops of the group per member in a tick (windows add up until then),
+# ``min_spread`` windows of a step with ops of the group closed by time (not by the step's
+# end, this step or the last), ``min_work`` least share of a member's time spent working
+# between the ops, ``sigma_floor`` per-tick noise floor (per-op means over ~1 s jitter).
 
 
 class GroupTicks:
@@ -85,21 +84,22 @@ class GroupTicks:
     __slots__ = ("size", "pend", "seen", "raw", "own", "calm", "ts", "steps", "spread", "long",
                  "ready", "obs")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, cfg: JobConfig | None = None) -> None:
+        cfg = cfg or JobConfig()
         self.size = size
         # member -> [blocked in this group, ops of this group, window seconds, blocked in any]
         self.pend: dict[int, list[float]] = {}
         # member -> (step, its windows with ops of the group in it, in its step before)
         self.seen: dict[int, tuple[int, int, int]] = {}
-        self.raw = Windows(WIDTH)        # value per tick
-        self.own = Windows(WIDTH)        # value minus the member's learned usual
+        self.raw = Windows(cfg.substep.width, cfg.evidence)   # value per tick
+        self.own = Windows(cfg.substep.width, cfg.evidence)   # value minus the member's usual
         self.calm = np.zeros(0, dtype=np.int64)
         self.ts: list[float] = []        # end ts of each tick kept (the newest last)
         self.steps: list[int] = []       # the step of each tick kept
         self.spread = 0.0                # smoothed robust spread of the values (fraction)
         self.long = False                # the newest tick came from inside a long step
-        self.ready = 0                   # members in pend with MIN_OPS ops or more
-        # short steps (ops closed on time in fewer than MIN_SPREAD windows a step): the
+        self.ready = 0                   # members in pend with min_ops ops or more
+        # short steps (ops closed on time in fewer than min_spread windows a step): the
         # first tick of each of the last two steps that a window closed on time made,
         # (step, ts, member -> (relative lateness, wait share)), judged by ``models.job``
         # with the member's last step (``JobState._short_substep``)
@@ -110,7 +110,8 @@ class GroupTicks:
         for k, v in slots.items():
             setattr(self, k, v)
         if "ready" not in slots:          # pickled before the count existed
-            self.ready = sum(1 for q in self.pend.values() if q[1] >= MIN_OPS)
+            least = SubstepConfig().min_ops          # what it ran with
+            self.ready = sum(1 for q in self.pend.values() if q[1] >= least)
         if "obs" not in slots:
             self.obs = []
 
@@ -130,7 +131,7 @@ class SubStep:
         """Trailing tick windows tested: the shortest spans ``sustain_s`` seconds."""
         w = self.window_s or 1.0
         k = max(2, math.ceil(self.cfg.sustain_s / w - 1e-9))
-        return tuple(sorted({k, 2 * k, min(4 * k, WIDTH)}))
+        return tuple(sorted({k, 2 * k, min(4 * k, self.cfg.substep.width)}))
 
     def add(self, ev: dict[str, Any], step: int
             ) -> list[tuple[str, list[int], dict[int, dict[str, Any]]]]:
@@ -149,6 +150,7 @@ class SubStep:
         # per row: seconds blocked in any group, and in send/recv
         ball_r, p2p_r, isp = c.sums()
         starts, last_ts, groups = self.start, self.last_ts, self.groups
+        min_ops, long_w = self.cfg.substep.min_ops, self.cfg.substep.long_windows
         done = []
         for i in range(lo, hi):
             r = ranks[i]
@@ -186,7 +188,7 @@ class SubStep:
                 bj = blocked[j]
                 g = groups.get(group)
                 if g is None:
-                    g = groups[group] = GroupTicks(size)
+                    g = groups[group] = GroupTicks(size, self.cfg)
                 ball = blocked_all
                 pend = g.pend
                 seen = g.seen.get(r)
@@ -197,7 +199,7 @@ class SubStep:
                     # left out.
                     seen = g.seen[r] = (step, int(not end), seen[1] if seen is not None else 0)
                     q = pend.pop(r, None)      # and what was left of its last step
-                    if q is not None and q[1] >= MIN_OPS:
+                    if q is not None and q[1] >= min_ops:
                         g.ready -= 1
                     bj -= longest[j]
                     ball -= longest[j]
@@ -209,7 +211,7 @@ class SubStep:
                 p = pend.get(r)
                 if p is None:
                     pend[r] = [bj, float(n), span, ball, float(max(seen[1], seen[2])), p2p]
-                    if n >= MIN_OPS:
+                    if n >= min_ops:
                         g.ready += 1
                 else:
                     was = p[1]
@@ -219,11 +221,11 @@ class SubStep:
                     p[3] += ball
                     p[5] += p2p
                     p[4] = max(seen[1], seen[2])
-                    if was < MIN_OPS <= p[1]:
+                    if was < min_ops <= p[1]:
                         g.ready += 1
-                # every member has sent a window since the last tick, each with MIN_OPS ops
+                # every member has sent a window since the last tick, each with min_ops ops
                 if g.ready >= g.size and g.ready == len(pend):
-                    g.long = elapsed >= 1.5 * (self.window_s or 1.0)
+                    g.long = elapsed >= long_w * (self.window_s or 1.0)
                     out.append(self._tick(group, g, ts, step, not end))
             if out:
                 done.append((i, out))
@@ -243,7 +245,8 @@ class SubStep:
         per_op = [p[0] / p[1] for p in pend]
         work = [max(p[2] - p[3], 0.0) / p[1] for p in pend]
         ref_work = _median(work)
-        if ref_work <= MIN_WORK * _median([p[2] / p[1] for p in pend]):
+        sp = cfg.substep
+        if ref_work <= sp.min_work * _median([p[2] / p[1] for p in pend]):
             # A group whose ops follow each other with no work between says nothing about
             # the members' work.
             return name, [], {}
@@ -256,7 +259,7 @@ class SubStep:
             # Two members compare with each other (a median of two is their mean: half
             # the gap): the one that waited longer is the reference, its work the unit.
             i = 0 if per_op[0] >= per_op[1] else 1
-            if work[i] > MIN_WORK * pend[i][2] / pend[i][1]:
+            if work[i] > sp.min_work * pend[i][2] / pend[i][1]:
                 mid, ref_work = per_op[i], work[i]
         late = [mid - x for x in per_op]
         # The first tick of a step made by a window closed on time (inside the step: never
@@ -269,7 +272,7 @@ class SubStep:
                                    for m, x, w, p in zip(members, late, waited, pend,
                                                          strict=True)}))
             g.obs = obs[-2:]
-        if min(p[4] for p in pend) < MIN_SPREAD:
+        if min(p[4] for p in pend) < sp.min_spread:
             # A group whose ops come in a burst (gradient buckets at the step's end: in one
             # or two windows a step), or a short step (one window closed on time): no
             # value for the windowed test.
@@ -286,21 +289,21 @@ class SubStep:
             g.calm = np.concatenate([g.calm, np.zeros(len(g.raw.rows) - g.calm.size,
                                                       dtype=np.int64)])
         mom = g.raw.mom[rows]
-        known = mom[:, 3] >= LEARN_MIN
+        known = mom[:, 3] >= cfg.evidence.noise_min
         g.raw.push(rows, val)
         # The job's first step (compilation, autotuning) teaches no usual; peers judge it.
         g.own.push(rows, np.where(known & (step > (self.first_step or 0)), val - mom[:, 0],
                                   np.nan))
         g.ts.append(ts)
         g.steps.append(step)
-        del g.ts[:-WIDTH], g.steps[:-WIDTH]
-        sigma = np.full(rows.size, max(SIGMA_FLOOR, g.spread))
+        del g.ts[:-sp.width], g.steps[:-sp.width]
+        sigma = np.full(rows.size, max(sp.sigma_floor, g.spread))
         lo, far = math.log1p(cfg.min_rel), math.log1p(cfg.far_rel)
         scales = self.scales()
         z = cfg.z_min
         # Windows.test confirms a window whose mean is at least MEAN_FLOOR delta > delta / 2,
         # and its z is positive only there: with no such window no member confirms nor
-        # reaches SUSPECT_Z, so the test is skipped (the same answers, most ticks).
+        # reaches suspect_z, so the test is skipped (the same answers, most ticks).
         if _may_pass(g.raw, rows, far / 2, scales):
             ok_f, m_f, _, n_f = g.raw.test(rows, sigma, far, z, scales)
         else:
@@ -309,10 +312,10 @@ class SubStep:
             ok_s, m_s, z_s, n_s = g.own.test(rows, sigma, 2 * lo, z, scales)
         else:
             ok_s = m_s = n_s = z_s = np.zeros(rows.size, dtype=bool)
-        # A member drifting away (its own-past window z >= SUSPECT_Z) teaches nothing.
-        calm = np.where(~(z_s >= SUSPECT_Z) & ~ok_f, g.calm[rows] + 1, 0)
+        # A member drifting away (its own-past window z >= suspect_z) teaches nothing.
+        calm = np.where(~(z_s >= cfg.evidence.suspect_z) & ~ok_f, g.calm[rows] + 1, 0)
         g.calm[rows] = calm
-        learn = calm > LEARN_DELAY
+        learn = calm > cfg.evidence.noise_delay
         g.raw.learn(rows, learn)
         g.own.learn(rows, learn)
         hit = ok_s | ok_f
