@@ -13,8 +13,8 @@ GPUs; traces at ``--grain comm`` (default: windows, as the producers publish) or
 (``detect_throughput_collective.json`` for the collective grain).
 
 With ``--batched`` the trace is what ``failslow simulate`` writes by default (what the host
-agents publish): a ``comm_batch`` per host and window and a ``gpu_batch`` per host and
-sample (``schema.batches.batch_trace``), the detector taking them whole. ``--phases``
+agents publish): a ``comm_batch`` per host and window, a ``gpu_batch`` and a ``nic_batch``
+per host and sample (``schema.batches.batch_trace``), the detector taking them whole. ``--phases``
 also runs the first scenario once more, timing where its CPU goes: decode (JSON, validation, ordering), device telemetry, comm windows,
 step judging.
 With ``--on-change`` the trace's device samples are those host agents publish by default
@@ -157,8 +157,8 @@ def main() -> int:
     ap.add_argument("--on-change", action="store_true",
                     help="device samples as the agents publish them (on change + heartbeat)")
     ap.add_argument("--batched", action="store_true",
-                    help="the trace as failslow simulate writes it by default: comm_batch and "
-                         "gpu_batch per host (the detector takes them whole)")
+                    help="the trace as failslow simulate writes it by default: comm_batch, "
+                         "gpu_batch and nic_batch per host (the detector takes them whole)")
     ap.add_argument("--phases", action="store_true",
                     help="profile the first scenario once and print CPU per phase")
     args = ap.parse_args()

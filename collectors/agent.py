@@ -3,9 +3,10 @@
 Device samples (``gpu``, ``nic``, ``host``) are published on change plus a heartbeat
 by default (``collectors.samplers.OnChange``: about half of them on the simulator's
 scenarios, with the same incidents); ``on_change=False`` publishes every sample. With
-``batch`` a cycle's GPU samples go as one ``gpu_batch`` per host and the NCCL tailer's
-windows as one ``comm_batch`` per job (``schema.batches``; consumers expand them). The
-training processes' windows reach the publisher through ``collectors.relay.Relay``."""
+``batch`` a cycle's GPU samples go as one ``gpu_batch`` per host, its NIC ports' as one
+``nic_batch`` (a row per port) and the NCCL tailer's windows as one ``comm_batch`` per
+job (``schema.batches``; consumers expand them). The training processes' windows reach
+the publisher through ``collectors.relay.Relay``."""
 
 from __future__ import annotations
 

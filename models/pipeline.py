@@ -77,9 +77,11 @@ class _PackageUnpickler(pickle.Unpickler):
 
 CAUSE_EVERY_STEPS = 3
 TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
-# Device samples the telemetry queue takes: the per-sample kinds and a host's GPUs
-# sampled together (``gpu_batch``, one queue item, applied in one array step).
-QUEUED_KINDS = frozenset((*TELEMETRY_KINDS, "gpu_batch"))
+# Device samples the telemetry queue takes: the per-sample kinds, a host's GPUs sampled
+# together (``gpu_batch``, one queue item, applied in one array step) and its NIC ports
+# (``nic_batch``, one queue item, its rows applied in order).
+DEVICE_BATCHES = {"gpu_batch": "gpu", "nic_batch": "nic"}     # kind -> its row key
+QUEUED_KINDS = frozenset((*TELEMETRY_KINDS, *DEVICE_BATCHES))
 # Queued samples beyond which the oldest half of each host's queue is applied regardless
 # of the steps (hosts that run no job here, or jobs that judge no step for a long while,
 # must not grow the queue without bound).
@@ -93,7 +95,7 @@ _TS = itemgetter("ts")
 
 
 def _qts(ev: dict[str, Any]) -> float:
-    """When a queued sample may be applied: its ts; a ``gpu_batch``'s earliest row's."""
+    """When a queued sample may be applied: its ts; a batch's earliest row's."""
     t = ev["ts"]
     return min(t) if type(t) is list else t
 
@@ -102,8 +104,9 @@ log = logging.getLogger("failslow.detector")
 
 
 def _cut_batch(ev: dict[str, Any], cut: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A ``gpu_batch`` whose rows straddle ``cut``: (its rows up to ``cut``, the rest), so
-    a step judged at a cut sees exactly the rows it would see sent one by one."""
+    """A ``gpu_batch`` or ``nic_batch`` whose rows straddle ``cut``: (its rows up to
+    ``cut``, the rest), so a step judged at a cut sees exactly the rows it would see sent
+    one by one."""
     ts = ev["ts"]
     early = [i for i, x in enumerate(ts) if x <= cut]
     return take(ev, early), take(ev, [i for i, x in enumerate(ts) if x > cut])
@@ -291,7 +294,7 @@ class Detector:
                     cut = cuts.get(h)
                     late = ev
                     if cut is not None and t > cut:
-                        if kind == "gpu_batch" and _qts(ev) <= cut:
+                        if kind in DEVICE_BATCHES and _qts(ev) <= cut:
                             # a batch whose early rows are late: those now, the rest queued
                             late, ev = _cut_batch(ev, cut)
                         else:
@@ -303,8 +306,8 @@ class Detector:
                         queued += 1
                     if late is not None:
                         if cut is not None:
-                            self.late_samples += len(late["gpu"]) if kind == "gpu_batch" \
-                                else 1
+                            rk = DEVICE_BATCHES.get(kind)
+                            self.late_samples += 1 if rk is None else len(late[rk])
                         self._observe(late)
                         if cut is not None and self.tracker.late_pending():
                             # issue 17 hook (owner of models/incidents.py): a cause left
@@ -465,6 +468,8 @@ class Detector:
             self.store.observe_gpu_batch(ev)
         elif kind == "nic":
             self.store.observe_nic(ev)
+        elif kind == "nic_batch":
+            self.store.observe_nic_batch(ev)
         else:
             self.store.observe_host(ev)
 

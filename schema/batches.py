@@ -1,14 +1,15 @@
 """Columnar batch kinds (docs/contract.md "Batch kinds"): one host's records of one window
 as ONE object of columns, and their lossless conversion to and from the per-rank kinds.
 
-A host agent relays its ranks' ``comm`` windows as one ``comm_batch`` and its GPUs'
-samples as one ``gpu_batch``: the field names are written once per message instead of
-once per rank, a value every row shares is written once, and one broker message carries
+A host agent relays its ranks' ``comm`` windows as one ``comm_batch``, its GPUs'
+samples as one ``gpu_batch`` and its NIC ports' as one ``nic_batch``: the field names are
+written once per message instead of once per rank, a value every row shares is written once, and one broker message carries
 a host's window. Every consumer expands a batch into its per-rank events at decode
 (``expand``), so everything downstream sees exactly the events the ranks produced.
 
-Layout (``comm_batch``; ``gpu_batch`` is the same over ``gpu`` rows, with ``host`` shared
-and no nested entries):
+Layout (``comm_batch``; ``gpu_batch`` and ``nic_batch`` are the same over ``gpu`` / ``nic``
+rows, with ``host`` shared and no nested entries; a ``nic_batch`` row is a NIC port, named
+by its ``nic`` and ``port``):
 
 - ``v``, ``kind``; the shared fields (``job_id``, ``host``): one value for the batch;
 - the row field (``rank``): a list, one value per row; it says how many rows there are;
@@ -48,11 +49,14 @@ class BatchKind:
     shared: tuple[str, ...]    # fields with one value per batch (what the batch groups by)
     row_key: str               # the always-a-list field that names a row (rank, gpu index)
     nested: str | None = None  # the list-of-objects field flattened into columns
+    # the fields that together name a row, when the row key alone does not (a NIC's ports)
+    row_id: tuple[str, ...] = ()
 
 
 BATCH_KINDS: dict[str, BatchKind] = {
     "comm_batch": BatchKind("comm", ("job_id", "host"), "rank", "ops"),
     "gpu_batch": BatchKind("gpu", ("host",), "gpu"),
+    "nic_batch": BatchKind("nic", ("host",), "nic", row_id=("nic", "port")),
 }
 ROW_BATCH = {spec.row_kind: kind for kind, spec in BATCH_KINDS.items()}
 # A host has at most a few dozen GPUs: the bound stops a forged batch from making a
@@ -485,9 +489,9 @@ class Batcher:
     """Gathers a stream of per-rank events into one batch per host (and job) and window.
 
     ``add(event, now)`` returns what is ready to send: the event itself when it is not
-    batchable (a step, a NIC sample), else the batches that closed. An event joins the
+    batchable (a step, a host sample), else the batches that closed. An event joins the
     oldest open group of its kind and shared fields that lacks its row (its rank, its
-    GPU), so a rank that sends several windows at once (a backlog after an agent restart)
+    GPU, its NIC port), so a rank that sends several windows at once (a backlog after an agent restart)
     still fills one batch per window. A group closes when it holds every row of the last
     ``remember`` batches of its kind and shared fields (all of the host's ranks are in;
     before any, when a row comes again), or once its first row waited ``linger_s`` (``due(now)``: a rank that is late or gone does not hold
@@ -526,7 +530,8 @@ class Batcher:
         key = group_key(ev) if type(ev) is dict else None
         if key is None:
             return [(None, [ev])], None
-        row = ev.get(BATCH_KINDS[key[0]].row_key)
+        bk = BATCH_KINDS[key[0]]
+        row = tuple(map(ev.get, bk.row_id)) if bk.row_id else ev.get(bk.row_key)
         groups = self._open.setdefault(key, [])
         out = []
         opened = None
@@ -575,8 +580,9 @@ def _flat(pairs: list[tuple[int | None, list[dict]]]) -> list[dict]:
 
 
 def batch_trace(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict]:
-    """A per-rank trace as a host agent would publish it: ``comm`` windows and ``gpu``
-    samples gathered per host and window (event time, ``linger_s``), the rest as it is.
+    """A per-rank trace as a host agent would publish it: ``comm`` windows, ``gpu``
+    and ``nic`` samples gathered per host and window (event time, ``linger_s``), the rest
+    as it is.
     A batch takes the place of its first row, so no row moves after an event it came
     before (a rank's window before its step end): ``failslow detect`` gives the same
     incidents on both."""

@@ -1,8 +1,8 @@
 """orjson codec for Kafka message values and trace lines (CONTRACT.md "Encoding").
 
 A value is one event object or a JSON array of events of one kind. A columnar batch
-(``schema.batches``: ``comm_batch``, ``gpu_batch``) is expanded into its per-rank events
-here, so every consumer sees the per-rank kinds whichever form was sent. ``decode``
+(``schema.batches``: ``comm_batch``, ``gpu_batch``, ``nic_batch``) is expanded into its
+per-rank events here, so every consumer sees the per-rank kinds whichever form was sent. ``decode``
 is strict (raises SchemaError on the first problem); ``decode_lenient`` keeps
 every valid element of an array and reports the invalid ones, so one bad
 sample in a batch never costs the others.

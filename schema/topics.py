@@ -17,6 +17,7 @@ KIND_TOPIC = {
     # columnar batches (schema.batches) travel with the per-rank kinds they hold
     "comm_batch": "collectives",
     "gpu_batch": "gpu",
+    "nic_batch": "nic",
 }
 # Topics the stream processors publish, never read as detector input.
 OUTPUTS = ("incidents", "actions")
@@ -59,7 +60,7 @@ def key_for(event: Any) -> str:
     """The message key of an event: host for telemetry, job_id for steps, comm summaries
     incidents and actions, ``job_id/group`` for raw collectives."""
     kind = event["kind"]
-    if kind in ("gpu", "nic", "host", "gpu_batch"):
+    if kind in ("gpu", "nic", "host", "gpu_batch", "nic_batch"):
         return str(event["host"])
     if kind == "collective":
         return f"{event['job_id']}/{event['group']}"

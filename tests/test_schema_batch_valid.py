@@ -19,7 +19,7 @@ BAD_VALUES = [None, "x", True, -1, 0, -0.5, 2**70, 2**40, 1e300, [], [1], [None]
 def _batches() -> list[dict]:
     events = list(simulate(SCENARIOS["slow_link_host_50"], seed=3, steps=6).events())
     out = []
-    for kind in ("comm", "gpu"):
+    for kind in ("comm", "gpu", "nic"):
         rows = [e for e in events if e["kind"] == kind]
         host = rows[0]["host"]
         out.append(to_batch([e for e in rows if e["host"] == host][:4]))
@@ -28,7 +28,7 @@ def _batches() -> list[dict]:
 
 def _mutants(batch: dict, rng: random.Random, count: int) -> list[dict]:
     out = []
-    n = len(batch.get("rank") or batch["gpu"])
+    n = len(batch.get("rank") or batch.get("gpu") or batch["nic"])
     for _ in range(count):
         m = copy.deepcopy(batch)
         where = m["ops"] if "ops" in m and rng.random() < 0.4 else m
@@ -54,7 +54,7 @@ def _mutants(batch: dict, rng: random.Random, count: int) -> list[dict]:
 def test_what_the_simulator_and_to_batch_write_is_valid():
     for b in _batches():
         assert valid(b)
-        gpu = [b] if b["kind"] == "gpu_batch" else []
+        gpu = [b] if b["kind"] in ("gpu_batch", "nic_batch") else []
         for g in gpu:
             assert valid(take(g, [2, 0]))
             assert expand(take(g, [2, 0])) == [expand(g)[2], expand(g)[0]]

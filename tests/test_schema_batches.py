@@ -1,4 +1,4 @@
-"""Columnar batch kinds (``comm_batch``, ``gpu_batch``): lossless both ways (property-tested:
+"""Columnar batch kinds (``comm_batch``, ``gpu_batch``, ``nic_batch``): lossless both ways (property-tested:
 every optional field absent, null or present, unknown fields, key order), decoded into the
 per-rank events by every consumer's codec, and a bad batch refused with one line."""
 
@@ -130,8 +130,21 @@ def gpu_rows(draw):
     return rows
 
 
+@st.composite
+def nic_rows(draw):
+    """A host's NIC ports: rows named by (nic, port), a NIC's ports in one batch."""
+    ports = draw(st.lists(st.tuples(st.sampled_from(("mlx5_0", "mlx5_1", "eth0")),
+                                    st.integers(1, 3)), min_size=1, max_size=9, unique=True))
+    shared = {name: draw(_optional(t)) for name, t in SPECS["nic"][1].items()
+              if draw(st.booleans())}
+    host = draw(st.text(max_size=4))
+    return [{"v": 1, "kind": "nic", **draw(_record(SPECS["nic"], {"host": host, "nic": nic,
+                                                                 "port": port}, shared))}
+            for nic, port in ports]
+
+
 @settings(max_examples=120, deadline=None)
-@given(st.one_of(comm_rows(), gpu_rows()))
+@given(st.one_of(comm_rows(), gpu_rows(), nic_rows()))
 def test_rows_to_batch_and_back_is_exact(rows):
     original = copy.deepcopy(rows)
     batch = to_batch(rows)
@@ -145,7 +158,7 @@ def test_rows_to_batch_and_back_is_exact(rows):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.one_of(comm_rows(), gpu_rows()))
+@given(st.one_of(comm_rows(), gpu_rows(), nic_rows()))
 def test_batch_to_rows_and_back_is_exact(rows):
     batch = to_batch(rows)
     wire = orjson.loads(encode(batch))

@@ -187,8 +187,9 @@ def _rows(batch: list) -> int:
 
 def _all_valid(batch: list) -> bool:
     """``all_valid`` of a chunk that may hold columnar batches (``comm_batch``,
-    ``gpu_batch``): each batch's columns checked at once (``schema.batches.valid``), the
-    batch kept whole; the per-rank events as ever. False: a line needs the slow way."""
+    ``gpu_batch``, ``nic_batch``): each batch's columns checked at once
+    (``schema.batches.valid``), the batch kept whole; the per-rank events as ever. False:
+    a line needs the slow way."""
     try:
         kinds = set(map(_kind, batch))
     except (TypeError, KeyError):        # a line that is no event object

@@ -12,9 +12,9 @@ events are also published through the collectors' publisher (same code path as
 the real collectors), to the topics under the configured prefix.
 
 The trace is what the producers publish: a host agent relays its ranks' ``comm``
-windows as one ``comm_batch`` per host and window and samples its GPUs as one
-``gpu_batch`` (docs/contract.md, "Batch kinds"); steps, collectives, NIC and host samples
-stay per event. ``--per-rank`` writes every record as its own per-rank event instead
+windows as one ``comm_batch`` per host and window, samples its GPUs as one ``gpu_batch``
+and its NIC ports as one ``nic_batch`` (docs/contract.md, "Batch kinds"); steps,
+collectives and host samples stay per event. ``--per-rank`` writes every record as its own per-rank event instead
 (what a job without an agent publishes); ``failslow detect`` gives the same incidents on
 both.
 """
@@ -47,9 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comm grain: a window closes every WINDOW_S seconds inside a step "
                         f"and at its end (default {DEFAULT_WINDOW_S:g})")
     parser.add_argument("--per-rank", action="store_true",
-                        help="write every comm window and GPU sample as its own per-rank "
+                        help="write every comm window, GPU and NIC sample as its own per-rank "
                         "event, as a job without a host agent publishes them (default: one "
-                        "comm_batch / gpu_batch per host and window, as the agents publish; "
+                        "comm_batch / gpu_batch / nic_batch per host and window, as the agents "
+                        "publish; "
                         "docs/contract.md 'Batch kinds'; detect gives the same incidents)")
     parser.add_argument("--batch", action="store_true", help=argparse.SUPPRESS)  # the default
     parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
