@@ -1,8 +1,8 @@
 """The worker's CPU per judged rank-step against `failslow detect`'s, on the same batched
 trace, offline, broken down by stage (issue 31, part 3: "the worker stays close to detect").
 
-For each size (ranks, tp8 pp8, 2 s steps, comm grain, 1 Hz GPU/NIC/host telemetry:
-bench/streams_scale.py's scenario) the simulator's events are batched as the host agents
+For each size (ranks, tp8 pp8, 2 s steps or ``--step-s``, comm grain, 1 Hz GPU/NIC/host
+telemetry: bench/streams_scale.py's scenario) the simulator's events are batched as the host agents
 publish them (``schema.batches.batch_trace``: one ``comm_batch`` / ``gpu_batch`` per host
 and window) and written as a JSON Lines trace. Then, each in a child process (CPU = user +
 sys from wait4, nothing else in the child):
@@ -20,7 +20,7 @@ The worker child times its stages with ``time.process_time`` (inclusive times; t
 wrappers add ~1 us a call) and prints them. Ratio = worker CPU per judged rank-step /
 detect's. A second pass with no wrappers gives the worker's total.
 
-    .venv/bin/python bench/streams_worker_cost.py [--ranks 1024 4096 16384] [--steps 6]
+    .venv/bin/python bench/streams_worker_cost.py [--ranks 1024 4096 16384] [--steps 6] [--step-s 2]
 
 Prints numbers and writes bench/results/streams_worker_cost.json.
 """
@@ -45,15 +45,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def write_batched(ranks: int, steps: int, path: Path) -> dict:
-    from streams_scale import scenario
+def scenario(ranks: int, steps: int, step_s: float = 2.0):
+    """bench/streams_scale.py's job (tp8 pp8, ranks / 8 hosts) at ``step_s`` steps."""
+    from failslow.simulator import JobSpec, Scenario
 
+    return Scenario(f"one_{ranks}_{step_s:g}s", f"one {ranks:,}-rank job tp8 pp8, {step_s:g} s "
+                    "steps", (JobSpec(job_id="big", hosts=ranks // 8, tp=8, pp=8,
+                                      micro_batches=8, step_s=step_s),), steps=steps, large=True)
+
+
+def write_batched(ranks: int, steps: int, path: Path, step_s: float = 2.0) -> dict:
     from failslow.schema.batches import batch_trace
     from failslow.simulator import simulate
 
     n = 0
+    events = simulate(scenario(ranks, steps, step_s), seed=0, steps=steps).events()
     with path.open("wb") as f:
-        for obj in batch_trace(simulate(scenario(ranks, steps), seed=0, steps=steps).events()):
+        for obj in batch_trace(events):
             f.write(orjson.dumps(obj) + b"\n")
             n += 1
     return {"objects": n, "trace_bytes": path.stat().st_size}
@@ -243,6 +251,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--step-s", type=float, default=2.0)
     ap.add_argument("--out", default=str(RESULTS / "streams_worker_cost.json"))
     ap.add_argument("--worker-child", nargs=3, metavar=("TRACE", "PARTS", "PROFILE"),
                     help=argparse.SUPPRESS)
@@ -256,9 +265,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="failslow-wcost-") as tmp:
         for ranks in args.ranks:
             trace = Path(tmp) / f"b_{ranks}.jsonl"
-            row: dict = {"ranks": ranks, "steps": args.steps, "step_s": 2.0,
+            row: dict = {"ranks": ranks, "steps": args.steps, "step_s": args.step_s,
                          "partitions": args.partitions, "loadavg_before": os.getloadavg()}
-            row.update(write_batched(ranks, args.steps, trace))
+            row.update(write_batched(ranks, args.steps, trace, args.step_s))
             det_cpu, det_out = run_child([sys.executable, "-m", "failslow.cli", "detect",
                                           str(trace), "--out", os.devnull])
             # the same child on the trace's first line: the start (imports), which the
