@@ -65,11 +65,9 @@ from failslow.models.peers import KeyedValues, lower_half_ref, surely_within
 from failslow.models.stats import RollingMedian, median
 
 P2P_OPS = frozenset(("send", "recv"))
-NOISE_FLOOR = 0.02       # relative noise below which a pair's cost is not trusted to be
-PEERS_MIN = 4            # pairs of one op size needed for a comparison across pairs
-SIZE_BUCKET = 0.5        # log2 width of an op-size class (ops of similar size compare)
-HISTORY = 64             # the job's step times kept for pre-onset baselines
-LONG_WINDOWS = 1.5       # a step of at least this many windows is long (``models.substep``)
+# Thresholds: ``P2PConfig`` (``[rules.p2p]``: noise_floor, peers_min, size_bucket,
+# warm_min), ``CostConfig`` (history_steps, base_steps, base_min_steps) and
+# ``SubstepConfig.long_windows`` (a step of at least that many windows is long).
 
 
 class PairState:
@@ -247,7 +245,8 @@ class P2PMonitor:
         r = c.rank[i]
         elapsed = self._window_time(r, c.ts[i], c.w0[i], c.end[i], step)
         w = self.window_s or 1.0
-        if elapsed < LONG_WINDOWS * w and (mid is None or mid < LONG_WINDOWS * w):
+        lw = self.cfg.substep.long_windows
+        if elapsed < lw * w and (mid is None or mid < lw * w):
             return False               # a short step: the step rule
         if c.world[i]:
             self.world = max(self.world, int(cast(int, c.world[i])))
@@ -278,7 +277,7 @@ class P2PMonitor:
             if other is None or other[1] <= w0 or other[0] >= ts:
                 continue               # the other side's overlapping window is still to come
             obs = min(cost, other[2])
-            cls = round(math.log2(max(per_op, 1.0)) / SIZE_BUCKET)
+            cls = round(math.log2(max(per_op, 1.0)) / cfg.p2p.size_bucket)
             key = (pair, d)
             prev = self.wlast.get(key)
             self.wlast[key] = (obs, cls)
@@ -305,7 +304,7 @@ class P2PMonitor:
             low = lows.get(cls)
             if low is None or obs < low:
                 low = lows[cls] = obs if low is not None else float(same.min())
-            unsure = len(same) >= PEERS_MIN and not (
+            unsure = len(same) >= cfg.p2p.peers_min and not (
                 low > 0 and obs < (1.0 + cfg.far_rel) * low * (1.0 - 1e-9))
             if unsure:
                 lows[cls] = float(same.min())     # the bound could not tell: exact again
@@ -313,7 +312,7 @@ class P2PMonitor:
                 ref, sig = lower_half_ref(np.array(same))
                 if ref > 0:
                     rel = obs / ref - 1.0
-                    z = rel / max(sig / ref, NOISE_FLOOR)
+                    z = rel / max(sig / ref, cfg.p2p.noise_floor)
                     slow = rel >= cfg.far_rel and z >= cfg.z_min
             if not slow:
                 if run is not None and d == run[8]:
@@ -376,7 +375,7 @@ class P2PMonitor:
                 self._take(s, rank, ranks[0] + ranks[1] - rank, op, secs, nbytes, n)
         data = self.pending.pop(s, None)
         self.hist.append((s, job_s))
-        if len(self.hist) > HISTORY:
+        if len(self.hist) > self.cfg.cost.history_steps:
             del self.hist[0]
         if world:
             self.world = world
@@ -417,27 +416,28 @@ class P2PMonitor:
         # Against its own past, normalized by the other pairs' same ratio.
         rel_o = np.zeros(n)
         z_o = np.zeros(n)
-        if warm.sum() >= 3:
+        pp = cfg.p2p
+        if warm.sum() >= pp.warm_min:
             ref, sig = lower_half_ref(ratio[warm])
             if ref > 0:
                 rel_o = np.where(warm, ratio / ref - 1.0, 0.0)
-                z_o = rel_o / np.maximum(max(sig / ref, NOISE_FLOOR), own)
+                z_o = rel_o / np.maximum(max(sig / ref, pp.noise_floor), own)
         elif warm.any():
             rel_o = np.where(warm, ratio - 1.0, 0.0)
-            z_o = rel_o / np.maximum(own, NOISE_FLOOR)
+            z_o = rel_o / np.maximum(own, pp.noise_floor)
         # Against the other pairs moving ops of about the same size (no past needed).
         rel_p = np.zeros(n)
         z_p = np.zeros(n)
-        cls = np.round(np.log2(np.maximum(size, 1.0)) / SIZE_BUCKET)
+        cls = np.round(np.log2(np.maximum(size, 1.0)) / pp.size_bucket)
         for c in np.unique(cls):
             idx = np.flatnonzero(cls == c)
-            if idx.size < PEERS_MIN:
+            if idx.size < pp.peers_min:
                 continue
             ref, sig = lower_half_ref(cost[idx])
             if ref <= 0:
                 continue
             rel_p[idx] = cost[idx] / ref - 1.0
-            z_p[idx] = rel_p[idx] / np.maximum(max(sig / ref, NOISE_FLOOR), own[idx])
+            z_p[idx] = rel_p[idx] / np.maximum(max(sig / ref, pp.noise_floor), own[idx])
         inc = np.maximum(capped_increment(rel_o, z_o, cfg.min_rel, cfg),
                          capped_increment(rel_p, z_p, cfg.far_rel, cfg))
         rel = np.maximum(rel_o, np.where(rel_p >= cfg.far_rel, rel_p, 0.0))
@@ -549,8 +549,9 @@ class P2PMonitor:
         """A pair's first confirmed step: the job's step time before its onset, and what
         the job lost since (measured step times over that, bounded by its extra)."""
         st.active = True
-        before = [d for k, d in self.hist if k < st.onset_step][-16:]
-        mean = sum(before) / len(before) if len(before) >= 4 else 0.0
+        cc = self.cfg.cost
+        before = [d for k, d in self.hist if k < st.onset_step][-cc.base_steps:]
+        mean = sum(before) / len(before) if len(before) >= cc.base_min_steps else 0.0
         usual = self.clean.median if self.clean.n else 0.0
         # Fewer than four steps before the onset: slow since the job's first steps, no
         # clean step time to compare with (base 0: priced by its own extra seconds).

@@ -44,6 +44,7 @@ from typing import Any, cast
 
 from failslow.models.alignment import HEAD, CollectiveAligner
 from failslow.models.comm import CommRows
+from failslow.models.config import DetectorConfig
 from failslow.models.findings import Finding
 from failslow.models.incidents import IncidentTracker
 from failslow.models.job import JobConfig, JobState
@@ -75,7 +76,6 @@ class _PackageUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-CAUSE_EVERY_STEPS = 3
 TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
 # Device samples the telemetry queue takes: the per-sample kinds, a host's GPUs sampled
 # together (``gpu_batch``, one queue item, applied in one array step) and its NIC ports
@@ -89,8 +89,6 @@ TELEMETRY_QUEUE_CAP = 1 << 17
 # A job silent this long (event time) has ended. Five minutes: longer than a checkpoint
 # save or an evaluation pass (tens of seconds to a few minutes, steps stop meanwhile),
 # short enough that a finished job's incident does not stay open for long.
-JOB_IDLE_S = 300.0
-JOB_IDLE_STEPS = 20       # ... or this many of the job's step times, for very long steps
 _TS = itemgetter("ts")
 
 
@@ -129,7 +127,7 @@ class Detector:
 
     errors = 0           # class defaults: snapshots taken before these existed restore
     last_error = ""
-    job_idle_s = JOB_IDLE_S
+    job_idle_s = DetectorConfig().job_idle_s     # what a detector pickled before ran with
     jobs_ended = 0
     judged_rank_steps = 0
     _now = -math.inf
@@ -138,7 +136,7 @@ class Detector:
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  resolve_steps: int = 5, critical_pct: float = 20.0,
                  planner: Planner | None = None, telemetry_delay_s: float = 1.0,
-                 job_idle_s: float = JOB_IDLE_S, config: DetectionConfig | None = None
+                 job_idle_s: float | None = None, config: DetectionConfig | None = None
                  ) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
@@ -146,13 +144,13 @@ class Detector:
         self.resolve_steps = resolve_steps
         self.critical_pct = critical_pct
         self.telemetry_delay_s = telemetry_delay_s
-        self.job_idle_s = job_idle_s
         if config is None:
             # the keyword thresholds are the tree's defaults (``models.settings``)
             config = DetectionConfig.from_mapping({
                 "rules": {"min_rel": min_rel, "z_min": z_min, "confirm_steps": confirm_steps},
                 "policy": {"resolve_steps": resolve_steps, "critical_pct": critical_pct}})
         self.config = config
+        self.job_idle_s = config.detector.job_idle_s if job_idle_s is None else job_idle_s
         self.planner = planner or config.make_planner()
         self.cfg = config.job_config()
         self.jobs: dict[str, JobState] = {}
@@ -315,7 +313,7 @@ class Detector:
                             lt = late["ts"]
                             out.extend(self.tracker.late_sample(
                                 h, max(lt) if type(lt) is list else lt, now, self.store,
-                                self._job_hosts))
+                                self._job_hosts, lambda j: self._job_cfg(j).causes))
             except (KeyError, TypeError, ValueError):
                 self.rejected += 1
             except Exception as exc:  # noqa: BLE001 - a defect must not stop the stream
@@ -535,7 +533,7 @@ class Detector:
         for job_id in sorted(self._seen):
             job = self.jobs.get(job_id)
             last = self._seen[job_id]
-            idle = max(self.job_idle_s, JOB_IDLE_STEPS * job.job_step_s if job else 0.0)
+            idle = max(self.job_idle_s, job.cfg.ranks.idle_steps * job.job_step_s if job else 0.0)
             if last < now - idle:
                 out.extend(self._end_job(job_id))
         # issue 17 (memory): devices of hosts no job here runs on, silent for the idle time
@@ -598,7 +596,8 @@ class Detector:
         for f in findings:
             if f.fault == "slow_link":
                 g, decided = refine_with_nics(f, job.links.slow_members, self.store,
-                                              job.rank_host, job.rank_gpu, nic_memo)
+                                              job.rank_host, job.rank_gpu, nic_memo,
+                                              job.cfg.causes)
                 if not decided and f.evidence.get("ambiguous") and f.confirmed:
                     # Transfers alone cannot tell which end; give the NIC counters a few
                     # steps to show it before settling on the first candidate.
@@ -613,12 +612,12 @@ class Detector:
             cached = self._causes.get((job.job_id, f.key))
             if f.fault == "job_slowdown":
                 cause, rc_ev = "unknown", {}
-            elif cached and job.evaluated - cached[0] < CAUSE_EVERY_STEPS:
+            elif cached and job.evaluated - cached[0] < job.cfg.causes.every_steps:
                 cause, rc_ev = cached[1], cached[2]
             else:
                 slots = nic_slots(f, self.store, job) if f.peer_rank is not None else None
                 cause, rc_ev = attribute(f.fault, self.store, f.hosts, f.gpus, job_hosts,
-                                         f.data_share, slots)
+                                         f.data_share, slots, job.cfg.causes)
                 self._causes[(job.job_id, f.key)] = (job.evaluated, cause, rc_ev)
             cause = self.tracker.vote_cause(job.job_id, f.key, cause)
             if f.imbalance:
@@ -658,7 +657,7 @@ class Detector:
         out = [f for f in located if f.fault != "job_slowdown"]
         for f in pf:
             g, _ = refine_with_nics(f, p2p.members.get(f.key, []), self.store, job.rank_host,
-                                    job.rank_gpu, nic_memo)
+                                    job.rank_gpu, nic_memo, job.cfg.causes)
             far_end(g, p2p.members.get(f.key, []), job.rank_host)
             same = by_key.get(g.key)
             if same is not None:
