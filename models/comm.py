@@ -281,11 +281,11 @@ def _column(obj: dict[str, Any], name: str, n: int, absent: dict[str, Any],
 class _Columns:
     """The entries of one step's windows, as columns taken when each record arrives (its
     dicts are then still in the CPU cache; read back a step later, they cost a cache miss
-    each): per entry its group, op, blocked_s, bytes, n and min_s, per window its rank
-    and number of entries. Plain lists of strings and numbers: taking a batch's rows is
+    each): per entry its group, op, blocked_s, bytes, n and min_s, per window its rank,
+    number of entries and ts. Plain lists of strings and numbers: taking a batch's rows is
     a few list extends, with no object per entry for the garbage collector to track."""
 
-    __slots__ = ("groups", "ops", "blocked", "nbytes", "cnt", "min_s", "ranks", "counts")
+    __slots__ = ("groups", "ops", "blocked", "nbytes", "cnt", "min_s", "ranks", "counts", "ts")
 
     def __init__(self) -> None:
         self.groups: list[str] = []
@@ -296,6 +296,7 @@ class _Columns:
         self.min_s: list[float] = []
         self.ranks: list[int] = []
         self.counts: list[int] = []
+        self.ts: list[float] = []
 
     def __len__(self) -> int:
         """Windows (records) taken."""
@@ -310,6 +311,8 @@ class _Columns:
             return
         for k, v in slots.items():
             setattr(self, k, v)
+        if "ts" not in slots:   # pickled before windows kept their ts: taken in arrival order
+            self.ts = []
 
     def take_entries(self, keys: list[tuple[str, str]], nums: list[tuple]) -> None:
         """Entries given as (group, op) and (blocked_s, bytes, n, min_s) tuples."""
@@ -365,9 +368,11 @@ class CommWindows:
                 counts = [b - a] if j == i + 1 else [at[k + 1] - at[k] for k in range(i, j)]
                 if 0 in counts:     # a window with no entries is no member of any group
                     cols.ranks += [r for r, m in zip(c.rank[i:j], counts, strict=True) if m]
+                    cols.ts += [t for t, m in zip(c.ts[i:j], counts, strict=True) if m]
                     cols.counts += [m for m in counts if m]
                 else:
                     cols.ranks += c.rank[i:j]
+                    cols.ts += c.ts[i:j]
                     cols.counts += counts
             i = j
 
@@ -406,6 +411,7 @@ class CommWindows:
         pair = (np.fromiter(map(gix.__getitem__, groups), dtype=np.int64, count=k)
                 * len(oname) + np.fromiter(map(oix.__getitem__, ops), dtype=np.int64, count=k))
         uniq, first_at, inv_key = np.unique(pair, return_index=True, return_inverse=True)
+        first_at = _first_in_time(cols, first_at, inv_key.reshape(-1), len(uniq))
         order = np.argsort(first_at, kind="stable")
         key_id = np.empty(len(uniq), dtype=np.int64)
         key_id[order] = np.arange(len(uniq))
@@ -465,6 +471,30 @@ class CommWindows:
         horizon = step - self.max_age
         for s in [s for s in self.steps if s < horizon]:
             del self.steps[s]
+
+
+def _first_in_time(cols: _Columns, first_at: np.ndarray, inv_key: np.ndarray, n: int
+                   ) -> np.ndarray:
+    """Each (group, op)'s first entry in the order its windows closed (ts, then rank),
+    not in the order they arrived (``first_at``): per-rank input arrives in ts order, a
+    host's batch holds that host's windows together. The order of the step's groups
+    (``models.links`` breaks a tie between equal culprits by it; a link is named by its
+    first op) is then the same for both."""
+    ranks, ts = cols.ranks, cols.ts
+    if len(ts) != len(ranks) or len(ranks) < 2:
+        return first_at      # windows taken before they kept their ts: arrival order
+    w = np.lexsort((np.array(ranks), np.array(ts)))
+    if not (np.diff(w) < 0).any():
+        return first_at      # they arrived in that order
+    pos = np.empty(len(w), dtype=np.int64)
+    pos[w] = np.arange(len(w))
+    # entries in their windows' time order, a window's entries kept in theirs
+    eo = np.argsort(np.repeat(pos, cols.counts), kind="stable")
+    at = np.empty(len(eo), dtype=np.int64)
+    at[eo] = np.arange(len(eo))
+    first = np.full(n, len(eo), dtype=np.int64)
+    np.minimum.at(first, inv_key, at)
+    return first
 
 
 def _by_rank(rank: np.ndarray, seconds: np.ndarray) -> dict[int, float]:
