@@ -154,7 +154,7 @@ class Detector:
         self.planner = planner or config.make_planner()
         self.cfg = config.job_config()
         self.jobs: dict[str, JobState] = {}
-        self.store = TelemetryStore()
+        self.store = TelemetryStore(config.detector)
         self.tracker = IncidentTracker(config.policy, config.policy_of)
         self.rejected = 0
         # (job, finding key) -> (step, root cause, evidence): telemetry arrives about

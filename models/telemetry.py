@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from failslow.models.config import DetectorConfig
+
 # Only what the root-cause attribution reads (``models.rootcause``, ``models.links``)
 # is kept: a sample's other fields (power draw, utilization, byte counters) decide
 # nothing, and skipping them saves ~15% of the per-sample work.
@@ -28,8 +30,9 @@ NIC_COUNTERS = ("rx_errors_total", "tx_errors_total", "rx_drops_total", "tx_paus
                 "out_of_sequence_total", "link_downed_total", "symbol_errors_total",
                 "xmit_wait_total")
 HOST_GAUGES = ("cpu_util_pct", "cpu_steal_pct", "load1", "procs_running")
-RATE_ALPHA = 0.3        # weight of the newest rate: a few samples of memory
-GAUGE_ALPHA = 0.3
+# Smoothing: ``DetectorConfig`` (``[detector]``): ``rate_alpha`` (0.3, the newest rate's
+# weight: a few samples of memory), ``gauge_alpha`` (0.3) and ``first_samples`` (3: a
+# device's own past), passed by the ``TelemetryStore`` that holds the device.
 
 
 class Device:
@@ -52,15 +55,16 @@ class Device:
         self.n = 0
 
     def observe(self, ev: dict[str, Any], gauges: tuple[str, ...],
-                counters: tuple[str, ...]) -> None:
+                counters: tuple[str, ...], p: DetectorConfig | None = None) -> None:
+        p = p or DetectorConfig()
         ts = ev["ts"]
         g = self.gauges
         for name in gauges:
             x = ev.get(name)
             if x is not None:
                 old = g.get(name)
-                g[name] = x if old is None else old + GAUGE_ALPHA * (x - old)
-                if self.n < 3:
+                g[name] = x if old is None else old + p.gauge_alpha * (x - old)
+                if self.n < p.first_samples:
                     self.first[name] = g[name]
         dt = ts - self.last_ts
         last, rates = self.last, self.rates
@@ -73,7 +77,7 @@ class Device:
             if prev is not None and dt > 0 and x >= prev:
                 r = (x - prev) / dt
                 old = rates.get(name)
-                rates[name] = r if old is None else old + RATE_ALPHA * (r - old)
+                rates[name] = r if old is None else old + p.rate_alpha * (r - old)
         self.last_ts = ts
         self.n += 1
 
@@ -139,17 +143,19 @@ class GpuTable:
         self.ver += 1
 
     def update(self, rows: list[int], ts: np.ndarray, gauges: np.ndarray,
-               counters: np.ndarray, reasons: list[Any]) -> None:
+               counters: np.ndarray, reasons: list[Any], p: DetectorConfig | None = None
+               ) -> None:
         """One sample for each of ``rows`` (distinct): ``ts`` (k,), ``gauges`` (k, G) and
         ``counters`` (k, C) with NaN where the sample lacks the field, ``reasons`` the
-        clocks_event_reasons (None: none)."""
+        clocks_event_reasons (None: none); ``p`` the smoothing."""
+        p = p or DetectorConfig()
         idx = np.asarray(rows)
         has = ~np.isnan(gauges)
         old = self.gauges[idx]
-        new = np.where(np.isnan(old), gauges, old + GAUGE_ALPHA * (gauges - old))
+        new = np.where(np.isnan(old), gauges, old + p.gauge_alpha * (gauges - old))
         np.copyto(new, old, where=~has)
         self.gauges[idx] = new
-        early = has & (self.n[idx] < 3)[:, None]
+        early = has & (self.n[idx] < p.first_samples)[:, None]
         if early.any():
             first = self.first[idx]
             np.copyto(first, new, where=early)
@@ -165,7 +171,7 @@ class GpuTable:
             if ok.any():
                 r = (counters - prev) / dt[:, None]
                 oldr = self.rates[idx]
-                rate = np.where(np.isnan(oldr), r, oldr + RATE_ALPHA * (r - oldr))
+                rate = np.where(np.isnan(oldr), r, oldr + p.rate_alpha * (r - oldr))
                 np.copyto(oldr, rate, where=ok)
                 self.rates[idx] = oldr
         if any(x is not None for x in reasons):
@@ -175,25 +181,27 @@ class GpuTable:
             if any(none):
                 hit[np.array(none)] = np.nan
             olds = self.reasons[idx]
-            share = np.where(np.isnan(olds), hit, olds + RATE_ALPHA * (hit - olds))
+            share = np.where(np.isnan(olds), hit, olds + p.rate_alpha * (hit - olds))
             np.copyto(olds, share, where=~np.isnan(hit))
             self.reasons[idx] = olds
         self.last_ts[idx] = ts
         self.n[idx] += 1
         self.ver += 1
 
-    def update_one(self, row: int, ev: dict[str, Any]) -> None:
+    def update_one(self, row: int, ev: dict[str, Any], p: DetectorConfig | None = None
+                   ) -> None:
         """One GPU's sample (a ``gpu`` event), in plain Python on its row: for a lone
         sample numpy's per-call cost would outweigh the work."""
+        p = p or DetectorConfig()
         ts = ev["ts"]
         n = int(self.n[row])
         g = self.gauges[row].tolist()
-        first = self.first[row].tolist() if n < 3 else None
+        first = self.first[row].tolist() if n < p.first_samples else None
         for j, name in enumerate(GPU_GAUGES):
             x = ev.get(name)
             if x is not None:
                 old = g[j]
-                g[j] = x if old != old else old + GAUGE_ALPHA * (x - old)
+                g[j] = x if old != old else old + p.gauge_alpha * (x - old)
                 if first is not None:
                     first[j] = g[j]
         self.gauges[row] = g
@@ -210,7 +218,7 @@ class GpuTable:
             if prev == prev and dt > 0 and x >= prev:
                 r = (x - prev) / dt
                 old = rates[j]
-                rates[j] = r if old != old else old + RATE_ALPHA * (r - old)
+                rates[j] = r if old != old else old + p.rate_alpha * (r - old)
         self.last[row], self.rates[row] = last, rates
         reasons = ev.get("clocks_event_reasons")
         if reasons is not None:
@@ -218,7 +226,7 @@ class GpuTable:
             for j, bits in enumerate(_REASON_BITS):
                 hit = 1.0 if reasons & bits else 0.0
                 old = share[j]
-                share[j] = hit if old != old else old + RATE_ALPHA * (hit - old)
+                share[j] = hit if old != old else old + p.rate_alpha * (hit - old)
             self.reasons[row] = share
         self.last_ts[row] = ts
         self.n[row] = n + 1
@@ -293,8 +301,11 @@ class TelemetryStore:
     NICs and hosts are ``Device`` objects."""
 
     rejected = 0          # GPU samples that failed when applied (a field of the wrong type)
+    p = DetectorConfig()  # its smoothing; what a store pickled before it ran with
 
-    def __init__(self) -> None:
+    def __init__(self, p: DetectorConfig | None = None) -> None:
+        if p is not None:
+            self.p = p
         self.table = GpuTable()
         self._gpus: dict[tuple[str, int], GpuView] = {}
         # GPU samples not applied yet: applied together (``flush``) before anything reads
@@ -376,7 +387,7 @@ class TelemetryStore:
     def _observe_one(self, ev: dict[str, Any]) -> None:
         key = (ev["host"], ev["gpu"])
         (row,) = self._rows([key])
-        self.table.update_one(row, ev)
+        self.table.update_one(row, ev, self.p)
         xid = ev.get("xid")
         if xid:
             self.table.xids[row].extend(xid)
@@ -515,7 +526,7 @@ class TelemetryStore:
             raise TypeError("a sample's ts is not a number")
         rows = self._rows(keys)
         self.table.update(rows, np.array(ts, dtype=float), np.array(gauges, dtype=float),
-                          np.array(counters, dtype=float), reasons)
+                          np.array(counters, dtype=float), reasons, self.p)
         txids = self.table.xids
         for r, xid in zip(rows, xids, strict=True):
             if xid:
@@ -526,7 +537,7 @@ class TelemetryStore:
         dev = self.nics.get(key)
         if dev is None:
             dev = self.nics[key] = Device()
-        dev.observe(ev, ("speed_gbps",), NIC_COUNTERS)
+        dev.observe(ev, ("speed_gbps",), NIC_COUNTERS, self.p)
         dev.down = ev.get("state") == "down"
 
     def observe_nic_batch(self, batch: dict[str, Any]) -> None:
@@ -571,18 +582,19 @@ class TelemetryStore:
                      if (c := col(n)) is not None]
             for i, dev in enumerate(devs):
                 row = {n: c[i] for n, c in names}
-                dev.observe(row, ("speed_gbps",), NIC_COUNTERS)
+                dev.observe(row, ("speed_gbps",), NIC_COUNTERS, self.p)
                 dev.down = row.get("state") == "down"
             return
         speed = col("speed_gbps") or [None] * k
         state = col("state") or [None] * k
         cols = [(n, c) for n in NIC_COUNTERS if (c := col(n)) is not None]
+        ga, ra, first_n = self.p.gauge_alpha, self.p.rate_alpha, self.p.first_samples
         for i, (d, ts, x, st) in enumerate(zip(devs, tss, speed, state, strict=True)):
             if x is not None:
                 g = d.gauges
                 old = g.get("speed_gbps")
-                g["speed_gbps"] = x if old is None else old + GAUGE_ALPHA * (x - old)
-                if d.n < 3:
+                g["speed_gbps"] = x if old is None else old + ga * (x - old)
+                if d.n < first_n:
                     d.first["speed_gbps"] = g["speed_gbps"]
             dt = ts - d.last_ts
             last, rates = d.last, d.rates
@@ -595,7 +607,7 @@ class TelemetryStore:
                 if prev is not None and dt > 0 and x >= prev:
                     r = (x - prev) / dt
                     old = rates.get(name)
-                    rates[name] = r if old is None else old + RATE_ALPHA * (r - old)
+                    rates[name] = r if old is None else old + ra * (r - old)
             d.last_ts = ts
             d.n += 1
             d.down = st == "down"
@@ -604,7 +616,7 @@ class TelemetryStore:
         dev = self.hosts.get(ev["host"])
         if dev is None:
             dev = self.hosts[ev["host"]] = Device()
-        dev.observe(ev, HOST_GAUGES, ())
+        dev.observe(ev, HOST_GAUGES, (), self.p)
 
     def nics_of(self, host: str) -> list[Device]:
         return [d for (h, _, _), d in self.nics.items() if h == host]
