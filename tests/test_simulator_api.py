@@ -11,6 +11,7 @@ from confluent_kafka import Consumer
 
 from failslow import schema
 from failslow.cli import main
+from failslow.schema.batches import expand, is_batch
 from failslow.simulator import (
     GRAINS,
     SCENARIOS,
@@ -256,14 +257,24 @@ def test_cli_writes_trace_and_truth(tmp_path):
     assert main(["simulate", "healthy_16", "--out", str(out), "--steps", "12", "--seed", "3",
                  "--schedule", str(sched)]) == 0
     events = [orjson.loads(x) for x in out.read_bytes().splitlines()]
-    assert {e["kind"] for e in events} == {"step", "comm", "gpu", "nic", "host"}
+    # what the host agents publish: a host's comm windows, GPU and NIC samples batched
+    assert {e["kind"] for e in events} == {"step", "comm_batch", "gpu_batch", "nic_batch",
+                                           "host"}
+    rows = tmp_path / "rows.jsonl"
+    assert main(["simulate", "healthy_16", "--out", str(rows), "--steps", "12", "--seed", "3",
+                 "--schedule", str(sched), "--per-rank"]) == 0
+    per_rank = [orjson.loads(x) for x in rows.read_bytes().splitlines()]
+    assert {e["kind"] for e in per_rank} == {"step", "comm", "gpu", "nic", "host"}
+    expanded = [r for e in events for r in (expand(e) if is_batch(e) else [e])]
+    assert sorted(map(orjson.dumps, expanded)) == sorted(map(orjson.dumps, per_rank))
     truth = orjson.loads((tmp_path / "trace.jsonl.truth.json").read_bytes())
     assert truth["seed"] == 3 and truth["faults"][0]["kind"] == "input_stall"
     raw = tmp_path / "raw.jsonl"
     assert main(["simulate", "healthy_16", "--out", str(raw), "--steps", "12", "--seed", "3",
                  "--schedule", str(sched), "--grain", "collective"]) == 0
     events = [orjson.loads(x) for x in raw.read_bytes().splitlines()]
-    assert {e["kind"] for e in events} == {"step", "collective", "gpu", "nic", "host"}
+    assert {e["kind"] for e in events} == {"step", "collective", "gpu_batch", "nic_batch",
+                                           "host"}
     assert (tmp_path / "raw.jsonl.truth.json").read_bytes() == (
         tmp_path / "trace.jsonl.truth.json").read_bytes()
 
