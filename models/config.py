@@ -160,6 +160,12 @@ class SubstepConfig:
     sigma_floor: float = _p(0.02, "per-tick noise floor (fraction)")
     long_windows: float = _p(1.5, "a step of at least this many producer windows is long "
                              "(judged inside the step; also for p2p pairs)")
+    episode_emits: int = _p(4, "judgements from inside a step per episode of a member "
+                            "confirmed there (the policy grades it by the seconds they span)")
+    nostep_windows: int = _p(2, "producer windows in a derived step, for a job that sends "
+                             "no step events")
+    nostep_learn: int = _p(4, "windows one rank must send before a derived step's length is "
+                           "learned")
 
 
 @dataclass(frozen=True)

@@ -36,14 +36,6 @@ from failslow.models.ranks import RankState, RankTable
 from failslow.models.stats import EWMeanVar, RollingMedian, median
 from failslow.models.substep import SubStep
 
-# Sub-step judgements per episode of a member confirmed inside a long step: it opens there,
-# and the paging policy grades it from the seconds its evidence spans (``sustained_s``).
-SUB_EMITS = 4
-# A job without step events: a derived step is this many producer windows, its length
-# learned once one rank sent NOSTEP_LEARN windows (``JobState._nostep_comm``).
-NOSTEP_WINDOWS = 2
-NOSTEP_LEARN = 4
-
 
 class JobState(Attribution):
     """Everything failslow knows about one job, fed one event at a time."""
@@ -235,7 +227,7 @@ class JobState(Attribution):
 
     def _nostep_comm(self, ev: dict[str, Any]) -> list[tuple[int, list[Finding], float]]:
         """A ``comm`` window of a job that sent no step events (``step`` null: an NCCL
-        Inspector tailer). Its steps are *derived*: periods of ``NOSTEP_WINDOWS`` producer
+        Inspector tailer). Its steps are *derived*: periods of ``nostep_windows`` producer
         windows on the job's clock, ``k = floor((ts - t0) / period)``, the same for every
         rank (ts is shared; durations stay each rank's own). A rank's derived step ends
         when its first window of a later one comes; it is then a step event of the rank
@@ -244,12 +236,12 @@ class JobState(Attribution):
         so own work (the part not blocked) and the group evidence of its windows
         (``models.comm``) judge it as they judge real steps, and windows of judged derived
         steps are dropped as steps are. The period is learned from the job's first windows
-        (held until one rank sent ``NOSTEP_LEARN`` windows): scale-free."""
+        (held until one rank sent ``nostep_learn`` windows): scale-free."""
         if self.nostep_period <= 0.0:
             buf = self.nostep_buf
             buf.append(ev)
             r = ev["rank"]
-            if sum(e["rank"] == r for e in buf) < NOSTEP_LEARN:
+            if sum(e["rank"] == r for e in buf) < self.cfg.substep.nostep_learn:
                 # meanwhile they are the rank's next step's, as without this clock
                 self.comm.add(ev, 0)
                 return []
@@ -257,7 +249,7 @@ class JobState(Attribution):
             spans = sorted(e["ts"] - e["window_start_ts"] for e in buf
                            if e["ts"] > e["window_start_ts"])
             w = spans[len(spans) // 2] if spans else 1.0
-            self.nostep_period = NOSTEP_WINDOWS * w
+            self.nostep_period = self.cfg.substep.nostep_windows * w
             self.nostep_t0 = min(e["window_start_ts"] for e in buf)
             self.nostep_buf = []
             out: list[tuple[int, list[Finding], float]] = []
@@ -300,7 +292,7 @@ class JobState(Attribution):
     def _substep_judge(self, ticks: list[tuple[str, list[int], dict[int, dict[str, Any]]]], s: int,
                        ts: float) -> list[tuple[int, list[Finding], float]]:
         """Findings for members confirmed from windows inside a long step that no
-        step-level finding holds yet, the first ``SUB_EMITS`` ticks of each episode
+        step-level finding holds yet, the first ``episode_emits`` ticks of each episode
         (then the step's own judgement carries it); the newest step's other findings go
         along unchanged, so the incidents they hold are not counted absent."""
         found: list[Finding] = []
@@ -321,7 +313,7 @@ class JobState(Attribution):
                     continue
                 k = self.sub_emits.get(m, 0) + 1
                 self.sub_emits[m] = k
-                if k <= SUB_EMITS:
+                if k <= self.cfg.substep.episode_emits:
                     # seconds the confirming ticks span: from the end of the tick before them
                     n = int(hit["ticks"])
                     span = g.ts[-1] - g.ts[-n - 1] if len(g.ts) > n else \

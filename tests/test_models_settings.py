@@ -165,7 +165,6 @@ def test_detect_applies_the_file(tmp_path):
 # docs/detection.md lists every key).
 NOT_THRESHOLDS = {
     "incidents": {"RECHECK_S", "UNEXPLAINED_MAX", "PERIOD_N", "ENDS_N"},
-    "job": {"NOSTEP_WINDOWS", "NOSTEP_LEARN", "SUB_EMITS"},
     # the snapshot's version, its migrations by version, defaults of fields added to it
     "migrate": {"STATE_VERSION", "STEPS", "INCIDENT_SLOTS"},
     # constants of the normal law (MAD, lower-half MAD and IQR per sigma): units, not bars
