@@ -10,34 +10,11 @@ import math
 
 import orjson
 import pytest
+from batch_support import detect_all, store_state
 
-from failslow.commands.detect import detect_lines
-from failslow.models.pipeline import Detector
 from failslow.models.telemetry import TelemetryStore
 from failslow.schema.batches import batch_trace, to_batch
 from failslow.simulator import SCENARIOS, simulate
-
-
-def _state(st: TelemetryStore) -> dict:
-    """Everything a reader of the store can see, per device."""
-    out: dict = {"gpu_rank": dict(st.gpu_rank)}
-    for key, d in st.gpus.items():
-        out[("gpu", key)] = (d.gauges, d.first, d.rates, d.last, d.reasons, list(d.xids),
-                             d.last_ts, d.n, d.down)
-    for key, d in st.nics.items():
-        out[("nic", key)] = (d.gauges, d.first, d.rates, d.last, d.down, d.last_ts, d.n)
-    for key, d in st.hosts.items():
-        out[("host", key)] = (d.gauges, d.first, d.last_ts, d.n)
-    return out
-
-
-def _detect(lines: list[bytes]) -> tuple[bytes, Detector, list]:
-    det = Detector()
-    out: list[bytes] = []
-    warned: list = []
-    detect_lines(iter(lines), det, lambda inc: out.append(orjson.dumps(
-        inc, option=orjson.OPT_SERIALIZE_NUMPY)), lambda no, why: warned.append((no, why)))
-    return b"\n".join(out), det, warned
 
 
 # scenarios whose root cause is read from GPU, NIC or host telemetry
@@ -48,12 +25,12 @@ def test_incidents_and_telemetry_state_are_those_of_the_per_rank_trace(scenario,
     events = list(simulate(SCENARIOS[scenario], seed=2, steps=steps).events())
     batched = list(batch_trace(events))
     assert {"comm_batch", "gpu_batch"} <= {e["kind"] for e in batched}
-    want, det_a, warned_a = _detect([orjson.dumps(e) for e in events])
-    got, det_b, warned_b = _detect([orjson.dumps(e) for e in batched])
+    want, det_a, warned_a = detect_all([orjson.dumps(e) for e in events])
+    got, det_b, warned_b = detect_all([orjson.dumps(e) for e in batched])
     assert not warned_a and not warned_b
     assert want.count(b"\n") >= 1            # something was found: the comparison says much
     assert got == want
-    assert _state(det_b.store) == _state(det_a.store)
+    assert store_state(det_b.store) == store_state(det_a.store)
     assert det_b.rejected == det_a.rejected == 0
 
 
@@ -65,7 +42,7 @@ def test_a_gpu_batch_updates_the_store_as_its_samples_one_by_one():
         one.observe_gpu(e)
     for b in batch_trace(gpu):
         whole.observe_gpu_batch(b)
-    assert len(one.gpus) == 16 and _state(whole) == _state(one)
+    assert len(one.gpus) == 16 and store_state(whole) == store_state(one)
     key = (gpu[0]["host"], gpu[0]["gpu"])
     dev = whole.gpus[key]
     assert dev.n == sum((e["host"], e["gpu"]) == key for e in gpu) > 1
@@ -82,7 +59,7 @@ def test_a_bad_batch_line_is_one_warning_and_costs_no_other_line():
     short = dict(good, temp_c=[1.0])                       # a column of the wrong length
     one_bad = dict(good, temp_c=[40.0, "hot", 42.0, 43.0])  # one row's value of a wrong type
     lines = [orjson.dumps(x) for x in (good, short, one_bad, good)]
-    _, det, warned = _detect(lines)
+    _, det, warned = detect_all(lines)
     assert warned == [(2, "gpu_batch.temp_c: 1 values for 4 rows"),
                       (3, "gpu_batch row 1 (gpu 1): gpu.temp_c: expected a number, got str "
                           "'hot'")]

@@ -10,9 +10,8 @@ import copy
 
 import orjson
 import pytest
+from batch_support import detect_all, store_state
 
-from failslow.commands.detect import detect_lines
-from failslow.models.pipeline import Detector
 from failslow.models.telemetry import TelemetryStore
 from failslow.schema import decode, decode_lenient, encode
 from failslow.schema.batches import Batcher, batch_trace, expand, take, to_batch, valid
@@ -98,25 +97,6 @@ def test_a_port_twice_in_one_batch_is_applied_row_after_row():
     assert whole.nics[("h0", "mlx5_0", 1)].rates["symbol_errors_total"] == 6.0
 
 
-def _state(st: TelemetryStore) -> dict:
-    out: dict = {"gpu_rank": dict(st.gpu_rank)}
-    for key, d in st.gpus.items():
-        out[("gpu", key)] = (d.gauges, d.first, d.rates, d.last, d.reasons, list(d.xids),
-                             d.last_ts, d.n)
-    for key, d in st.nics.items():
-        out[("nic", key)] = (d.gauges, d.first, d.rates, d.last, d.down, d.last_ts, d.n)
-    for key, d in st.hosts.items():
-        out[("host", key)] = (d.gauges, d.first, d.last_ts, d.n)
-    return out
-
-
-def _detect(lines: list[bytes]) -> tuple[bytes, Detector, list]:
-    det = Detector()
-    out: list[bytes] = []
-    warned: list = []
-    detect_lines(iter(lines), det, lambda inc: out.append(orjson.dumps(
-        inc, option=orjson.OPT_SERIALIZE_NUMPY)), lambda no, why: warned.append((no, why)))
-    return b"\n".join(out), det, warned
 
 
 @pytest.mark.parametrize("scenario,steps", [("slow_link_host_50", 70), ("nic_errors_flap", None),
@@ -126,12 +106,12 @@ def test_incidents_and_store_state_are_those_of_the_per_rank_trace(scenario, ste
     batched = list(batch_trace(events))
     kinds = {e["kind"] for e in batched}
     assert "nic_batch" in kinds and "nic" not in kinds
-    want, det_a, warned_a = _detect([orjson.dumps(e) for e in events])
-    got, det_b, warned_b = _detect([orjson.dumps(e) for e in batched])
+    want, det_a, warned_a = detect_all([orjson.dumps(e) for e in events])
+    got, det_b, warned_b = detect_all([orjson.dumps(e) for e in batched])
     assert not warned_a and not warned_b
     assert want.count(b"\n") >= 1
     assert got == want
-    assert _state(det_b.store) == _state(det_a.store)
+    assert store_state(det_b.store) == store_state(det_a.store)
     assert det_b.rejected == det_a.rejected == 0
     assert det_b.late_samples == det_a.late_samples
 
@@ -141,7 +121,7 @@ def test_a_bad_nic_batch_line_is_one_warning_and_costs_no_other_line():
     short = dict(good, speed_gbps=[1.0])                        # a column of the wrong length
     one_bad = dict(good, symbol_errors_total=[1, "many", 3, 4])  # one row's value, wrong type
     lines = [orjson.dumps(x) for x in (good, short, one_bad, dict(good, ts=T0 + 1))]
-    _, det, warned = _detect(lines)
+    _, det, warned = detect_all(lines)
     assert warned == [(2, "nic_batch.speed_gbps: 1 values for 4 rows"),
                       (3, "nic_batch row 1 (nic 'mlx5_0'): nic.symbol_errors_total: expected "
                           "an integer, got str 'many'")]
