@@ -7,7 +7,8 @@ broker connection, not one per GPU. ``AgentPublisher`` is the training side: the
 surface as ``collectors.publisher.Publisher`` and ``FilePublisher`` (``publish``,
 ``flush``, ``close``, ``stats``), so the training hook takes it unchanged. ``Relay`` is
 the agent side: it gathers the ranks' ``comm`` windows per job and window into one
-``comm_batch`` (``schema.batches.Batcher``) and hands everything to the agent's publisher,
+``comm_batch``, and their ``step`` events into one ``step_batch`` per job and step
+(``schema.batches.Batcher``), and hands everything to the agent's publisher,
 whose spool covers it like the agent's own samples.
 
 Wire: a stream of frames, each ``seq`` (8 bytes, big-endian) + ``length`` (4 bytes) + a JSON
@@ -226,8 +227,9 @@ class _Conn:
 class Relay:
     """The agent's side of the hand-off: listens on ``path`` and publishes what the ranks
     send through ``publisher`` (the agent's, with its spool), ``comm`` windows gathered
-    into one ``comm_batch`` per job and window (``linger_s``: how long the first rank of a
-    window waits for the others), each batch its own message. Runs in its own thread
+    into one ``comm_batch`` per job and window and steps into one ``step_batch`` per job
+    and step (``linger_s``: how long the first rank of a window waits for the others),
+    each batch its own message. Runs in its own thread
     (``start`` / ``stop``)."""
 
     def __init__(self, path: str, publisher: Any, linger_s: float = 0.5) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from failslow.models.actions import ActionPlanner, MitigationConfig
+from failslow.schema.batches import rows_fields
 
 # settings the worker sets on its detector after a restore (streams/detector.py)
 _FORWARDED = ("telemetry_delay_s", "job_idle_s")
@@ -83,8 +84,13 @@ class ActingDetector:
         # ranks' steps: no partition can plan the job's shares, so none does (nor detect)
         shard = getattr(self.inner, "shard_ranks", None)
         for ev in events:
-            if ev.get("kind") == "step" and (shard is None or ev["world_size"] <= shard):
+            kind = ev.get("kind")
+            if kind == "step" and (shard is None or ev["world_size"] <= shard):
                 self._hold(ev)
+            elif kind == "step_batch":      # a host's steps: its rows, from the columns
+                for row in rows_fields(ev, _STEP_FIELDS):
+                    if shard is None or row["world_size"] <= shard:
+                        self._hold(row)
         actions = self._on_incidents(incidents)
         now = max((_newest(ev["ts"]) for ev in events if "ts" in ev), default=None)
         for job in list(self.held):

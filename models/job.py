@@ -98,15 +98,32 @@ class JobState(Attribution):
     def add_step(self, ev: dict[str, Any], real: bool = True
                  ) -> list[tuple[int, list[Finding], float]]:
         if real and not self.real_steps:
-            self.real_steps = True
-            self.pending.clear()       # steps made from collectives give way to real ones
-            if self.nostep_period > 0.0 or self.nostep_buf:
-                # and so do steps derived from windows (models.comm keeps them by step)
-                self.comm.steps.clear()
-                self.nostep_acc.clear()
-                self.nostep_buf = []
-        s = ev["step"]
-        r = ev["rank"]
+            self.add_step_real()
+        return self._add_step(ev["step"], ev["rank"], ev["world_size"], ev)
+
+    def add_step_row(self, b: dict[str, Any], i: int
+                     ) -> list[tuple[int, list[Finding], float]]:
+        """Row ``i`` of a valid ``step_batch`` (schema.batches), as ``add_step`` takes the
+        ``step`` event it expands to: the step keeps ``(b, i)``, never a row made of it
+        (``_gather`` reads the batch's columns)."""
+        if not self.real_steps:
+            self.add_step_real()
+        s, r, w = b["step"], b["rank"][i], b["world_size"]
+        return self._add_step(s[i] if type(s) is list else s, r,
+                              w[i] if type(w) is list else w, (b, i))
+
+    def add_step_real(self) -> None:
+        """The first real step event: steps made otherwise give way."""
+        self.real_steps = True
+        self.pending.clear()       # steps made from collectives give way to real ones
+        if self.nostep_period > 0.0 or self.nostep_buf:
+            # and so do steps derived from windows (models.comm keeps them by step)
+            self.comm.steps.clear()
+            self.nostep_acc.clear()
+            self.nostep_buf = []
+
+    def _add_step(self, s: int, r: int, world: int, ev: Any
+                  ) -> list[tuple[int, list[Finding], float]]:
         row = self.pending.get(s)
         if row is None:
             if s <= self.evaluated:
@@ -116,7 +133,7 @@ class JobState(Attribution):
         if s > self.last_step.get(r, -1):
             self.moved[r] = self.progress
         self.last_step[r] = s
-        self.world = ev["world_size"]
+        self.world = world
         out = []
         if s > self.progress and 2 * len(row) > self.world:
             # Most ranks reached step s. Progress is what most ranks did, not the newest
@@ -460,14 +477,13 @@ class JobState(Attribution):
         """Per rank of step ``s``: own work, input wait, step time, pipeline stage and
         event ts, and the newest event's ts; records each rank's host and GPU."""
         n = len(ranks)
-        evs = [row[r] for r in ranks]
-        dur = np.array([ev["duration_s"] for ev in evs], dtype=float)
-        ts = np.array([ev["ts"] for ev in evs], dtype=float)
-        nan = math.nan
-        data = np.array([ev.get("data_s", 0.0) for ev in evs], dtype=float)
+        col = _step_columns([row[r] for r in ranks])
+        dur = np.array(col["duration_s"], dtype=float)
+        ts = np.array(col["ts"], dtype=float)
+        data = np.array(col["data_s"], dtype=float)
         data[np.isnan(data)] = 0.0                     # a null data_s is none
-        compute = np.array([ev.get("compute_s", nan) for ev in evs], dtype=float)
-        comm = np.array([ev.get("comm_s", nan) for ev in evs], dtype=float)
+        compute = np.array(col["compute_s"], dtype=float)
+        comm = np.array(col["comm_s"], dtype=float)
         work = np.where(np.isnan(compute), dur - comm, compute + data)
         blind = np.flatnonzero(np.isnan(compute) & np.isnan(comm))
         if blind.size:
@@ -483,9 +499,9 @@ class JobState(Attribution):
                     if cc is not None:
                         coll = cc if coll is None else coll + cc
                 work[i] = dur[i] - coll if coll is not None else dur[i]
-        groups = np.array([ev.get("pp_rank") or 0 for ev in evs], dtype=np.int64)
-        self.rank_host.update(zip(ranks, [ev["host"] for ev in evs], strict=True))
-        gpus = [ev.get("gpu") for ev in evs]
+        groups = np.array([x or 0 for x in col["pp_rank"]], dtype=np.int64)
+        self.rank_host.update(zip(ranks, col["host"], strict=True))
+        gpus = col["gpu"]
         if any(g is not None for g in gpus):
             self.rank_gpu.update((r, g) for r, g in zip(ranks, gpus, strict=True)
                                  if g is not None)
@@ -494,7 +510,7 @@ class JobState(Attribution):
         # Ranks given uneven shares of the batch (issue 32's rebalance: steps carry
         # ``samples``) are judged on their own work per unit of share, at the median
         # share: a rebalanced straggler stays slow until it is fast again per sample.
-        share = np.array([ev.get("samples") or 0 for ev in evs], dtype=float)
+        share = np.array([x or 0 for x in col["samples"]], dtype=float)
         if share.min() > 0 and share.min() != share.max():
             work *= float(np.median(share)) / share
         return work, data, dur, groups, ts, max(float(ts.max()), 0.0) if n else 0.0
@@ -517,7 +533,7 @@ class JobState(Attribution):
         rel2, z2, sig2, warm = self._self_scores(sl, pos)
         risen = np.flatnonzero((rel2 >= cfg.min_rel) & (z2 >= cfg.z_min / 2))
         if risen.size > max(2, int(n * cfg.ranks.jobwide_share)) \
-                and len({row[ranks[i]]["host"] for i in risen}) > 1:
+                and len({_host(row[ranks[i]]) for i in risen}) > 1:
             # Many ranks (an eighth or more) on several hosts rose against their own past: a
             # job-wide change (a new phase reaching the stages a step apart), not a
             # culprit. Only peers judge this step.
@@ -745,3 +761,45 @@ class JobState(Attribution):
                                   "baseline_step_s": round(self.job_step_s, 4),
                                   "change_prob": round(cpd.change_prob, 3)})]
 
+
+# The fields of a step that ``JobState._gather`` reads, and each one's value when absent
+# (a null reads the same: NaN, 0 or None, as ``_gather`` takes it).
+_GATHER = (("duration_s", None), ("ts", None), ("data_s", 0.0), ("compute_s", math.nan),
+           ("comm_s", math.nan), ("pp_rank", None), ("host", None), ("gpu", None),
+           ("samples", None))
+
+
+def _step_columns(evs: list[Any]) -> dict[str, list[Any]]:
+    """Per field of ``_GATHER``, its value in each of ``evs``: ``step`` events, or rows
+    ``(batch, i)`` of ``step_batch``es (``JobState.add_step_row``), a run of one batch's
+    rows read from its columns at once."""
+    if tuple not in set(map(type, evs)):
+        return {name: [ev.get(name, d) for ev in evs] for name, d in _GATHER}
+    out: dict[str, list[Any]] = {name: [] for name, _ in _GATHER}
+    n = len(evs)
+    i = 0
+    while i < n:
+        e = evs[i]
+        if type(e) is not tuple:
+            for name, d in _GATHER:
+                out[name].append(e.get(name, d))
+            i += 1
+            continue
+        b = e[0]
+        j = i + 1
+        while j < n and type(evs[j]) is tuple and evs[j][0] is b:
+            j += 1
+        idx = [x[1] for x in evs[i:j]]
+        for name, d in _GATHER:
+            c = b.get(name, d)
+            if type(c) is list:
+                out[name] += map(c.__getitem__, idx)
+            else:
+                out[name] += [c] * (j - i)
+        i = j
+    return out
+
+
+def _host(ev: Any) -> str:
+    """The host of a step: an event, or a row ``(batch, i)`` (a batch's host is shared)."""
+    return ev["host"] if type(ev) is not tuple else ev[0]["host"]

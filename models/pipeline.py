@@ -210,9 +210,11 @@ class Detector:
         for ev in events:
             try:
                 kind = ev["kind"]
-                if kind == "comm_batch":
-                    # a host's windows as columns, taken row by row in the batch's order
-                    out.extend(self._comm_batch(ev))
+                if kind == "comm_batch" or kind == "step_batch":
+                    # a host's windows (steps) as columns, taken row by row in the batch's
+                    # order
+                    out.extend(self._comm_batch(ev) if kind == "comm_batch"
+                               else self._step_batch(ev))
                     now = self._now
                     if math.isfinite(now):
                         next_sweep = (math.floor(now / sweep_every) + 1) * sweep_every
@@ -360,6 +362,51 @@ class Detector:
             elif self._jump and now - t <= idle:
                 self._jump = False
         out.extend(self._comm_part(c, lo, c.n))
+        return out
+
+    def _step_batch(self, b: dict[str, Any]) -> list[dict[str, Any]]:
+        """A host's ``step_batch`` (schema.batches): its rows, in order, judged as the
+        ``step`` events they expand to, read from the columns (``JobState.add_step_row``:
+        no event made per row). Event time moves row by row, a sweep for idle jobs falls
+        between the rows it falls between (as in ``process_batch``)."""
+        ranks, ts = b["rank"], b["ts"]
+        n = len(ranks) if type(ranks) is list else 0
+        if type(ts) is not list:
+            ts = [ts] * n
+        if not n or any(len(v) != n for v in b.values() if type(v) is list) \
+                or type(b["job_id"]) is not str:
+            self.rejected += 1
+            return []
+        job_id = b["job_id"]
+        out: list[dict[str, Any]] = []
+        idle = self.job_idle_s
+        every = idle / 8
+        now = self._now
+        next_sweep = (math.floor(now / every) + 1) * every if math.isfinite(now) else -math.inf
+        seen = self._seen
+        job = None
+        for i, t in enumerate(ts):
+            if t > now:
+                if t - now <= idle or self._jump or not math.isfinite(now):
+                    now = self._now = t
+                    self._jump = False
+                    if now >= next_sweep:
+                        out.extend(self._end_idle(math.floor(now / every) * every))
+                        next_sweep = (math.floor(now / every) + 1) * every
+                        job = None
+                else:
+                    self._jump = True
+            elif self._jump and now - t <= idle:
+                self._jump = False
+            if job is None:
+                job = self.jobs.get(job_id) or self.jobs.setdefault(
+                    job_id, JobState(job_id, self._job_cfg(job_id)))
+                if job_id not in self._p2p:
+                    self._p2p[job_id] = P2PMonitor(job.cfg)
+            if t > seen.get(job_id, -math.inf):
+                seen[job_id] = t
+            for s, findings, tj in job.add_step_row(b, i):
+                out.extend(self._judge(job, s, findings, tj))
         return out
 
     def _comm_part(self, c: CommRows, lo: int, hi: int) -> list[dict[str, Any]]:

@@ -116,7 +116,7 @@ class ShardedDetector(Detector):
         n = self.shard_ranks
         out: list[dict[str, Any]] = []
         for ev in events:
-            if ev.get("kind") == "comm_batch":
+            if ev.get("kind") in ("comm_batch", "step_batch"):
                 # a batch of a job cut in shards: its rows, each to its shard (one host's
                 # ranks: mostly one shard)
                 rs, w = ev["rank"], ev.get("world_size")

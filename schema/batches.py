@@ -1,15 +1,17 @@
 """Columnar batch kinds (docs/contract.md "Batch kinds"): one host's records of one window
 as ONE object of columns, and their lossless conversion to and from the per-rank kinds.
 
-A host agent relays its ranks' ``comm`` windows as one ``comm_batch``, its GPUs'
-samples as one ``gpu_batch`` and its NIC ports' as one ``nic_batch``: the field names are
+A host agent relays its ranks' ``comm`` windows as one ``comm_batch`` and their steps as
+one ``step_batch``, its GPUs' samples as one ``gpu_batch`` and its NIC ports' as one
+``nic_batch``: the field names are
 written once per message instead of once per rank, a value every row shares is written once, and one broker message carries
 a host's window. Every consumer expands a batch into its per-rank events at decode
 (``expand``), so everything downstream sees exactly the events the ranks produced.
 
 Layout (``comm_batch``; ``gpu_batch`` and ``nic_batch`` are the same over ``gpu`` / ``nic``
 rows, with ``host`` shared and no nested entries; a ``nic_batch`` row is a NIC port, named
-by its ``nic`` and ``port``):
+by its ``nic`` and ``port``; ``step_batch`` is ``comm_batch``'s layout without nested
+entries):
 
 - ``v``, ``kind``; the shared fields (``job_id``, ``host``): one value for the batch;
 - the row field (``rank``): a list, one value per row; it says how many rows there are;
@@ -51,12 +53,17 @@ class BatchKind:
     nested: str | None = None  # the list-of-objects field flattened into columns
     # the fields that together name a row, when the row key alone does not (a NIC's ports)
     row_id: tuple[str, ...] = ()
+    # where ``batch_trace`` (and `failslow detect`'s ts order) puts a batch among the other
+    # events: at its first row (False), or at its newest (True: a host's steps, sent once the
+    # last of its ranks ended the step, never before a rank's windows of that step)
+    at_last: bool = False
 
 
 BATCH_KINDS: dict[str, BatchKind] = {
     "comm_batch": BatchKind("comm", ("job_id", "host"), "rank", "ops"),
     "gpu_batch": BatchKind("gpu", ("host",), "gpu"),
     "nic_batch": BatchKind("nic", ("host",), "nic", row_id=("nic", "port")),
+    "step_batch": BatchKind("step", ("job_id", "host"), "rank", at_last=True),
 }
 ROW_BATCH = {spec.row_kind: kind for kind, spec in BATCH_KINDS.items()}
 # A host has at most a few dozen GPUs: the bound stops a forged batch from making a
@@ -441,6 +448,33 @@ def take(obj: dict[str, Any], idxs: list[int]) -> dict[str, Any]:
     return out
 
 
+def rows_fields(obj: dict[str, Any], fields: tuple[str, ...]) -> list[dict]:
+    """The rows of a valid batch without nested entries, each with only ``fields`` (a
+    field its row lacks stays absent; ``kind`` is the row kind), built from the columns:
+    ``[{k: row[k] for k in fields if k in row} for row in expand(obj)]``, no whole row
+    made."""
+    bk = BATCH_KINDS[obj["kind"]]
+    n = len(obj[bk.row_key])
+    rows: list[dict] = [{} for _ in range(n)]
+    absent = obj.get(ABSENT) or {}
+    for name in fields:
+        if name == "kind" or name == "v":
+            value: Any = bk.row_kind if name == "kind" else obj["v"]
+        elif name in obj and name not in _reserved(bk):
+            value = obj[name]
+        else:
+            continue
+        if type(value) is list:
+            for row, x in zip(rows, value, strict=True):
+                row[name] = x
+        else:
+            for row in rows:
+                row[name] = value
+        for i in absent.get(name, ()):
+            del rows[i][name]
+    return rows
+
+
 def expand_checked(obj: dict[str, Any]) -> tuple[list[dict], list[str]]:
     """A batch's valid rows and one error line per rejected row (or for the whole batch
     when its layout is wrong): ``comm_batch row 2 (rank 7): comm.ops[0].n: 0 is below 1``."""
@@ -489,7 +523,7 @@ class Batcher:
     """Gathers a stream of per-rank events into one batch per host (and job) and window.
 
     ``add(event, now)`` returns what is ready to send: the event itself when it is not
-    batchable (a step, a host sample), else the batches that closed. An event joins the
+    batchable (a collective, a host sample), else the batches that closed. An event joins the
     oldest open group of its kind and shared fields that lacks its row (its rank, its
     GPU, its NIC port), so a rank that sends several windows at once (a backlog after an agent restart)
     still fills one batch per window. A group closes when it holds every row of the last
@@ -526,7 +560,8 @@ class Batcher:
 
     def _add(self, ev: dict, now: float) -> tuple[list[tuple[int | None, list[dict]]],
                                                    int | None]:
-        """(group id or None, what to send) pairs, and the id of the group ``ev`` opened."""
+        """(group id or None, what to send) pairs, and the id of the group ``ev`` joined
+        (None: not batchable)."""
         key = group_key(ev) if type(ev) is dict else None
         if key is None:
             return [(None, [ev])], None
@@ -534,7 +569,6 @@ class Batcher:
         row = tuple(map(ev.get, bk.row_id)) if bk.row_id else ev.get(bk.row_key)
         groups = self._open.setdefault(key, [])
         out = []
-        opened = None
         group = next((g for g in groups if row not in g.names), None)
         if group is None:
             # a row again with nothing known of the host yet: its first window is whole
@@ -543,7 +577,6 @@ class Batcher:
                 groups = self._open.setdefault(key, [])
             self._gids += 1
             group = _Group(self._gids, key, now)
-            opened = group.gid
             groups.append(group)
         group.rows.append(ev)
         group.names.add(row)
@@ -551,7 +584,7 @@ class Batcher:
         if (known is not None and group.names >= frozenset().union(*known)
                 or len(group.rows) >= ROWS_MAX):
             out.append(self._close(group))
-        return out, opened
+        return out, group.gid
 
     def _due(self, now: float) -> list[tuple[int | None, list[dict]]]:
         return [self._close(g) for groups in list(self._open.values()) for g in list(groups)
@@ -580,12 +613,14 @@ def _flat(pairs: list[tuple[int | None, list[dict]]]) -> list[dict]:
 
 
 def batch_trace(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict]:
-    """A per-rank trace as a host agent would publish it: ``comm`` windows, ``gpu``
-    and ``nic`` samples gathered per host and window (event time, ``linger_s``), the rest
-    as it is.
+    """A per-rank trace as a host agent would publish it: ``comm`` windows, ``step``
+    events, ``gpu`` and ``nic`` samples gathered per host and window (event time,
+    ``linger_s``), the rest as it is.
     A batch takes the place of its first row, so no row moves after an event it came
-    before (a rank's window before its step end): ``failslow detect`` gives the same
-    incidents on both."""
+    before (a rank's window before its step end); a ``step_batch`` the place of its newest
+    row (``BatchKind.at_last``), so no step moves before its rank's windows and the step is
+    complete where its last rank's step was: ``failslow detect`` gives the same incidents
+    on both."""
     batcher = Batcher(linger_s)
     slots: deque[list] = deque()          # [what to send], or [None] while its group is open
     waiting: dict[int, list] = {}         # group id -> its slot
@@ -598,10 +633,14 @@ def batch_trace(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict]
                 waiting.pop(gid)[0] = items
 
     for ev in events:
-        pairs, opened = batcher._add(ev, ev["ts"])
-        if opened is not None:
-            waiting[opened] = slot = [None]
-            slots.append(slot)
+        pairs, gid = batcher._add(ev, ev["ts"])
+        if gid is not None:
+            slot = waiting.get(gid)
+            if slot is None or BATCH_KINDS[ROW_BATCH[ev["kind"]]].at_last:
+                if slot is not None:
+                    slot[0] = []          # the batch moves on to its newest row
+                waiting[gid] = slot = [None]
+                slots.append(slot)
         fill(pairs)
         if batcher._open:
             fill(batcher._due(ev["ts"]))

@@ -18,6 +18,7 @@ KIND_TOPIC = {
     "comm_batch": "collectives",
     "gpu_batch": "gpu",
     "nic_batch": "nic",
+    "step_batch": "steps",
 }
 # Topics the stream processors publish, never read as detector input.
 OUTPUTS = ("incidents", "actions")

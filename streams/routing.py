@@ -68,7 +68,7 @@ def job_of_key(key: str, value: bytes) -> str | None:
 # is one of them (issue 31): read as unknown, every batch of the collectives topic was
 # decoded and expanded in the route stage to find a job its key already named, a third
 # of the worker's extra CPU over `failslow detect` at 1,024 ranks.
-_JOB_KEYED = frozenset(("comm", "step", "comm_batch"))
+_JOB_KEYED = frozenset(("comm", "step", "comm_batch", "step_batch"))
 
 
 def job_of_collective_key(key: str) -> str:

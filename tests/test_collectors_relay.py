@@ -1,6 +1,6 @@
 """The local hand-off (collectors/relay.py) with a real broker: 8 ranks of a host hand
-their windows to the agent over a Unix socket, the agent publishes one columnar message
-per window, decoding gives back exactly the ranks' events, and an agent restart loses
+their windows and steps to the agent over a Unix socket, the agent publishes one columnar
+message per window (``comm_batch``) and per step (``step_batch``), decoding gives back exactly the ranks' events, and an agent restart loses
 nothing the ranks buffered meanwhile."""
 
 from __future__ import annotations
@@ -74,6 +74,13 @@ def test_ranks_hand_off_windows_and_the_agent_publishes_one_message_per_window(
     assert [sorted(e["rank"] for e in decode(v)) for v in values] == [list(range(RANKS))] * 4
     got = sorted(orjson.dumps(e) for v in values for e in decode(v))
     assert got == _comm_sent(range(4))
+    # and their steps: one step_batch per step of all 8 ranks (the step written once)
+    steps = _raw(broker.bootstrap, topics.for_kind("step"), 4 * RANKS)
+    assert len(steps) == 4
+    assert [orjson.loads(v)[0]["step"] for v in steps] == [0, 1, 2, 3]
+    assert all(orjson.loads(v)[0]["kind"] == "step_batch" for v in steps)
+    assert sorted(orjson.dumps(e) for v in steps for e in decode(v)) == sorted(
+        orjson.dumps(_window(r, w)[1]) for w in range(4) for r in range(RANKS))
 
     # the agent restarts; the ranks go on training and keep their windows meanwhile
     relay.stop()

@@ -1,4 +1,5 @@
-"""`failslow detect` on a host-batched trace (``comm_batch``, ``gpu_batch``) gives
+"""`failslow detect` on a host-batched trace (``comm_batch``, ``step_batch``, ``gpu_batch``,
+``nic_batch``) gives
 byte-identical incidents to the per-rank trace of the same simulated job."""
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def test_batched_and_per_rank_traces_give_the_same_incidents(scenario, tmp_path,
     lines = [orjson.dumps(ev) for ev in batch_trace(events)]
     batched.write_bytes(b"\n".join(lines) + b"\n")
     kinds = {orjson.loads(line)["kind"] for line in lines}
-    assert {"comm_batch", "gpu_batch", "nic_batch"} <= kinds
-    assert not kinds & {"comm", "gpu", "nic"}
+    assert {"comm_batch", "step_batch", "gpu_batch", "nic_batch"} <= kinds
+    assert not kinds & {"comm", "step", "gpu", "nic"}
     assert len(lines) < 0.7 * len(events)
 
     want, want_err = _detect(per_rank, capsys)
@@ -45,7 +46,7 @@ def test_simulate_writes_what_the_agents_publish_by_default(tmp_path, capsys):
                      "--out", str(path), *extra]) == 0
     capsys.readouterr()
     kinds = {orjson.loads(line)["kind"] for line in batched.read_bytes().splitlines()}
-    assert kinds == {"comm_batch", "gpu_batch", "step", "nic_batch", "host"}
+    assert kinds == {"comm_batch", "gpu_batch", "step_batch", "nic_batch", "host"}
     kinds = {orjson.loads(line)["kind"] for line in plain.read_bytes().splitlines()}
     assert kinds == {"comm", "gpu", "step", "nic", "host"}
     assert (batched.with_name("batched.jsonl.truth.json").read_bytes()

@@ -83,3 +83,49 @@ def test_a_job_cut_in_shards_takes_its_batches_as_its_rows():
         assert det.rejected == det.errors == 0
         outs.append([orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY) for x in out])
     assert outs[0] and outs[1] == outs[0]
+
+
+def test_a_step_batch_is_taken_from_its_columns_and_survives_a_snapshot():
+    """A host's ``step_batch`` goes whole to the detector: its rows wait for their step as
+    (batch, row) references, no per-rank event made of them; a snapshot taken while steps
+    wait restores them, and the run goes on to the per-rank trace's incidents."""
+    from failslow.models.pipeline import Detector
+
+    events = list(simulate(SCENARIOS["gpu_thermal_30"], seed=3, steps=50).events())
+    batched = list(batch_trace(events))
+    assert "step_batch" in {e["kind"] for e in batched}
+    assert "step" not in {e["kind"] for e in batched}
+
+    def run(seq: list[dict], snap_at: int | None = None) -> tuple[list[bytes], Detector]:
+        det, out = Detector(), []
+        for i in range(0, len(seq), 64):
+            out += det.process_batch(seq[i:i + 64])
+            if snap_at is not None and i // 64 == snap_at:
+                pending = [v for row in det.jobs["job0"].pending.values()
+                           for v in row.values()]
+                assert pending and all(type(v) is tuple and v[0]["kind"] == "step_batch"
+                                       for v in pending)
+                det = Detector.from_state(orjson.loads(orjson.dumps(det.state_dict())))
+        out += det.flush()
+        return [orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS)
+                for x in out], det
+
+    want, det_a = run(events)
+    got, det_b = run(batched)
+    assert want and got == want
+    assert det_b.rejected == det_a.rejected == 0
+    # a snapshot while a step's rows wait (chunk 40: the middle of the run)
+    snapped, _ = run(batched, snap_at=40)
+    assert snapped == want
+
+
+def test_a_bad_step_batch_is_rejected_whole():
+    from failslow.models.pipeline import Detector
+
+    rows = [{"v": 1, "kind": "step", "ts": 1.7e9 + r / 1000, "job_id": "j", "rank": r,
+             "world_size": 4, "host": "h0", "step": 0, "duration_s": 1.0} for r in range(4)]
+    det = Detector()
+    det.process_batch([dict(to_batch(rows), duration_s=[1.0, 1.0])])
+    assert det.rejected == 1 and "j" not in det.jobs
+    det.process_batch([to_batch(rows)])
+    assert det.rejected == 1 and det.jobs["j"].evaluated == 0

@@ -1,4 +1,4 @@
-"""Columnar batch kinds (``comm_batch``, ``gpu_batch``, ``nic_batch``): lossless both ways (property-tested:
+"""Columnar batch kinds (``comm_batch``, ``gpu_batch``, ``nic_batch``, ``step_batch``): lossless both ways (property-tested:
 every optional field absent, null or present, unknown fields, key order), decoded into the
 per-rank events by every consumer's codec, and a bad batch refused with one line."""
 
@@ -15,8 +15,10 @@ from failslow.schema import SchemaError, decode, decode_lenient, encode
 from failslow.schema.batches import (
     ROWS_MAX,
     BatchError,
+    batch_trace,
     expand,
     is_batch,
+    rows_fields,
     to_batch,
     to_batches,
 )
@@ -143,8 +145,27 @@ def nic_rows(draw):
             for nic, port in ports]
 
 
-@settings(max_examples=120, deadline=None)
-@given(st.one_of(comm_rows(), gpu_rows(), nic_rows()))
+@st.composite
+def step_rows(draw):
+    """A host's ranks' steps: job and host shared, a row per rank."""
+    n = draw(st.integers(1, 9))
+    fixed = {"job_id": draw(st.text(min_size=1, max_size=5)),
+             "host": "h" + draw(st.text(max_size=3))}
+    if draw(st.booleans()):       # most often every rank of the host is at the same step
+        fixed["step"] = draw(_value("int"))
+    shared = {name: draw(_optional(t)) for name, t in SPECS["step"][1].items()
+              if draw(st.booleans())}
+    return [{"v": 1, "kind": "step",
+             **draw(_record(SPECS["step"], {**fixed, "rank": rank}, shared))}
+            for rank in draw(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n,
+                                      unique=True))]
+
+
+_ROWS = st.one_of(comm_rows(), gpu_rows(), nic_rows(), step_rows())
+
+
+@settings(max_examples=160, deadline=None)
+@given(_ROWS)
 def test_rows_to_batch_and_back_is_exact(rows):
     original = copy.deepcopy(rows)
     batch = to_batch(rows)
@@ -157,8 +178,8 @@ def test_rows_to_batch_and_back_is_exact(rows):
     assert _same_bytes(got, original) and errors == []
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.one_of(comm_rows(), gpu_rows(), nic_rows()))
+@settings(max_examples=80, deadline=None)
+@given(_ROWS)
 def test_batch_to_rows_and_back_is_exact(rows):
     batch = to_batch(rows)
     wire = orjson.loads(encode(batch))
@@ -179,16 +200,24 @@ def test_a_batch_is_smaller_than_its_rows_and_names_each_shared_value_once():
 def test_to_batches_groups_by_kind_and_shared_fields_and_keeps_the_rest():
     step = {"v": 1, "kind": "step", "ts": T0, "job_id": "j", "rank": 0, "world_size": 8,
             "host": "h0", "step": 7, "duration_s": 1.0}
-    events = [_comm(0), step, _gpu(0), _comm(1), _comm(2, host="h1"), _gpu(1), _comm(3)]
+    host = {"v": 1, "kind": "host", "ts": T0, "host": "h0", "load1": 3.0}
+    events = [_comm(0), step, _gpu(0), _comm(1), _comm(2, host="h1"), _gpu(1), _comm(3), host,
+              dict(step, rank=1, duration_s=1.5)]
     out = to_batches(events)
-    assert [e["kind"] for e in out] == ["comm_batch", "step", "gpu_batch", "comm_batch"]
+    assert [e["kind"] for e in out] == ["comm_batch", "step_batch", "gpu_batch", "comm_batch",
+                                        "host"]
     assert out[0]["rank"] == [0, 1, 3] and out[3]["rank"] == [2] and out[2]["gpu"] == [0, 1]
+    # a host's steps: one row per rank, the step and world size written once
+    assert out[1]["rank"] == [0, 1] and out[1]["duration_s"] == [1.0, 1.5]
+    assert out[1]["step"] == 7 and out[1]["world_size"] == 8 and out[1]["job_id"] == "j"
+    assert expand(out[1]) == [step, dict(step, rank=1, duration_s=1.5)]
     assert sorted(map(orjson.dumps, decode_lenient(encode([out[0], out[3]]))[0])) == sorted(
         orjson.dumps(e) for e in events if e["kind"] == "comm")
     # batches travel on the per-rank kinds' topics, with their keys
     assert Topics().for_kind("comm_batch") == Topics().for_kind("comm")
     assert Topics().for_kind("gpu_batch") == Topics().for_kind("gpu")
-    assert key_for(out[0]) == "j" and key_for(out[2]) == "h0"
+    assert Topics().for_kind("step_batch") == Topics().for_kind("step")
+    assert key_for(out[0]) == "j" and key_for(out[2]) == "h0" and key_for(out[1]) == "j"
 
 
 @pytest.mark.parametrize(("rows", "why"), [
@@ -300,3 +329,43 @@ def test_the_route_sends_a_batch_to_its_ranks_shard_whole_or_cut_per_shard():
     assert all(orjson.loads(v)[0]["kind"] == "comm_batch" for v in parts.values())
     assert sorted(map(orjson.dumps, (e for v in parts.values() for e in decode(v)))) == sorted(
         map(orjson.dumps, straddling))
+
+
+@settings(max_examples=60, deadline=None)
+@given(step_rows(), st.lists(st.sampled_from(tuple(SPECS["step"][0]) + tuple(SPECS["step"][1])
+                                             + ("kind", "v", "extra_note", "absent")),
+                             unique=True))
+def test_rows_fields_are_the_expanded_rows_fields(rows, fields):
+    batch = orjson.loads(encode(to_batch(rows)))
+    want = [{k: r[k] for k in fields if k in r} for r in expand(batch)]
+    assert _same_bytes(rows_fields(batch, tuple(fields)), want, keep_order=True)
+
+
+def test_a_step_batch_goes_where_its_newest_row_was():
+    """``batch_trace``: a comm_batch takes its first row's place, a step_batch its newest
+    row's: no rank's step comes before its own windows of that step, even when a slow
+    rank's step-end window falls in the host's next comm_batch."""
+    def comm(r: int, t: float, step: int) -> dict:
+        return _comm(r, ts=T0 + t, window_start_ts=T0 + t - 0.5, step=step, world_size=2)
+
+    def step(r: int, t: float, s: int) -> dict:
+        return {"v": 1, "kind": "step", "ts": T0 + t, "job_id": "j", "rank": r,
+                "world_size": 2, "host": "h0", "step": s, "duration_s": 1.0}
+
+    # rank 1 is late: its step-end window comes after rank 0's next mid-step window
+    events = [comm(0, 1.0, 0), step(0, 1.0, 0), comm(0, 1.5, 1), comm(1, 1.6, 0),
+              step(1, 1.6, 0), comm(1, 2.1, 1), comm(0, 2.5, 1), step(0, 2.5, 1),
+              comm(1, 2.6, 1), step(1, 2.6, 1)]
+    out = list(batch_trace(events, linger_s=1.0))
+    seen: set = set()
+    for item in out:
+        rows = expand(item) if is_batch(item) else [item]
+        for row in rows:
+            if row["kind"] == "step":
+                assert {(row["rank"], row["step"], "end")} <= seen, (row, out)
+        seen |= {(row["rank"], row["step"], "end") for row in rows
+                 if row["kind"] == "comm"}
+    assert [e["kind"] for e in out].count("step_batch") == 2
+    assert [len(e["rank"]) for e in out if e["kind"] == "step_batch"] == [2, 2]
+    back = [r for e in out for r in (expand(e) if is_batch(e) else [e])]
+    assert sorted(map(orjson.dumps, back)) == sorted(map(orjson.dumps, events))

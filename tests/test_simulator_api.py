@@ -257,9 +257,9 @@ def test_cli_writes_trace_and_truth(tmp_path):
     assert main(["simulate", "healthy_16", "--out", str(out), "--steps", "12", "--seed", "3",
                  "--schedule", str(sched)]) == 0
     events = [orjson.loads(x) for x in out.read_bytes().splitlines()]
-    # what the host agents publish: a host's comm windows, GPU and NIC samples batched
-    assert {e["kind"] for e in events} == {"step", "comm_batch", "gpu_batch", "nic_batch",
-                                           "host"}
+    # what the host agents publish: a host's comm windows, steps, GPU and NIC samples batched
+    assert {e["kind"] for e in events} == {"step_batch", "comm_batch", "gpu_batch",
+                                           "nic_batch", "host"}
     rows = tmp_path / "rows.jsonl"
     assert main(["simulate", "healthy_16", "--out", str(rows), "--steps", "12", "--seed", "3",
                  "--schedule", str(sched), "--per-rank"]) == 0
@@ -273,8 +273,8 @@ def test_cli_writes_trace_and_truth(tmp_path):
     assert main(["simulate", "healthy_16", "--out", str(raw), "--steps", "12", "--seed", "3",
                  "--schedule", str(sched), "--grain", "collective"]) == 0
     events = [orjson.loads(x) for x in raw.read_bytes().splitlines()]
-    assert {e["kind"] for e in events} == {"step", "collective", "gpu_batch", "nic_batch",
-                                           "host"}
+    assert {e["kind"] for e in events} == {"step_batch", "collective", "gpu_batch",
+                                           "nic_batch", "host"}
     assert (tmp_path / "raw.jsonl.truth.json").read_bytes() == (
         tmp_path / "trace.jsonl.truth.json").read_bytes()
 

@@ -174,9 +174,9 @@ _kind = itemgetter("kind")
 
 
 def _first_ts(ev: dict) -> float:
-    """An event's ts; a batch's first row's."""
+    """An event's ts; a batch's first row's (a ``step_batch``'s newest: ``_keyed``)."""
     t = ev["ts"]
-    return t[0] if type(t) is list else t
+    return (t[-1] if ev["kind"] == "step_batch" else t[0]) if type(t) is list else t
 
 
 def _rows(batch: list) -> int:
@@ -291,10 +291,17 @@ def _keyed(chunk: list[dict], seq: int) -> list[tuple]:
     unless a rank or host is missing)."""
     ranks = list(map(_rank, chunk))
     ts = list(map(_ts, chunk))
-    if list in map(type, ts):
-        # a columnar batch goes where its first row would go
-        ts = [t[0] if type(t) is list else t for t in ts]
-        ranks = [r[0] if type(r) is list else r for r in ranks]
+    if list in map(type, ts) or list in map(type, ranks):
+        # a columnar batch goes where its first row would go; a step_batch where its newest
+        # would (``BatchKind.at_last``)
+        ts, ranks = ts[:], ranks[:]
+        for i, ev in enumerate(chunk):
+            bk = BATCH_KINDS.get(ev["kind"])
+            if bk is not None:
+                at = -1 if bk.at_last else 0
+                t, r = ts[i], ranks[i]
+                ts[i] = t[at] if type(t) is list else t
+                ranks[i] = r[at] if type(r) is list else r
     if None in ranks:
         ranks = [-1 if r is None else r for r in ranks]
     hosts = list(map(_host, chunk))

@@ -12,9 +12,10 @@ events are also published through the collectors' publisher (same code path as
 the real collectors), to the topics under the configured prefix.
 
 The trace is what the producers publish: a host agent relays its ranks' ``comm``
-windows as one ``comm_batch`` per host and window, samples its GPUs as one ``gpu_batch``
-and its NIC ports as one ``nic_batch`` (docs/contract.md, "Batch kinds"); steps,
-collectives and host samples stay per event. ``--per-rank`` writes every record as its own per-rank event instead
+windows as one ``comm_batch`` per host and window and their steps as one ``step_batch``,
+samples its GPUs as one ``gpu_batch`` and its NIC ports as one ``nic_batch``
+(docs/contract.md, "Batch kinds"); collectives and host samples stay per event.
+``--per-rank`` writes every record as its own per-rank event instead
 (what a job without an agent publishes); ``failslow detect`` gives the same incidents on
 both.
 """
@@ -47,9 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comm grain: a window closes every WINDOW_S seconds inside a step "
                         f"and at its end (default {DEFAULT_WINDOW_S:g})")
     parser.add_argument("--per-rank", action="store_true",
-                        help="write every comm window, GPU and NIC sample as its own per-rank "
-                        "event, as a job without a host agent publishes them (default: one "
-                        "comm_batch / gpu_batch / nic_batch per host and window, as the agents "
+                        help="write every comm window, step, GPU and NIC sample as its own "
+                        "per-rank event, as a job without a host agent publishes them (default: "
+                        "one comm_batch / step_batch / gpu_batch / nic_batch per host and "
+                        "window, as the agents "
                         "publish; "
                         "docs/contract.md 'Batch kinds'; detect gives the same incidents)")
     parser.add_argument("--batch", action="store_true", help=argparse.SUPPRESS)  # the default
@@ -126,7 +128,7 @@ def _publish(trace, settings, realtime: bool, batched: bool = True) -> int:
             batch: list[dict] = []
             for event in batch_trace(events) if batched else events:
                 batch.append(event)
-                if len(batch) >= 200 or event["kind"] == "step":
+                if len(batch) >= 200 or event["kind"] in ("step", "step_batch"):
                     pub.publish(batch)
                     n += len(batch)
                     batch = []
