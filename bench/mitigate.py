@@ -270,6 +270,7 @@ def one_repeat(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
         "applied_after_page": None if page is None or applied is None else applied - page,
         "refinements": refined, "rollback_step": rollback, "resolve_step": resolve,
         "rollback_after_recover": None if rollback is None else rollback - rec,
+        "resolve_after_recover": None if resolve is None else resolve - rec,
         "rollback_after_resolve": None if rollback is None or resolve is None
         else rollback - resolve,
         "culprit_resolves": resolves,
@@ -303,7 +304,9 @@ def factor_row(factor: float, args: argparse.Namespace, tmp: Path) -> dict:
         "applied_after_page": [r["applied_after_page"] for r in reps],
         "refinements": [r["refinements"] for r in reps],
         "rollback_after_recover": [r["rollback_after_recover"] for r in reps],
+        "resolve_after_recover": [r["resolve_after_recover"] for r in reps],
         "rollback_after_resolve": [r["rollback_after_resolve"] for r in reps],
+        "shares_culprit": [[round(sh[CULPRIT], 3) for st, sh in r["switches"]] for r in reps],
         "after_rollback_auto": [r["after_rollback_auto"] for r in reps],
         "false_actions": sum(len(r["false_actions_before_onset"]) for r in reps),
         **{f"{k}_med": round(v, 4) for k, v in med.items()},

@@ -36,7 +36,7 @@ import fnmatch
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, fields
-from statistics import median
+from statistics import median, stdev
 from typing import Any
 
 from failslow.schema.errors import FailslowError
@@ -69,7 +69,11 @@ class MitigationConfig:
     refine: refinements per incident that take more from the culprit (those that give it
     back are not bounded: they only undo): after ``window_steps`` steps on the new shares
     the plan is made again from the time per sample measured on them, and sent when it
-    moves the culprit's share by ``refine_gain`` (15 %) or more of it.
+    moves the culprit's share by ``refine_gain`` (15 %) or more of it and by ``refine_z``
+    (3) standard errors of the planned share, measured on the window cut in blocks of
+    ``window_steps / refine_blocks`` steps (the spread of the blocks' medians: load on
+    shared cores comes in episodes of several steps; one window's noise swung the share
+    +-30 %).
     lead_steps: ``apply_at_step`` is this many steps after the newest step seen (time for
     the action to reach every rank). ttl_s: an action not applied by ``ts + ttl_s`` is
     dropped. drain_command: a command run once per escalation of a persistent hardware
@@ -90,6 +94,8 @@ class MitigationConfig:
     warm_steps: int = 20
     persist_steps: int = 16
     refine: int = 5
+    refine_z: float = 3.0
+    refine_blocks: int = 2
     lead_steps: int = 2
     ttl_s: float = 120.0
     drain_command: str | None = None
@@ -107,12 +113,16 @@ class MitigationConfig:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise MitigationConfigError(f"mitigate.{name}: {v!r} is not a positive number")
-        for name in ("window_steps", "lead_steps", "warm_steps", "persist_steps"):
+        for name in ("window_steps", "lead_steps", "warm_steps", "persist_steps",
+                     "refine_blocks"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise MitigationConfigError(f"mitigate.{name}: {v!r} is not an integer >= 1")
         if not isinstance(self.refine, int) or isinstance(self.refine, bool) or self.refine < 0:
             raise MitigationConfigError(f"mitigate.refine: {self.refine!r} is not an integer >= 0")
+        if isinstance(self.refine_z, bool) or not isinstance(self.refine_z, int | float) \
+                or not math.isfinite(self.refine_z) or self.refine_z < 0:
+            raise MitigationConfigError(f"mitigate.refine_z: {self.refine_z!r} is not a number >= 0")
 
     @classmethod
     def from_mapping(cls, table: dict[str, Any]) -> MitigationConfig:
@@ -130,7 +140,7 @@ class MitigationConfig:
             if want is not None and not isinstance(value, want):
                 raise MitigationConfigError(
                     f"mitigate.{key}: {value!r} is not a {want.__name__}")
-            if key in ("floor", "min_gain", "ttl_s") and (
+            if key in ("floor", "min_gain", "ttl_s", "refine_z") and (
                     isinstance(value, bool) or not isinstance(value, int | float)):
                 raise MitigationConfigError(f"mitigate.{key}: {value!r} is not a number")
         return cls(**table)
@@ -285,16 +295,37 @@ class ActionPlanner:
                           self._held, self._version, self._first, self._waiting):
                 table.pop(job, None)
 
-    def per_sample(self, job: str, since: int | None = None, n: int | None = None
-                   ) -> dict[int, float]:
-        """Each rank's median time per sample over its last ``n`` (``window_steps``) steps
-        (those from step ``since`` on, when given)."""
+    def _window(self, job: str, since: int | None, n: int | None
+                ) -> dict[int, list[float]]:
+        """Each rank's time per sample (``compute_s / samples``) over its last ``n``
+        (``window_steps``) steps (those from step ``since`` on, when given)."""
         out = {}
         for r, d in self._per_sample[job].items():
             vals = [v for s, v in d if since is None or s >= since]
             if vals:
-                out[r] = median(vals[-(n or self.config.window_steps):])
+                out[r] = vals[-(n or self.config.window_steps):]
         return out
+
+    def per_sample(self, job: str, since: int | None = None, n: int | None = None
+                   ) -> dict[int, float]:
+        """Each rank's median time per sample over its last ``n`` (``window_steps``) steps
+        (those from step ``since`` on, when given)."""
+        return {r: median(v) for r, v in self._window(job, since, n).items()}
+
+    def _share_se(self, job: str, rank: int, since: int, n: int) -> float:
+        """The relative standard error of ``rank``'s planned share from the window: its
+        median time per sample's and its peers' typical one's, combined."""
+        se = {}
+        k = max(1, self.config.window_steps // self.config.refine_blocks)
+        for r, vals in self._window(job, since, n).items():
+            m = median(vals)
+            # the medians of blocks of k steps: load on shared cores comes in episodes of
+            # several steps, which one step's spread does not see
+            blocks = [median(vals[i:i + k]) for i in range(0, len(vals) - k + 1, k)]
+            se[r] = stdev(blocks) / m / math.sqrt(len(blocks)) \
+                if m > 0 and len(blocks) > 1 else 0.0
+        peers = [v for r, v in se.items() if r != rank]
+        return math.hypot(se.get(rank, 0.0), median(peers) if peers else 0.0)
 
     def _gain(self, job: str, rank: int, since: int | None = None) -> float | None:
         per = self.per_sample(job, since)
@@ -399,11 +430,17 @@ class ActionPlanner:
                 sum(1 for s, _ in ranks[r] if s >= since) < self.config.window_steps
                 for r in range(world) if r in ranks):
             return []
-        per = self.per_sample(job, since, 2 * self.config.window_steps)
+        n = 2 * self.config.window_steps
+        per = self.per_sample(job, since, n)
         shares = plan_shares(per, self.config.floor)
         old = held.action["shares"]
-        if len(shares) != len(old) or \
-                abs(shares[held.rank] - old[held.rank]) < self.refine_gain * old[held.rank]:
+        if len(shares) != len(old):
+            return []
+        # a move within the window's own noise is no news: on shared cores one window's
+        # noise swung the culprit's share +-30 %
+        band = max(self.refine_gain, self.config.refine_z * self._share_se(job, held.rank,
+                                                                          since, n))
+        if abs(shares[held.rank] - old[held.rank]) < band * old[held.rank]:
             return []
         # the bound holds for moves that take more from the culprit; one that gives it
         # back (it recovered, or the last move overshot) only undoes, so it always may

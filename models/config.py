@@ -146,6 +146,15 @@ class RankConfig:
                               "a job-wide change: only peers judge that step")
     idle_steps: int = _p(20, "a job that sent nothing for this many of its step times (and "
                          "[detector] job_idle_s) has ended")
+    share_steps: int = _p(8, "steps on one set of the ranks' shares of the batch (steps "
+                          "carrying samples) before its median work counts in the fixed "
+                          "per-step cost's fit (models.shares); also how often it is fitted")
+    share_keep: int = _p(32, "newest steps kept per set of shares")
+    share_sets: int = _p(8, "sets of shares kept (the most recently used)")
+    share_spread: float = _p(0.05, "least spread of a rank's shares, as a fraction of the "
+                             "largest, for its line to estimate the fixed cost")
+    share_fixed_max: float = _p(0.5, "the fixed cost is at most this share of the step's "
+                                "median work")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from failslow.models.links import LinkMonitor
 from failslow.models.localize import imbalances, localize
 from failslow.models.peers import has_peers, lower_half_ref, peer_scores
 from failslow.models.ranks import RankState, RankTable
+from failslow.models.shares import FixedCost
 from failslow.models.stats import EWMeanVar, RollingMedian, median
 from failslow.models.substep import SubStep
 
@@ -48,6 +49,9 @@ class JobState(Attribution):
     nostep_period = 0.0          # seconds of a derived step (0: not learned yet)
     nostep_t0 = 0.0              # the derived steps' origin (job's clock)
     nostep_world = 0             # largest world_size the windows named
+    # steps carrying ``samples`` (issue 32's rebalance): the step's fixed cost, estimated
+    # from the job's changes of shares; a class default (None until such a step)
+    fixed_cost: FixedCost | None = None
 
     def __init__(self, job_id: str, cfg: JobConfig) -> None:
         self.job_id = job_id
@@ -511,9 +515,25 @@ class JobState(Attribution):
         # ``samples``) are judged on their own work per unit of share, at the median
         # share: a rebalanced straggler stays slow until it is fast again per sample.
         share = np.array([x or 0 for x in col["samples"]], dtype=float)
-        if share.min() > 0 and share.min() != share.max():
-            work *= float(np.median(share)) / share
+        if share.min() > 0:
+            work = self._per_share(share, work)
         return work, data, dur, groups, ts, max(float(ts.max()), 0.0) if n else 0.0
+
+    def _per_share(self, share: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """Each rank's own work at the step's median share (steps carrying ``samples``):
+        the step's fixed cost, estimated from the job's changes of shares
+        (``models.shares.FixedCost``, ``[rules.ranks] share_*``), as it is, the rest scaled
+        by median share / its share. A rebalanced straggler stays slow until it is fast
+        again per sample, and a recovered one on a small share is not slow for its fixed
+        cost. Equal shares: unchanged (and observed)."""
+        if self.fixed_cost is None:
+            rc = self.cfg.ranks
+            self.fixed_cost = FixedCost(rc.share_steps, rc.share_spread, rc.share_fixed_max,
+                                        rc.share_keep, rc.share_sets)
+        self.fixed_cost.observe(share, work)
+        if share.min() == share.max():
+            return work
+        return self.fixed_cost.normalize(share, work)
 
     def _scores(self, row: dict[int, dict[str, Any]], ranks: list[int], sl: np.ndarray,
                 work: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, ...]:
