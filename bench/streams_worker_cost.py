@@ -21,6 +21,7 @@ wrappers add ~1 us a call) and prints them. Ratio = worker CPU per judged rank-s
 detect's. A second pass with no wrappers gives the worker's total.
 
     .venv/bin/python bench/streams_worker_cost.py [--ranks 1024 4096 16384] [--steps 6] [--step-s 2]
+        [--cprofile 25]   # and the worker path's 25 costliest functions (cProfile, own time)
 
 Prints numbers and writes bench/results/streams_worker_cost.json.
 """
@@ -196,6 +197,12 @@ def worker_child(trace: str, partitions: int, profile: bool) -> None:
     slices = list(messages(trace, cfg.topics))
     offsets = [0] * partitions
     loop = asyncio.new_event_loop()
+    prof = None
+    if os.environ.get("WCOST_CPROFILE"):
+        import cProfile
+
+        prof = cProfile.Profile(time.process_time)
+        prof.enable()
     c0 = time.process_time()
     for msgs, ts in slices:
         now = ts + 0.5
@@ -219,6 +226,15 @@ def worker_child(trace: str, partitions: int, profile: bool) -> None:
     for state in jobs.parts.values():
         jobs.tick_one(state, slices[-1][1] + 60.0, False)
     cpu = time.process_time() - c0
+    if prof is not None:
+        import io
+        import pstats
+
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(
+            int(os.environ["WCOST_CPROFILE"]))
+        sys.stderr.write(text.getvalue())
     judged = sum(s.counts["judged_rank_steps"] for s in jobs.parts.values())
     c1 = time.process_time()
     snap_bytes = 0
@@ -253,6 +269,9 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--step-s", type=float, default=2.0)
     ap.add_argument("--out", default=str(RESULTS / "streams_worker_cost.json"))
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="also run the worker path under cProfile and print its N "
+                         "functions of most own CPU time")
     ap.add_argument("--worker-child", nargs=3, metavar=("TRACE", "PARTS", "PROFILE"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -287,6 +306,12 @@ def main() -> None:
             _, p_out = run_child([sys.executable, me, "--worker-child", str(trace),
                                   str(args.partitions), "1"])
             prof = orjson.loads(p_out.strip().splitlines()[-1])
+            if args.cprofile:
+                env = dict(os.environ, WCOST_CPROFILE=str(args.cprofile))
+                proc = subprocess.run([sys.executable, me, "--worker-child", str(trace),
+                                       str(args.partitions), "0"], cwd=ROOT, env=env,
+                                      capture_output=True, text=True, check=True)
+                print(proc.stderr, flush=True)
             judged = plain["judged_rank_steps"] or 1
             row.update(detect_cpu_s=det_cpu, detect_us_per_rank_step=det_cpu / det_rs * 1e6,
                        worker_child_cpu_s=w_cpu, worker_path_cpu_s=plain["worker_cpu_s"],

@@ -30,6 +30,9 @@ import time
 from collections.abc import Callable
 from operator import itemgetter
 
+from failslow.schema.batches import BATCH_KINDS, expand
+from failslow.streams.rows import max_ts, subset
+
 log = logging.getLogger("failslow.worker")
 CLOCK_WARN_S = 5.0          # s ahead of the worker's clock: warned, still judged
 CLOCK_MAX_AHEAD_S = 60.0    # s ahead: dead-lettered, not judged
@@ -49,17 +52,27 @@ class ClockGuard:
         self.skewed = 0   # events warned about and judged
         self.ahead = 0    # events rejected
         self._warned: dict[tuple[str, str], float] = {}
+        # id of a rejected row cut from a batch -> the batch (its message's topic and key)
+        self.origin: dict[int, dict] = {}
 
     def screen(self, events: list[dict]) -> tuple[list[dict], list[tuple[str, dict]]]:
         """``events`` less those too far ahead, and those as (reason, event)."""
         if not events:
             return events, []
         now = self.clock()
-        if max(map(_EV_TS, events)) <= now + self.warn_s:
+        stamps = list(map(_EV_TS, events))
+        # a batch's ts may be a column: its newest row's
+        newest = max(map(max_ts, events)) if list in map(type, stamps) else max(stamps)
+        if newest <= now + self.warn_s:
             return events, []
         kept: list[dict] = []
         rejected: list[tuple[str, dict]] = []
         for ev in events:
+            if ev["kind"] in BATCH_KINDS:
+                # issue 31: a batch's rows screened from its ts column; the rows too far
+                # ahead are cut out (dead-lettered), the rest go on
+                self._screen_batch(ev, now, kept, rejected)
+                continue
             ahead = ev["ts"] - now
             if ahead <= self.warn_s:
                 kept.append(ev)
@@ -76,6 +89,22 @@ class ClockGuard:
                 kept.append(ev)
             self._warn(host, job, ahead, now)
         return kept, rejected
+
+    def _screen_batch(self, ev: dict, now: float, kept: list[dict],
+                      rejected: list[tuple[str, dict]]) -> None:
+        if max_ts(ev) <= now + self.warn_s:
+            kept.append(ev)
+            return
+        rows = expand(ev)
+        good, bad = self.screen(rows)
+        if not bad:
+            kept.append(ev)
+            return
+        for _, row in bad:
+            self.origin[id(row)] = ev
+        rejected += bad
+        ids = set(map(id, good))
+        kept += subset(ev, [i for i, row in enumerate(rows) if id(row) in ids])
 
     def _warn(self, host: str, job: str, ahead: float, now: float) -> None:
         key = (host, job)

@@ -44,6 +44,7 @@ from failslow.streams.ordering import HOLD_LATENESS
 from failslow.streams.outputs import Outputs
 from failslow.streams.partition import JobPartition
 from failslow.streams.routing import HostMap, unpack
+from failslow.streams.rows import WHOLE_KINDS, row_kind, rows_of
 from failslow.streams.sharding import prune_foreign_hosts
 from failslow.streams.snapshots import SnapshotStore, high_offset, scan
 
@@ -62,7 +63,9 @@ T = TypeVar("T")
 def decode_value(value: bytes | None, kinds: frozenset[str] | None = None
                  ) -> tuple[list[dict], list[str]]:
     """``schema.decode_lenient``, with one compiled pass (detect's ``all_valid``) for the
-    common case of a message whose every event is valid and of its topic's kind."""
+    common case of a message whose every event is valid and of its topic's kind. A valid
+    columnar batch of ``rows.WHOLE_KINDS`` comes back whole (one event that holds its
+    rows); a bad one's valid rows come back as per-rank events, its errors named."""
     try:
         obj = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
@@ -72,8 +75,8 @@ def decode_value(value: bytes | None, kinds: frozenset[str] | None = None
         return items, []
     if items and any(map(is_batch, items)):
         # issue 31: a host's columnar batches, checked as columns (``batches.valid``,
-        # as `failslow detect` checks them) and expanded from this one decode; the value
-        # was decoded twice and every batch checked again row by row
+        # as `failslow detect` checks them) from this one decode, and kept whole; the
+        # value was decoded twice and every batch checked again row by row
         rows = _batch_rows(items, kinds)
         if rows is not None:
             return rows, []
@@ -81,9 +84,11 @@ def decode_value(value: bytes | None, kinds: frozenset[str] | None = None
 
 
 def _batch_rows(items: list[Any], kinds: frozenset[str] | None) -> list[dict] | None:
-    """The per-rank events of a message array that holds batches, when every batch passes
-    ``batches.valid``, every other item ``all_valid`` and all are of ``kinds``; None
-    sends the caller to ``decode_lenient`` (which names what is wrong)."""
+    """The events of a message array that holds batches, when every batch passes
+    ``batches.valid``, every other item ``all_valid`` and all rows are of ``kinds``: the
+    batches the Detector takes whole (``rows.WHOLE_KINDS``) as they are, others expanded
+    into their per-rank events; None sends the caller to ``decode_lenient`` (which names
+    what is wrong, and keeps a bad batch's valid rows)."""
     plain = [o for o in items if not is_batch(o)]
     if plain and not all_valid(plain):
         return None
@@ -91,13 +96,17 @@ def _batch_rows(items: list[Any], kinds: frozenset[str] | None) -> list[dict] | 
     for o in items:
         if type(o) is not dict:
             return None
-        if o.get("kind") in BATCH_KINDS:
+        kind = o.get("kind")
+        if kind in BATCH_KINDS:
             if not batch_valid(o):
                 return None
-            out += expand(o)
+            if kind in WHOLE_KINDS:
+                out.append(o)   # issue 31: kept whole to the Detector (streams.rows)
+            else:
+                out += expand(o)
         else:
             out.append(o)
-    if kinds is not None and not all(e["kind"] in kinds for e in out):
+    if kinds is not None and not all(row_kind(e) in kinds for e in out):
         return None
     return out
 
@@ -283,7 +292,7 @@ class JobStage:
             if errors and report:
                 sends.append(("dead", "; ".join(errors), src, key, raw))
             if report:  # count a message sent to several partitions once
-                metrics.events.labels(src).inc(len(events))
+                metrics.events.labels(src).inc(rows_of(events))
             if flags is not None and flags != (report, placed):
                 self.ingest_run(state, run, flags[1], offset, now, seen, sends)
                 run = []
@@ -309,7 +318,9 @@ class JobStage:
         if rejected:
             part_of = {id(ev): part for part in run for ev in part[3]}
             for why, ev in rejected:
-                src, key, report, _ = part_of.get(id(ev), run[0])
+                # a row cut from a batch: its batch's part
+                src, key, report, _ = part_of.get(id(ev)) or part_of.get(
+                    id(state.origin_of(ev)), run[0])
                 if report:  # a copy sent to several partitions is dead-lettered once
                     sends.append(("dead", why, src, key, orjson.dumps(ev)))
         if incidents:

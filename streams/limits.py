@@ -47,7 +47,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from failslow.schema.batches import ABSENT, BATCH_KINDS, BatchKind, expand
 from failslow.schema.codec import pack
+from failslow.streams.rows import column, has_absent, max_ts
 
 log = logging.getLogger("failslow.worker")
 CAPS = ("jobs", "hosts", "ranks_per_job", "groups_per_job", "hosts_per_job")
@@ -161,6 +163,21 @@ class InputLimits:
         so they go on at once, up to ``max_hosts`` hosts."""
         out: list[dict] = []
         for ev in events:
+            bk = BATCH_KINDS.get(ev["kind"])
+            if bk is not None:
+                # issue 31: a host's batch goes on whole when nothing in it is new to
+                # the caps; else its rows are taken one by one
+                if not self._batch(ev, bk, out, placed):
+                    rows = expand(ev)
+                    got = self.admit(rows, placed)
+                    n = len(rows)
+                    if len(got) >= n and all(a is b for a, b in zip(got[-n:], rows,
+                                                                    strict=True)):
+                        # all its rows admitted (a job's new ranks): on whole after
+                        # what was held of its host
+                        got[-n:] = [ev]
+                    out.extend(got)
+                continue
             if ev["kind"] in _TELEMETRY:
                 self._sample(ev, out, placed)
             elif ev["job_id"] in self._jobs:
@@ -168,6 +185,53 @@ class InputLimits:
             else:
                 self._probation(ev, out)
         return out
+
+    def _batch(self, ev: dict, bk: BatchKind, out: list[dict], placed: bool) -> bool:
+        """Batch ``ev`` admitted whole into ``out`` (True) when its host is tracked (or
+        placed here) and, for a job's batch, its job is tracked and its ranks, host and
+        groups are already known; False: nothing done, the caller takes its rows."""
+        host = ev.get("host")
+        if type(host) is not str or "host" not in bk.shared:
+            return False
+        if bk.row_kind in _TELEMETRY:
+            ts = max_ts(ev)
+            if host in self._hosts:
+                if ts > self._hosts[host]:
+                    self._hosts[host] = ts
+                out.append(ev)
+                return True
+            if placed and len(self._hosts) < self.max_hosts:
+                self._hosts[host] = ts
+                held = self._unknown.pop(host, None)
+                if held:
+                    self._held_samples -= len(held)
+                    out.extend(_unpack(held))
+                out.append(ev)
+                return True
+            return False
+        job_id = ev.get("job_id")
+        job = self._jobs.get(job_id) if type(job_id) is str else None
+        if job is None or host not in job.hosts or host not in self._hosts:
+            return False
+        n = len(ev[bk.row_key])
+        if not job.ranks.issuperset(column(ev, "rank", n)):
+            return False
+        if bk.nested is not None:
+            if has_absent(ev, ("group",)) or ev.get(f"{bk.nested}_{ABSENT}"):
+                return False
+            groups = ev[bk.nested].get("group")
+        else:
+            if has_absent(ev, ("group",)):
+                return False
+            groups = ev.get("group")
+        if groups is not None and not job.groups.issuperset(
+                groups if type(groups) is list else (groups,)):
+            return False
+        ts = max_ts(ev)
+        if ts > job.last_ts:
+            job.last_ts = ts
+        out.append(ev)
+        return True
 
     def track(self, job_id: str, ts: float) -> None:
         """Count ``job_id`` as tracked without probation (a job restored from a snapshot)."""

@@ -44,7 +44,9 @@ import numpy as np
 import orjson
 
 from failslow.models.pipeline import TELEMETRY_KINDS
+from failslow.schema.batches import BATCH_KINDS, expand
 from failslow.schema.codec import pack
+from failslow.streams.rows import column, first_ts, has_absent, max_ts, rows_of, subset
 
 RECOMPUTE_S = 0.1  # s; each recompute scans every source and buffered chunk
 # While a backlog is read, the device samples of hosts placed on a partition (the route
@@ -72,6 +74,10 @@ _EV_TS = itemgetter("ts")
 _EV_TS_KIND = itemgetter("ts", "kind")
 
 
+def _first_ts_kind(ev: dict) -> tuple[float, str]:
+    return first_ts(ev), ev["kind"]
+
+
 class _Chunk(NamedTuple):
     """Events of one message held in the buffer, ordered in the heap by ``first``
     (then ``seq``: arrival order). ``shift`` is -telemetry_delay_s for device samples
@@ -87,21 +93,23 @@ class _Chunk(NamedTuple):
 
 # kind -> source id getter (C itemgetters: this runs for every event). A source id starts
 # with the kind, so ids of different kinds never meet.
-SOURCE = {
-    "step": itemgetter("kind", "job_id", "rank"),
-    "collective": itemgetter("kind", "job_id", "group", "rank"),
-    "comm": itemgetter("kind", "job_id", "rank"),
-    "gpu": itemgetter("kind", "host", "gpu"),
-    "nic": itemgetter("kind", "host", "nic", "port"),
-    "host": itemgetter("kind", "host"),
+SOURCE_FIELDS = {
+    "step": ("job_id", "rank"),
+    "collective": ("job_id", "group", "rank"),
+    "comm": ("job_id", "rank"),
+    "gpu": ("host", "gpu"),
+    "nic": ("host", "nic", "port"),
+    "host": ("host",),
 }
+SOURCE = {kind: itemgetter("kind", *fields) for kind, fields in SOURCE_FIELDS.items()}
 # The watermark's telemetry sources: one per (kind, host), not per device. A host's agent
 # publishes its samples in time order and at least one of each kind every cycle, but a
 # device only when it changed or its heartbeat is due (collectors.samplers.OnChange): a
 # quiet GPU's newest sample can be seconds old while its host is current, and keyed per
 # device it would hold the watermark (live for ``jitter_s``, for longer in a backlog).
-WATERMARK_SOURCE = {**SOURCE, "gpu": itemgetter("kind", "host"),
-                    "nic": itemgetter("kind", "host")}
+WATERMARK_FIELDS = {**SOURCE_FIELDS, "gpu": ("host",), "nic": ("host",)}
+WATERMARK_SOURCE = {kind: itemgetter("kind", *fields)
+                    for kind, fields in WATERMARK_FIELDS.items()}
 
 
 class EventOrder:
@@ -174,7 +182,7 @@ class EventOrder:
         if self._first_wall is None:
             self._first_wall = now
         if (placed and self._held_since is None and not self._hw and events
-                and events[-1]["ts"] < now - self.lateness):
+                and max_ts(events[-1]) < now - self.lateness):
             self._held_since = now      # a backlog's samples (live ones are newer)
         late: list[dict] = []
         keep: list[dict] = []
@@ -189,9 +197,15 @@ class EventOrder:
         seen = self._seen
         topic_seen = self._topic_seen
         source = WATERMARK_SOURCE
+        batched = False
         for ev in events:
-            ts = ev["ts"]
             kind = ev["kind"]
+            if kind in BATCH_KINDS:
+                # issue 31: a host's batch kept whole, its rows' sources from its columns
+                batched = True
+                late += self._add_batch(ev, offset, now, skip_ts, placed, keep, samples)
+                continue
+            ts = ev["ts"]
             src = source[kind](ev)
             seen[src] = now
             if kind in TELEMETRY_KINDS:
@@ -242,13 +256,98 @@ class EventOrder:
                 keep.append(ev)
         for chunk, shift in ((keep, 0.0), (samples, -delay)):
             if chunk:
-                chunk.sort(key=_EV_TS)
+                # a batch is placed at its first row's ts, as `failslow detect` places it
+                chunk.sort(key=first_ts if batched else _EV_TS)
                 self._seq += 1
-                first, last = chunk[0]["ts"] - shift, chunk[-1]["ts"] - shift
+                first = first_ts(chunk[0]) - shift
+                # a live stream's watermark goes to the newest row that waited (``_progress``)
+                last = (max(map(max_ts, chunk)) if batched else chunk[-1]["ts"]) - shift
                 heappush(self._buf, _Chunk(first, self._seq, last, offset,
                                            pack(chunk) if self.buffered >= PACK_ABOVE
                                            else chunk, now, shift))
-                self.buffered += len(chunk)
+                self.buffered += rows_of(chunk) if batched else len(chunk)
+        return late
+
+    def _add_batch(self, ev: dict, offset: int, now: float, skip_ts: float, placed: bool,
+                   keep: list[dict], samples: list[dict]) -> list[dict]:
+        """``add``'s work for one batch: its rows' sources marked from its columns, the
+        batch put whole into ``keep`` (job kinds) or ``samples`` (telemetry), or cut
+        where its rows fall on both sides of the watermark or of ``skip_ts``; returns
+        what is late."""
+        bk = BATCH_KINDS[ev["kind"]]
+        rk = bk.row_kind
+        n = len(ev[bk.row_key])
+        fields = WATERMARK_FIELDS[rk]
+        if has_absent(ev, (*fields, "ts", "host")):
+            return self.add(expand(ev), offset, now, skip_ts, placed)
+        ts = column(ev, "ts", n)
+        srcs = list(zip([rk] * n, *(column(ev, f, n) for f in fields), strict=True))
+        seen = self._seen
+        if rk in TELEMETRY_KINDS:
+            self._topic_seen[rk] = now
+            tel_hw = self._tel_hw
+            for src, t, host in zip(srcs, ts, column(ev, "host", n), strict=True):
+                seen[src] = now
+                last = tel_hw.get(src)
+                if last is None or t > last:
+                    tel_hw[src] = t
+                    if last is None:
+                        self._arrived.add((rk, host))
+                        self._dirty = True
+            return self._place(ev, ts, self.delay, skip_ts, samples, False)
+        hw, topic_seen = self._hw, self._topic_seen
+        jobs = column(ev, "job_id", n)
+        hosts = column(ev, "host", n)
+        for src, t, job, host in zip(srcs, ts, jobs, hosts, strict=True):
+            seen[src] = now
+            topic_seen[src[:2]] = now
+            if t > hw.get(src, -math.inf):
+                hw[src] = t
+            if rk == "step":
+                if now - t < self._step_lag.get(host, math.inf):
+                    self._step_lag[host] = now - t
+                last = self._job_hosts.get(host)
+                if last is None or t > last:
+                    self._job_hosts[host] = t
+                    if last is None:
+                        self._dirty = True
+                if ("step", job) not in self._arrived:
+                    self._arrived.add(("step", job))
+                    self._dirty = True
+            elif job not in self._coll_jobs:
+                self._coll_jobs.add(job)
+                self._dirty = True
+        return self._place(ev, ts, 0.0, skip_ts, keep, True)
+
+    def _place(self, ev: dict, ts: list[float], delay: float, skip_ts: float,
+               keep: list[dict], count_late: bool) -> list[dict]:
+        """A batch's rows (ts + ``delay``) by where they fall: up to ``skip_ts`` skipped
+        (a replay), up to the watermark late (returned), the rest into ``keep``; the
+        batch whole when all fall in one, else cut."""
+        wm = self.wm
+
+        def where(t: float) -> int:
+            t += delay
+            return 0 if t <= skip_ts else 1 if t <= wm else 2
+
+        lo, hi = where(min(ts)), where(max(ts))
+        if lo == hi:
+            parts = {lo: [ev]}
+        else:
+            idxs: dict[int, list[int]] = {}
+            for i, t in enumerate(ts):
+                idxs.setdefault(where(t), []).append(i)
+            parts = {w: subset(ev, ix) for w, ix in idxs.items()}
+        late: list[dict] = []
+        for w, got in parts.items():
+            if w == 0:
+                self.counts["replay_skipped"] += rows_of(got)
+            elif w == 1:
+                late += got
+                if count_late:
+                    self.counts["late"] += rows_of(got)
+            else:
+                keep += got
         return late
 
     def runs_on(self, host: str) -> bool:
@@ -466,14 +565,20 @@ class EventOrder:
             c = heappop(buf)
             events: list[dict] = (orjson.loads(c.events) if isinstance(c.events, bytes)
                                   else c.events)
-            if c.last <= new:
+            cut = len(events) if c.last <= new else bisect_right(events, new + c.shift,
+                                                                 key=first_ts)
+            if cut == len(events):   # (a batch's later rows may be newer than ``new``)
                 ready.extend(events)
             else:
-                cut = bisect_right(events, new + c.shift, key=_EV_TS)
                 ready.extend(events[:cut])
-                heappush(buf, c._replace(first=events[cut]["ts"] - c.shift,
+                heappush(buf, c._replace(first=first_ts(events[cut]) - c.shift,
                                          events=events[cut:]))
-        self.buffered -= len(ready)
+        if list in map(type, map(_EV_TS, ready)):
+            # batches among them, at their first row's ts
+            self.buffered -= rows_of(ready)
+            ready.sort(key=_first_ts_kind)
+            return ready
+        self.buffered -= rows_of(ready)
         ready.sort(key=_EV_TS_KIND)  # a merge of sorted runs for timsort
         return ready
 

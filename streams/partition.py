@@ -46,10 +46,12 @@ from typing import Any
 
 import orjson
 
+from failslow.schema.batches import BATCH_KINDS, expand
 from failslow.streams.clocks import CLOCK_MAX_AHEAD_S, CLOCK_WARN_S, ClockGuard
 from failslow.streams.detector import COUNTERS, StreamDetector
 from failslow.streams.limits import InputLimits
-from failslow.streams.ordering import SOURCE, EventOrder
+from failslow.streams.ordering import SOURCE, SOURCE_FIELDS, EventOrder
+from failslow.streams.rows import Row, column, event_of, has_absent, rows_of, subset
 
 INPUT_KINDS = ("step", "collective", "comm", "gpu", "nic", "host")
 _JOB_KINDS = frozenset(("step", "collective", "comm"))
@@ -68,6 +70,10 @@ _MARK = {
     "nic": (SOURCE["nic"], _EV_TS),
     "host": (SOURCE["host"], _EV_TS),
 }
+# the same positions as fields, read from a batch's columns
+_MARK_FIELDS = {"step": ("ts", "step"), "collective": ("ts", "seq"),
+                "comm": ("ts", "window_start_ts"), "gpu": ("ts",), "nic": ("ts",),
+                "host": ("ts",)}
 
 
 def source_mark(ev: dict) -> tuple[tuple, Any]:
@@ -126,7 +132,7 @@ class JobPartition:
         self._marks: dict[tuple, tuple] = {}
         # comm source -> its records at the mark: a producer splits one window into several
         # records (past OPS_MAX entries, or one per step), all at the same (ts, start)
-        self._at_mark: dict[tuple, list[dict]] = {}
+        self._at_mark: dict[tuple, list[Any]] = {}  # dicts, or Rows of a batch
         self._at_mark_restored: dict[tuple, set[str]] = {}  # the same, as digests, from a snapshot
         self._ended: OrderedDict[str, float] = OrderedDict()  # ended job -> its newest ts
         self.emitted: dict[str, set[bytes]] = {}
@@ -163,7 +169,7 @@ class JobPartition:
         # Replaying below the snapshot's o_next: events up to its watermark are already in
         # the Detector's state; they still tell which sources exist and how far they got.
         skip_ts = self._skip_ts if offset < self._skip_below else -math.inf
-        self.counts["events"] += len(events)
+        self.counts["events"] += rows_of(events)
         events, rejected = self.clocks.screen(events)
         if rejected or self.clocks.skewed != self.counts["clock_skewed"]:
             self._rejected.extend(rejected)
@@ -183,9 +189,27 @@ class JobPartition:
     def _drop_replayed(self, events: list[dict]) -> list[dict]:
         """``events`` less the ended jobs' events up to their newest ts (duplicates)."""
         ended = self._ended
-        kept = [ev for ev in events if ev["kind"] not in _JOB_KINDS
-                or ev["ts"] > ended.get(ev["job_id"], -math.inf)]
-        self.counts["duplicates"] += len(events) - len(kept)
+        kept: list[dict] = []
+        dropped = 0
+        for ev in events:
+            bk = BATCH_KINDS.get(ev["kind"])
+            if bk is None:
+                if ev["kind"] not in _JOB_KINDS or ev["ts"] > ended.get(ev["job_id"],
+                                                                         -math.inf):
+                    kept.append(ev)
+                else:
+                    dropped += 1
+                continue
+            if bk.row_kind not in _JOB_KINDS:
+                kept.append(ev)
+                continue
+            # a batch: its rows up to their job's end are dropped, the rest go on
+            n = len(ev[bk.row_key])
+            end = [ended.get(j, -math.inf) for j in column(ev, "job_id", n)]
+            idxs = [i for i, t in enumerate(column(ev, "ts", n)) if t > end[i]]
+            kept += subset(ev, idxs)
+            dropped += n - len(idxs)
+        self.counts["duplicates"] += dropped
         return kept
 
     def _ended_job(self, job: str, ts: float) -> None:
@@ -200,7 +224,12 @@ class JobPartition:
     def take_rejected(self) -> list[tuple[str, dict]]:
         """(reason, event) of the events ``ingest`` took out since the last call."""
         out, self._rejected = self._rejected, []
+        self.clocks.origin.clear()
         return out
+
+    def origin_of(self, ev: dict) -> dict:
+        """The batch a rejected row was cut from (``ev`` itself when it came alone)."""
+        return self.clocks.origin.get(id(ev), ev)
 
     def runs_on(self, host: str) -> bool:
         """True when a job of this partition has sent step events from ``host``."""
@@ -224,13 +253,61 @@ class JobPartition:
         getters = _MARK
         fresh = []
         at_mark = self._at_mark
+        dropped = 0
         for ev in events:
             kind = ev["kind"]
+            if kind in BATCH_KINDS:
+                # issue 31: a batch whose rows are new goes on whole
+                got = self._batch_marks(ev)
+                if got is not None:
+                    fresh += got
+                    dropped += rows_of([ev]) - rows_of(got)
+                    continue
+                rows = expand(ev)   # a comm row at its mark: compared row by row
+                kept = self._feed_rows(rows)
+                fresh += kept
+                dropped += len(rows) - len(kept)
+                continue
             src, pos = getters[kind]
             src, pos = src(ev), pos(ev)
             last = marks.get(src)
             if last is not None and pos <= last:
                 # another record of the same comm window is new; the same one again is not
+                if (kind != "comm" or pos != last or ev in at_mark.get(src, ())
+                        or _digest(ev) in self._at_mark_restored.get(src, ())):
+                    dropped += 1
+                    continue
+                at_mark.setdefault(src, []).append(ev)
+                fresh.append(ev)
+                continue
+            marks[src] = pos
+            if kind == "comm":
+                at_mark[src] = [ev]
+                if self._at_mark_restored:
+                    self._at_mark_restored.pop(src, None)
+            fresh.append(ev)
+        self.counts["duplicates"] += dropped
+        if not fresh:
+            return []
+        det = self.detector
+        before = [getattr(det, attr, 0) for attr, _ in COUNTERS]
+        incidents = det.process_batch(fresh)
+        counts = self.counts
+        for (attr, name), was in zip(COUNTERS, before, strict=True):
+            counts[name] += getattr(det, attr, 0) - was
+        return self._dedupe(incidents)
+
+    def _feed_rows(self, rows: list[dict]) -> list[dict]:
+        """The rows of a batch that advance their sources' marks (a comm record at its
+        rank's mark: when it is not one already taken there), marks moved."""
+        marks, at_mark = self._marks, self._at_mark
+        fresh = []
+        for ev in rows:
+            kind = ev["kind"]
+            src, pos = _MARK[kind]
+            src, pos = src(ev), pos(ev)
+            last = marks.get(src)
+            if last is not None and pos <= last:
                 if (kind != "comm" or pos != last or ev in at_mark.get(src, ())
                         or _digest(ev) in self._at_mark_restored.get(src, ())):
                     continue
@@ -243,16 +320,46 @@ class JobPartition:
                 if self._at_mark_restored:
                     self._at_mark_restored.pop(src, None)
             fresh.append(ev)
-        self.counts["duplicates"] += len(events) - len(fresh)
-        if not fresh:
-            return []
-        det = self.detector
-        before = [getattr(det, attr, 0) for attr, _ in COUNTERS]
-        incidents = det.process_batch(fresh)
-        counts = self.counts
-        for (attr, name), was in zip(COUNTERS, before, strict=True):
-            counts[name] += getattr(det, attr, 0) - was
-        return self._dedupe(incidents)
+        return fresh
+
+    def _batch_marks(self, ev: dict) -> list[dict] | None:
+        """A batch's rows that advance their sources' marks, marks moved, read from its
+        columns: the batch itself when all do (most), else a cut of it; None (nothing
+        moved) when a comm row is at its rank's mark, which needs the rows compared
+        (``_feed_rows``), or a mark field is absent from a row."""
+        bk = BATCH_KINDS[ev["kind"]]
+        rk = bk.row_kind
+        n = len(ev[bk.row_key])
+        fields, at = SOURCE_FIELDS[rk], _MARK_FIELDS[rk]
+        if has_absent(ev, fields + at):
+            return None
+        srcs = list(zip([rk] * n, *(column(ev, f, n) for f in fields), strict=True))
+        pos = column(ev, "ts", n) if len(at) == 1 else list(
+            zip(*(column(ev, f, n) for f in at), strict=True))
+        marks = self._marks
+        if rk == "comm":
+            new: dict[tuple, Any] = {}
+            for src, p in zip(srcs, pos, strict=True):
+                last = new.get(src) or marks.get(src)
+                if last is not None and p <= last:
+                    return None
+                new[src] = p
+            marks.update(new)
+            cache: list = []
+            at_mark = self._at_mark
+            for i, src in enumerate(srcs):
+                at_mark[src] = [Row(ev, i, cache)]
+            if self._at_mark_restored:
+                for src in srcs:
+                    self._at_mark_restored.pop(src, None)
+            return [ev]
+        idxs = []
+        for i, (src, p) in enumerate(zip(srcs, pos, strict=True)):
+            last = marks.get(src)
+            if last is None or p > last:
+                marks[src] = p
+                idxs.append(i)
+        return subset(ev, idxs)
 
     def _dedupe(self, incidents: list[dict]) -> list[dict]:
         out = []
@@ -320,7 +427,7 @@ class JobPartition:
         return {"v": 1, "partition": self.partition, "wm": wm, "o_min": self.o_min(),
                 "o_next": self.next_offset,
                 "marks": [[src, pos] for src, pos in self._marks.items()],
-                "at_mark": [[src, sorted({*map(_digest, evs),
+                "at_mark": [[src, sorted({*map(_digest, map(event_of, evs)),
                                           *self._at_mark_restored.get(src, ())})]
                             for src, evs in self._at_mark.items()],
                 "ended": [[job, ts] for job, ts in self._ended.items()],

@@ -1,12 +1,12 @@
 """The stream worker takes the columnar batch kinds as it takes the per-rank ones: the job
-stage's decode expands them, and the route places a host from its GPUs' batch."""
+stage's decode keeps them whole (issue 31), and the route places a host from its GPUs' batch."""
 
 from __future__ import annotations
 
 import time
 
 from failslow.schema import Topics, encode
-from failslow.schema.batches import to_batch
+from failslow.schema.batches import expand, to_batch
 from failslow.streams.config import WorkerConfig
 from failslow.streams.job_stage import decode_value
 from failslow.streams.metrics import Metrics
@@ -23,10 +23,11 @@ def _gpus(first_rank: int) -> list[dict]:
             for i in range(8)]
 
 
-def test_the_job_stage_decodes_a_batch_into_its_rows_and_rejects_a_bad_one_whole():
+def test_the_job_stage_keeps_a_valid_batch_whole_and_rejects_a_bad_one_whole():
     rows = _gpus(0)
     kinds = Topics().kinds_of("failslow.gpu")
-    assert decode_value(encode(to_batch(rows)), kinds) == (rows, [])
+    assert decode_value(encode(to_batch(rows)), kinds) == ([to_batch(rows)], [])
+    assert expand(decode_value(encode(to_batch(rows)), kinds)[0][0]) == rows
     bad = to_batch(rows)
     bad["uuid"] = bad["uuid"][:3]
     assert decode_value(encode([bad, rows[0]]), kinds) == (
