@@ -4,14 +4,16 @@ are; detect merges them by ts).
 
 Jobs come from tests/realjobs/harness.py: DDP (benign, one rank at 1.5x / 2x / 3x its
 own forward+backward, a loader stall as long as that, a busy-wait inside backward),
-FSDP2 (benign, 2x), a 4-stage pipeline (benign, a last stage heavier by design,
-a stage at 2x) and tensor parallel (DTensor Colwise/RowwiseParallel over the 4 ranks:
-benign, one rank at 2x). Each repeat runs every job once, one after another in the same 4
-processes. Per scenario: runs; named (a slow_rank incident on the culprit); open at
-the end (the culprit's incident still open when the trace ends); steps from the onset
-to its first warning/critical; loud (warning/critical) incidents on anything but the
-culprit; root causes; ``slowdown_pct`` against the job's measured step-time increase
-(mean job step after the onset over the median before, minus 1).
+FSDP2 (benign, 2x), a 4-stage pipeline, hand-written (``pipeline``) and on
+torch.distributed.pipelining's ScheduleGPipe (``gpipe``) and Schedule1F1B (``1f1b``)
+(each: benign, a last stage heavier by design, a stage at 2x), and tensor parallel
+(DTensor Colwise/RowwiseParallel over the 4 ranks: benign, one rank at 2x). Each repeat
+runs every job once, one after another in the same 4 processes. Per scenario: runs;
+named (a slow_rank incident on the culprit); open at the end (the culprit's incident
+still open when the trace ends); steps from the onset to its first warning/critical;
+loud (warning/critical) incidents on anything but the culprit; root causes;
+``slowdown_pct`` against the job's measured step-time increase (mean job step after the
+onset over the median before, minus 1).
 
 ``--work cpu`` (default) spends the extra compute as matmuls on the culprit's core:
 with 4 ranks on 2 cores that also slows its peers. ``--work device`` sleeps instead,

@@ -10,9 +10,10 @@ own step events) and every step's end (``step_end_ts``). ``run_job`` runs one.
 
 Kinds: ``ddp`` (tests/hook_jobs.py's MLP sizes, 8.4 MB of gradients in 4-5 DDP buckets,
 so all-reduces overlap backward), ``fsdp2`` (the same MLP, ``fully_shard`` per layer over
-a DeviceMesh), ``pipeline`` (4 stages, one rank each, send/recv per micro-batch), ``tp``
-(tensor parallel over the 4 ranks: DTensor Colwise/RowwiseParallel, functional all-reduces
-in forward and backward).
+a DeviceMesh), ``pipeline`` (4 stages, one rank each, send/recv per micro-batch), ``gpipe``
+and ``1f1b`` (the same 4 stages on torch.distributed.pipelining's ScheduleGPipe and
+Schedule1F1B: tests/realjobs/pipelining.py), ``tp`` (tensor parallel over the 4 ranks:
+DTensor Colwise/RowwiseParallel, functional all-reduces in forward and backward).
 
 The injected work is proportional to what the culprit does anyway, so "2x" is 2x on
 any machine and under any load: the culprit times its own forward+backward (a pipeline
@@ -87,6 +88,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "ddp": ("benign", "compute1.5x", "compute2x", "compute3x", "loader_stall", "busy_backward"),
     "fsdp2": ("benign", "compute2x"),
     "pipeline": ("benign", "heavy_stage", "compute2x"),
+    "gpipe": ("benign", "heavy_stage", "compute2x"),
+    "1f1b": ("benign", "heavy_stage", "compute2x"),
     "tp": ("benign", "compute2x"),
 }
 
@@ -312,7 +315,18 @@ def _tp(rank: int, scenario: str, out: str, steps: int, onset: int, grain: str) 
     job.close()
 
 
-_RUN = {"ddp": _ddp, "fsdp2": _fsdp2, "pipeline": _pipeline, "tp": _tp}
+def _gpipe(rank: int, scenario: str, out: str, steps: int, onset: int, grain: str) -> None:
+    from realjobs.pipelining import run_pipelined  # it imports this module
+    run_pipelined("gpipe", rank, scenario, out, steps, onset, grain)
+
+
+def _1f1b(rank: int, scenario: str, out: str, steps: int, onset: int, grain: str) -> None:
+    from realjobs.pipelining import run_pipelined
+    run_pipelined("1f1b", rank, scenario, out, steps, onset, grain)
+
+
+_RUN = {"ddp": _ddp, "fsdp2": _fsdp2, "pipeline": _pipeline, "gpipe": _gpipe, "1f1b": _1f1b,
+        "tp": _tp}
 
 
 def _rank_main(rank: int, port: int, jobs: list[tuple[str, str, str]], steps: int,
