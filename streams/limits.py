@@ -217,7 +217,8 @@ class InputLimits:
         if not job.ranks.issuperset(column(ev, "rank", n)):
             return False
         if bk.nested is not None:
-            if has_absent(ev, ("group",)) or ev.get(f"{bk.nested}_{ABSENT}"):
+            nabsent = ev.get(f"{bk.nested}_{ABSENT}")
+            if type(nabsent) is dict and "group" in nabsent:
                 return False
             groups = ev[bk.nested].get("group")
         else:
