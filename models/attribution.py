@@ -91,7 +91,8 @@ class Attribution:
         if st.imb:
             if ev.imb_present[i]:
                 st.imb_quiet = 0
-                st.imb_rel = 0.8 * st.imb_rel + 0.2 * float(ev.peer_mean[i])
+                a = self.cfg.ranks.imb_alpha
+                st.imb_rel = (1.0 - a) * st.imb_rel + a * float(ev.peer_mean[i])
                 st.imb_excess_s = st.recent * st.imb_rel / (1.0 + st.imb_rel)
                 st.imb_lost_s += min(max(st.imb_excess_s, 0.0), job_s)
             else:
@@ -108,7 +109,8 @@ class Attribution:
     def _learn_job(self, s: int, job_s: float, ts: float, faulty: bool) -> None:
         """The job's step history (for pre-onset baselines) and its recent step time."""
         self.job_hist.append((s, job_s))
-        self.job_recent = job_s if self.job_recent == 0.0 else 0.7 * self.job_recent + 0.3 * job_s
+        a = self.cfg.cost.recent_alpha
+        self.job_recent = job_s if self.job_recent == 0.0 else (1.0 - a) * self.job_recent + a * job_s
         if not faulty:
             self.job_clean.update(job_s)
         self.step_start[s] = ts - job_s

@@ -29,50 +29,56 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import fields
 
 import numpy as np
 from scipy.special import gammaln
 
+from failslow.models.config import ChangepointConfig
 from failslow.models.stats import EWMeanVar
 
 
 class BOCPD:
     """Online change-point detector: ``update(x)``, then read ``drift_detected``,
     ``change_prob``, ``run_length`` (samples since the most likely change) and
-    ``shift`` (recent mean minus the baseline, input units)."""
+    ``shift`` (recent mean minus the baseline, input units). Its settings ``p``:
+    ``ChangepointConfig`` (``[rules.changepoint]``), kept as attributes of their own."""
 
-    def __init__(self, hazard: float = 1 / 250, max_run: int = 100, prior_scale: float = 0.02,
-                 prior_kappa: float = 0.1, outlier: float = 0.02, outlier_scale: float = 1.0,
-                 threshold: float = 0.8, window: int = 8, min_run: int = 2,
-                 min_shift: float = 0.049, baseline_alpha: float = 0.1) -> None:
-        self.hazard = hazard
-        self.max_run = max_run
-        self.prior_scale = prior_scale
-        self.prior_kappa = prior_kappa
-        self.outlier = outlier
-        self.outlier_scale = outlier_scale
-        self.threshold = threshold
-        self.window = window
-        self.min_run = min_run
-        self.min_shift = min_shift
-        self.baseline_alpha = baseline_alpha
+    def __init__(self, p: ChangepointConfig | None = None) -> None:
+        p = p or ChangepointConfig()
+        self.hazard = p.hazard
+        self.max_run = p.max_run
+        self.prior_scale = p.prior_scale
+        self.prior_kappa = p.prior_kappa
+        self.outlier = p.outlier
+        self.outlier_scale = p.outlier_scale
+        self.threshold = p.threshold
+        self.window = p.window
+        self.min_run = p.min_run
+        self.min_shift = p.min_shift
+        self.baseline_alpha = p.baseline_alpha
         self.n = 0
         self.probs = np.ones(1)
         self.mu = np.zeros(1)
-        self.kappa = np.full(1, prior_kappa)
+        self.kappa = np.full(1, p.prior_kappa)
         self.alpha = np.ones(1)
-        self.beta = np.full(1, prior_scale ** 2)
-        self.recent: deque[float] = deque(maxlen=window)
-        self.baseline = EWMeanVar(baseline_alpha)
+        self.beta = np.full(1, p.prior_scale ** 2)
+        self.recent: deque[float] = deque(maxlen=p.window)
+        self.baseline = EWMeanVar(p.baseline_alpha)
         self.drift_detected = False
         self.change_prob = 0.0
         self.run_length = 0
         self.shift = 0.0
 
+    @property
+    def p(self) -> ChangepointConfig:
+        """The settings it runs with (those of a detector pickled before they were
+        configurable included)."""
+        return ChangepointConfig(**{f.name: getattr(self, f.name) for f in fields(
+            ChangepointConfig)})
+
     def clone(self) -> BOCPD:
-        return BOCPD(self.hazard, self.max_run, self.prior_scale, self.prior_kappa, self.outlier,
-                     self.outlier_scale, self.threshold, self.window, self.min_run,
-                     self.min_shift, self.baseline_alpha)
+        return BOCPD(self.p)
 
     def update(self, x: float) -> None:
         if self.n == 0:

@@ -8,9 +8,20 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 
-def _p(default: Any, doc: str) -> Any:
-    """A setting: its default and one line for docs/detection.md's reference."""
-    return field(default=default, metadata={"doc": doc})
+def _p(default: Any, doc: str, below: float | None = None) -> Any:
+    """A setting: its default and one line for docs/detection.md's reference; ``below``:
+    a bound the value must stay under (a share charged of a step, whose excess is
+    share / (1 - share))."""
+    meta: dict[str, Any] = {"doc": doc}
+    if below is not None:
+        meta["below"] = below
+    return field(default=default, metadata=meta)
+
+
+def _w(default: float, doc: str) -> Any:
+    """A smoothing weight: of the newest value, the rest kept (``(1 - w) * old + w *
+    new``), at most 1."""
+    return field(default=default, metadata={"doc": doc, "most": 1.0})
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,12 @@ class EvidenceConfig:
                              "noise is pooled with its peers'")
     onset_own_min: int = _p(3, "values among the last 6 own-past ones before the onset is "
                             "estimated on the own past, not against peers")
+    wait_share_max: float = _p(0.9, "largest share of a step charged to a rank its group "
+                               "waits for (an excess of share / (1 - share): 9x at most)",
+                               below=1.0)
+    fast_max: float = _p(0.9, "a relative excess (against peers, own past or in-step "
+                         "ticks) is taken as at least minus this before its log (a value "
+                         "10x faster than its reference)", below=1.0)
 
     @property
     def long_scales(self) -> tuple[int, ...]:
@@ -85,6 +102,7 @@ class LinkConfig:
                          "each other")
     noise_floor: float = _p(0.02, "relative noise below which a group's cost is not trusted "
                             "to be")
+    cost_window: int = _p(32, "steps in the rolling median of a group's usual cost per byte")
 
 
 @dataclass(frozen=True)
@@ -116,6 +134,21 @@ class CauseConfig:
     reason_peer_max: float = _p(0.25, "and the typical peer's share under this")
     every_steps: int = _p(3, "judged steps a finding's root cause is kept before it is "
                           "looked up again")
+    score_max: float = _p(5.0, "largest score of a GPU error counter or of CPU contention "
+                          "(scores grow with the ratio over its bar)")
+    replay_score_max: float = _p(3.0, "largest score of PCIe replays")
+    xid_score: float = _p(5.0, "score of a GPU that reported an Xid error (the strongest "
+                          "explanation of its tier)")
+    pcie_down_score: float = _p(4.0, "score of a PCIe link running under its maximum "
+                                "generation or width")
+    pcie_gauge_score: float = _p(3.0, "score of a PCIe generation or width far under the "
+                                 "peers' (robust z past gauge_z)")
+    reason_score: float = _p(3.0, "score of a thermal or power clock-event reason held "
+                             "(reason_share)")
+    hw_slowdown_score: float = _p(2.0, "score of a hardware-slowdown clock-event reason "
+                                  "held (reason_share) with no clock gauge past gauge_z")
+    cpu_ref_floor: float = _p(0.001, "a host's load reference is at least this share of the "
+                              "load (a ratio of 1000 at most)")
 
 
 @dataclass(frozen=True)
@@ -128,6 +161,10 @@ class CostConfig:
                          "step time")
     base_min_steps: int = _p(4, "fewer steps before the onset give no such mean (the "
                              "job's rolling median instead)")
+    recent_alpha: float = _w(0.3, "weight of the newest step in the job's recent step time "
+                             "(a finding's cost with no clean past)")
+    clean_window: int = _p(32, "steps in the rolling median of the job's step time while no "
+                           "rank or pair stands out (its usual step time)")
 
 
 @dataclass(frozen=True)
@@ -135,7 +172,7 @@ class RankConfig:
     """``[rules.ranks]``: each rank's baselines and the own-past reference
     (``models.ranks``, ``models.job``)."""
 
-    baseline_alpha: float = _p(0.05, "weight of the newest step in a rank's step, own-work, "
+    baseline_alpha: float = _w(0.05, "weight of the newest step in a rank's step, own-work, "
                                "comm and input baselines (~20 steps of memory)")
     baseline_window: int = _p(32, "steps in the rolling median of a rank's own work (its "
                               "usual position)")
@@ -155,6 +192,16 @@ class RankConfig:
                              "largest, for its line to estimate the fixed cost")
     share_fixed_max: float = _p(0.5, "the fixed cost is at most this share of the step's "
                                 "median work")
+    work_alpha: float = _w(0.2, "weight of the newest step in a rank's smoothed own work "
+                           "(its recent position)")
+    noise_alpha: float = _w(0.1, "weight of the newest step in the peers' relative spread "
+                            "(~10 steps of memory)")
+    noise_floor: float = _p(0.01, "the peers' relative spread is taken as at least this "
+                            "(fraction)")
+    excess_alpha: float = _w(0.1, "weight of the newest step in a finding's excess seconds")
+    rel_alpha: float = _w(0.2, "weight of the newest step in a finding's excess over its "
+                          "reference")
+    imb_alpha: float = _w(0.2, "weight of the newest step in a steady imbalance's gap")
 
 
 @dataclass(frozen=True)
@@ -175,6 +222,9 @@ class SubstepConfig:
                              "no step events")
     nostep_learn: int = _p(4, "windows one rank must send before a derived step's length is "
                            "learned")
+    window_alpha: float = _w(0.1, "weight of the newest producer window in its learned "
+                             "length")
+    spread_alpha: float = _w(0.1, "weight of the newest tick in a group's learned spread")
 
 
 @dataclass(frozen=True)
@@ -188,11 +238,39 @@ class P2PConfig:
                             "compare)")
     warm_min: int = _p(3, "pairs with a learned cost before pairs are compared with each "
                        "other")
+    cost_window: int = _p(32, "steps in the rolling median of a pair's usual seconds per byte")
+    window_alpha: float = _w(0.1, "weight of the newest producer window in its learned "
+                             "length")
+    pair_alpha: float = _w(0.2, "weight of the newest step in a pair's op size, excess and "
+                           "extra seconds")
+    rate_max: float = _p(0.9, "largest share of a second charged to a slow pair's extra "
+                         "transfer time (a slowdown of rate / (1 - rate): 9x at most)",
+                         below=1.0)
+
+
+@dataclass(frozen=True)
+class ChangepointConfig:
+    """``[rules.changepoint]``: the job's step-time change points (``models.changepoint``,
+    BOCPD on log step time)."""
+
+    hazard: float = _p(1 / 250, "prior chance of a change at each step")
+    max_run: int = _p(100, "run lengths kept in the posterior")
+    prior_scale: float = _p(0.02, "prior spread of a run (log step time)")
+    prior_kappa: float = _p(0.1, "weight of the prior mean, in samples")
+    outlier: float = _p(0.02, "share of samples that are wild (one spike does not end a run)")
+    outlier_scale: float = _p(1.0, "spread of those wild samples (log step time)")
+    threshold: float = _p(0.8, "posterior mass on recent runs that confirms a change")
+    window: int = _p(8, "a change is recent while its run is this many samples or fewer")
+    min_run: int = _p(2, "and at least this many")
+    min_shift: float = _p(0.049, "least shift of the recent mean from the baseline (log: "
+                          "a 5 % slowdown)")
+    baseline_alpha: float = _w(0.1, "weight of the newest sample in the baseline")
 
 
 SECTIONS: dict[str, type] = {"evidence": EvidenceConfig, "links": LinkConfig,
                              "causes": CauseConfig, "cost": CostConfig, "ranks": RankConfig,
-                             "substep": SubstepConfig, "p2p": P2PConfig}
+                             "substep": SubstepConfig, "p2p": P2PConfig,
+                             "changepoint": ChangepointConfig}
 
 
 @dataclass(frozen=True)
@@ -202,9 +280,9 @@ class DetectorConfig:
 
     job_idle_s: float = _p(300.0, "event-time seconds without a step, comm or collective "
                            "after which a job has ended")
-    rate_alpha: float = _p(0.3, "weight of the newest telemetry counter rate (a few samples "
+    rate_alpha: float = _w(0.3, "weight of the newest telemetry counter rate (a few samples "
                            "of memory)")
-    gauge_alpha: float = _p(0.3, "weight of the newest telemetry gauge value")
+    gauge_alpha: float = _w(0.3, "weight of the newest telemetry gauge value")
     first_samples: int = _p(3, "a device's first samples, its own past (``first``)")
 
 
@@ -258,7 +336,8 @@ class JobConfig:
 
     Sections (``SECTIONS``, TOML ``[rules.NAME]``): ``evidence`` (``EvidenceConfig``),
     ``links`` (``LinkConfig``), ``causes`` (``CauseConfig``), ``cost`` (``CostConfig``),
-    ``ranks`` (``RankConfig``), ``substep`` (``SubstepConfig``), ``p2p`` (``P2PConfig``).
+    ``ranks`` (``RankConfig``), ``substep`` (``SubstepConfig``), ``p2p`` (``P2PConfig``),
+    ``changepoint`` (``ChangepointConfig``).
     """
 
     # The defaults of the sections: a JobConfig unpickled from before a section existed
@@ -270,6 +349,7 @@ class JobConfig:
     ranks: RankConfig = RankConfig()
     substep: SubstepConfig = SubstepConfig()
     p2p: P2PConfig = P2PConfig()
+    changepoint: ChangepointConfig = ChangepointConfig()
 
     def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
                  lag_steps: int = 3, warm_steps: int = 10, max_behind: int = 16,
@@ -279,7 +359,8 @@ class JobConfig:
                  link_patience_steps: int = 4, evidence: EvidenceConfig | None = None,
                  links: LinkConfig | None = None, causes: CauseConfig | None = None,
                  cost: CostConfig | None = None, ranks: RankConfig | None = None,
-                 substep: SubstepConfig | None = None, p2p: P2PConfig | None = None) -> None:
+                 substep: SubstepConfig | None = None, p2p: P2PConfig | None = None,
+                 changepoint: ChangepointConfig | None = None) -> None:
         self.min_rel = min_rel
         self.z_min = z_min
         self.confirm_steps = confirm_steps
@@ -303,3 +384,4 @@ class JobConfig:
         self.ranks = ranks or RankConfig()
         self.substep = substep or SubstepConfig()
         self.p2p = p2p or P2PConfig()
+        self.changepoint = changepoint or ChangepointConfig()

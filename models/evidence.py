@@ -475,7 +475,7 @@ class RankEvidence:
         v.back = np.where(ok & ~v.confirmed, back, v.back)
         # Waited for now and before the window too: the layout, recorded as a steady
         # imbalance (info, never a page) with the share of the step charged to it.
-        rel = mean / (1.0 - np.minimum(mean, 0.9))
+        rel = mean / (1.0 - np.minimum(mean, self.cfg.evidence.wait_share_max))
         new = steady & ~v.confirmed & ~ok & ~v.imbalance
         held = present & (before > self.cfg.evidence.wait_prior_max)
         v.imbalance = v.imbalance | new
@@ -510,8 +510,8 @@ class RankEvidence:
         # in full, and one step adds at most z_min, so a confirmation (cusum >= 2 z_min)
         # always spans two steps or more.
         sig_p = np.where(warm, sig2, floor)
-        lrel = np.log1p(np.maximum(rel, -0.9))
-        lrel2 = np.log1p(np.maximum(rel2, -0.9))
+        lrel = np.log1p(np.maximum(rel, -p.fast_max))
+        lrel2 = np.log1p(np.maximum(rel2, -p.fast_max))
         # A step counts in noise units of the larger of the peers' spread and the
         # rank's own step-to-step spread, tails included (known once its past is).
         z = np.minimum(z, lrel / np.maximum(self.peer.noise(rows, sig_p), 1e-9))

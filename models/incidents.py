@@ -131,7 +131,7 @@ class IncidentTracker:
         return _period(ends), ends
 
     @staticmethod
-    def _step_rel(f: Finding) -> float:
+    def _step_rel(f: Finding, lag_max: float) -> float:
         """The culprit's relative excess in the step at hand."""
         ev = f.evidence
         if "transfer_rel_slowdown" in ev:
@@ -141,23 +141,23 @@ class IncidentTracker:
         if "rel_to_peers" in ev or "rel_to_own_past" in ev:
             # a rank its group waits for: the lag charged to it (a share of the job's
             # step) is its excess, whatever its own work says (noisy under overlap)
-            lag = min(float(ev.get("waited_lag_now") or 0.0), 0.9)
+            lag = min(float(ev.get("waited_lag_now") or 0.0), lag_max)
             return max(float(ev.get("rel_to_peers") or 0.0),
                        float(ev.get("rel_to_own_past") or 0.0), lag / (1.0 - lag))
         return f.own_pct / 100.0
 
     @classmethod
-    def _back_rel(cls, f: Finding) -> float:
+    def _back_rel(cls, f: Finding, lag_max: float) -> float:
         """The culprit's excess as judged for resolving: against the nearer of its
         references (its peers, its own past), so a rank back at its own usual resolves
         even when it always ran a little apart from its peers; a group still waiting for
         it keeps it."""
         ev = f.evidence
         if "rel_to_peers" in ev and "rel_to_own_past" in ev and "transfer_rel_slowdown" not in ev:
-            lag = min(float(ev.get("waited_lag_now") or 0.0), 0.9)
+            lag = min(float(ev.get("waited_lag_now") or 0.0), lag_max)
             return max(min(float(ev["rel_to_peers"] or 0.0), float(ev["rel_to_own_past"] or 0.0)),
                        lag / (1.0 - lag))
-        return cls._step_rel(f)
+        return cls._step_rel(f, lag_max)
 
     def vote_cause(self, job_id: str, key: str, cause: str) -> str:
         """Record this step's root cause; return the incident's most supported one."""
@@ -214,7 +214,7 @@ class IncidentTracker:
             f, cause, action, why, rc_ev = item
             k = (job_id, key)
             inc = self.open.get(k)
-            rel = self._step_rel(f)
+            rel = self._step_rel(f, cfg.lag_max)
             slowed = f.confirmed and rel >= cfg.open_min_pct / 100.0
             if inc is None and (not slowed or f.own_pct < cfg.open_min_pct
                                 or (f.fault == "slow_link" and cause == "unknown"
@@ -228,7 +228,7 @@ class IncidentTracker:
                 # The confirmation rests on the steps since the onset, two at most (a
                 # confirmation needs two steps of evidence; an onset estimated early must
                 # not make a transient look persistent).
-                since = float(f.onset_ts) + 0.25 * gap
+                since = float(f.onset_ts) + cfg.onset_margin * gap
                 inc.steps = max(1, min(sum(1 for e in ends if e > since), 2))
                 inc.seconds = inc.steps * gap
                 inc.rule = f.rule or f.fault
@@ -248,7 +248,7 @@ class IncidentTracker:
                     inc.absent = 0
                     inc.steps += 1
                     inc.seconds += gap
-                elif self._back_rel(f) < cfg.back_pct / 100.0:
+                elif self._back_rel(f, cfg.lag_max) < cfg.back_pct / 100.0:
                     inc.absent += 1
                 # else: weakly present (unconfirmed: a rule's memory of the episode, a
                 # run's maximum) or slow under open_min_pct: neither slowed nor back

@@ -73,8 +73,8 @@ class JobState(Attribution):
         self.aligner = CollectiveAligner()
         self.comm = CommWindows()
         self.links = LinkMonitor(cfg)
-        self.cpd = BOCPD()
-        self.noise = EWMeanVar(0.1)  # peers' relative spread, smoothed over steps
+        self.cpd = BOCPD(cfg.changepoint)
+        self.noise = EWMeanVar(cfg.ranks.noise_alpha)  # peers' relative spread, smoothed
         self.job_step_s = 0.0        # typical healthy step time, seconds
         self.job_onset: tuple[float, int] | None = None
         self.real_steps = False      # step events seen (else steps come from collectives)
@@ -83,7 +83,7 @@ class JobState(Attribution):
         self.evidence = RankEvidence(cfg)
         self.job_hist: deque[tuple[int, float]] = deque(maxlen=cfg.cost.history_steps)
         self.job_recent = 0.0        # the job's step time, smoothed over recent steps
-        self.job_clean = RollingMedian(32)   # its step time while no rank stands out
+        self.job_clean = RollingMedian(cfg.cost.clean_window)   # while no rank stands out
         self.step_start: dict[int, float] = {}   # step -> its start (epoch s)
         self.sig_stable = np.zeros(0)          # per rank of the step: its noise (fraction)
         self._init_substep()
@@ -393,7 +393,7 @@ class JobState(Attribution):
         return out
 
     def _substep_finding(self, r: int, group: str, hit: dict[str, Any], ts: float) -> Finding:
-        share = min(max(hit["wait_share"], 0.0), 0.9)
+        share = min(max(hit["wait_share"], 0.0), self.cfg.evidence.wait_share_max)
         h = self.rank_host.get(r)
         g = self.rank_gpu.get(r)
         return Finding(
@@ -541,7 +541,8 @@ class JobState(Attribution):
         own past (its position, rel2, z2, whether that past is learned)."""
         cfg = self.cfg
         n = len(ranks)
-        rel, z, perf, sig = peer_scores(work, groups, floor=max(0.01, self.noise.mean))
+        rel, z, perf, sig = peer_scores(work, groups,
+                                        floor=max(cfg.ranks.noise_floor, self.noise.mean))
         if sig > 0:
             self.noise.update(sig)
         peers = has_peers(groups)
@@ -565,7 +566,8 @@ class JobState(Attribution):
     def _states(self, sl: np.ndarray, work: np.ndarray) -> np.ndarray:
         """Each rank's own work, smoothed (its rows ``sl``)."""
         old = self.ranks.recent[sl]
-        recent = np.where(old == 0.0, work, 0.8 * old + 0.2 * work)
+        a = self.cfg.ranks.work_alpha
+        recent = np.where(old == 0.0, work, (1.0 - a) * old + a * work)
         self.ranks.recent[sl] = recent
         return recent
 
@@ -585,10 +587,11 @@ class JobState(Attribution):
         # noise estimate that skipped the rank's own bursts would be too small).
         clean = self.ranks.kind[sl] == 0
         if not warm.any():
-            self.sig_stable = np.full(n, max(0.01, self.noise.mean))
+            self.sig_stable = np.full(n, max(cfg.ranks.noise_floor, self.noise.mean))
         return self.evidence.judge(ranks, rel, z, rel2, z2, self.sig_stable, peers,
                                    warm & ~early, early_peers,
-                                   recent, job_s, max(0.01, self.noise.mean), clean)
+                                   recent, job_s, max(cfg.ranks.noise_floor, self.noise.mean),
+                                   clean)
 
     def _waited(self, ev_: Any, ranks: list[int], sl: np.ndarray,
                 colls: list[Collective], job_s: float) -> None:
@@ -655,7 +658,8 @@ class JobState(Attribution):
             # Its group waits for it: the lag charged to it is job time, whatever its own
             # work says (noisy under overlap); its lateness against the step is its own
             # excess.
-            wl = np.minimum(np.asarray(ev_.waited_lag, dtype=float), 0.9)
+            wl = np.minimum(np.asarray(ev_.waited_lag, dtype=float),
+                            cfg.evidence.wait_share_max)
             excess = np.where(waited_present, np.maximum(excess, wl * job_s), excess)
             own = np.where(waited_present, np.maximum(own, wl / (1.0 - wl)), own)
         for i in np.flatnonzero(confirmed & (T.kind[sl] == 0)):
@@ -680,8 +684,9 @@ class JobState(Attribution):
         # Smoothed over the life of a finding (a confirmation that comes and goes
         # with the noise does not restart them).
         fresh = (kind == 0) | ((streak == 1) & (T.quiet[sl] == 0) & (T.lost_s[sl] == 0.0))
-        T.excess_s[sl] = np.where(fresh, excess, 0.9 * T.excess_s[sl] + 0.1 * excess)
-        T.own_rel[sl] = np.where(fresh, own, 0.8 * T.own_rel[sl] + 0.2 * own)
+        a, b = cfg.ranks.excess_alpha, cfg.ranks.rel_alpha
+        T.excess_s[sl] = np.where(fresh, excess, (1.0 - a) * T.excess_s[sl] + a * excess)
+        T.own_rel[sl] = np.where(fresh, own, (1.0 - b) * T.own_rel[sl] + b * own)
         imbalance = np.asarray(ev_.imbalance, dtype=bool)
         for i in np.flatnonzero(T.imb[sl] | (imbalance & (kind == 0))):
             self._imbalance(RankState(T, int(sl[i])), s, ev_, int(i), float(work[i]), job_s,
@@ -748,10 +753,11 @@ class JobState(Attribution):
         if ref <= 0:           # most ranks did no own work this step (odd clocks): no score
             return none, none, none, np.zeros(n, dtype=bool)
         rel = np.where(ok, ratio / ref - 1.0, 0.0)
-        sig = np.maximum(max(sigma / ref, 0.01, self.noise.mean), own)
+        floor = self.cfg.ranks.noise_floor
+        sig = np.maximum(max(sigma / ref, floor, self.noise.mean), own)
         # The windowed tests take a stable noise: this step's spread over four ranks
         # is itself noise.
-        self.sig_stable = np.maximum(max(0.01, self.noise.mean), own)
+        self.sig_stable = np.maximum(max(floor, self.noise.mean), own)
         return rel, rel / sig, sig, ok
 
     def _job_level(self, s: int, job_s: float, ts: float, located: bool) -> list[Finding]:

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from failslow.models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
-from failslow.models.config import CauseConfig, JobConfig
+from failslow.models.config import CauseConfig, JobConfig, LinkConfig
 from failslow.models.cusum import capped_increment
 from failslow.models.findings import Finding
 from failslow.models.peers import lower_half_ref
@@ -50,7 +50,7 @@ class GroupState:
                  "z")
 
     def __init__(self) -> None:
-        self.cost = RollingMedian(32)
+        self.cost = RollingMedian(LinkConfig().cost_window)
         self.streak = 0
         self.cusum = 0.0
         self.onset_ts = 0.0
@@ -72,9 +72,9 @@ class GroupTable:
     log(1 + relative excess) of each step of its run (since the CUSUM left zero, the
     newest last, ``run_max`` at most), the series its incident reports."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int) -> None:
         self.rows: dict[str, int] = {}
-        self.cost = RollingMedians(32)
+        self.cost = RollingMedians(window)
         self.cusum = np.zeros(0)
         self.streak = np.zeros(0, dtype=np.int64)
         self.onset_ts = np.zeros(0)
@@ -106,7 +106,7 @@ class GroupTable:
     def of_groups(cls, groups: dict[str, Any]) -> GroupTable:
         """The table of groups as snapshots before version 9 kept them (``GroupState``):
         the cost window, which river keeps out of reach, rebuilt (``RollingMedians.seed``)."""
-        t = cls()
+        t = cls(LinkConfig().cost_window)     # the window they ran with
         rows = t.rows_for(list(groups))
         for i, st in zip(rows.tolist(), groups.values(), strict=True):
             for name in ("cusum", "streak", "onset_ts", "onset_step", "extra_s", "rel", "z"):
@@ -141,7 +141,7 @@ class LinkMonitor:
 
     def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
-        self.table = GroupTable()
+        self.table = GroupTable(cfg.links.cost_window)
         self.slow_members: list[tuple[int, ...]] = []   # members of the located slow groups
         self.clock: dict[str, float] = {}   # host -> its clock's offset from the job's, s
 

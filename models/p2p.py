@@ -76,8 +76,8 @@ class PairState:
     __slots__ = ("cost", "cusum", "streak", "onset_ts", "onset_step", "rel", "extra_s",
                  "base_s", "lost_s", "since_s", "since_n", "active", "size")
 
-    def __init__(self) -> None:
-        self.cost = RollingMedian(32)   # its usual seconds per byte
+    def __init__(self, window: int) -> None:
+        self.cost = RollingMedian(window)   # its usual seconds per byte
         self.cusum = 0.0
         self.streak = 0
         self.onset_ts = 0.0
@@ -108,7 +108,7 @@ class P2PMonitor:
         self.pairs: dict[tuple[int, int], PairState] = {}
         self.hosts: dict[int, str] = {}
         self.hist: list[tuple[int, float]] = []      # (step, job step time)
-        self.clean = RollingMedian(32)                # job step time while no pair stands out
+        self.clean = RollingMedian(cfg.cost.clean_window)   # job step time, no pair out
         self.members: dict[str, list[tuple[int, int]]] = {}   # finding key -> its slow pairs
         # Sends/recvs that name no peer, on a group of two (an NCCL Inspector tailer): the
         # group's two ranks, and per step the ops waiting for the other rank to be seen.
@@ -236,7 +236,8 @@ class P2PMonitor:
             st = self.wstart[r] = (step, w0)
         if not end and ts > w0:
             self.window_s = ts - w0 if not self.window_s \
-                else 0.9 * self.window_s + 0.1 * (ts - w0)
+                else (1.0 - self.cfg.p2p.window_alpha) * self.window_s \
+                + self.cfg.p2p.window_alpha * (ts - w0)
         return ts - st[1]
 
     def _window(self, c: CommRows, i: int, step: int, mid: float | None) -> bool:
@@ -346,7 +347,7 @@ class P2PMonitor:
         a, b = pair
         run = self.wrun[pair]
         span = max(run[6] - run[0], 1e-9)
-        rate = min(run[4] / span, 0.9)     # extra transfer seconds per second
+        rate = min(run[4] / span, self.cfg.p2p.rate_max)   # extra transfer s per second
         pct = 100.0 * rate / (1.0 - rate)
         host = self.hosts
         evidence = {"slow_pairs": [f"r{a}-r{b}"], "transfer_rel_slowdown": round(run[3], 3),
@@ -406,7 +407,7 @@ class P2PMonitor:
         for i, p in enumerate(names):
             st = self.pairs.get(p)
             if st is None:
-                st = self.pairs[p] = PairState()
+                st = self.pairs[p] = PairState(cfg.p2p.cost_window)
             sts.append(st)
             b = st.cost
             if b.n >= cfg.warm_steps and b.median > 0:
@@ -453,15 +454,16 @@ class P2PMonitor:
             st.cusum = cusum_update(st.cusum, float(inc[i]), cfg)
             st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
             sz = float(size[i])
-            st.size = sz if st.size == 0.0 else 0.8 * st.size + 0.2 * sz
+            a = cfg.p2p.pair_alpha
+            st.size = sz if st.size == 0.0 else (1.0 - a) * st.size + a * sz
             if not weak[i] and st.cusum == 0.0:
                 st.cost.update(float(cost[i]))
             if weak[i] and (st.cusum > 0 or st.active):
                 r = float(rel[i])
                 extra = float(cost[i]) * data[p][2] * r / (1.0 + r)
                 fresh = st.rel == 0.0
-                st.rel = r if fresh else 0.8 * st.rel + 0.2 * r
-                st.extra_s = extra if fresh else 0.8 * st.extra_s + 0.2 * extra
+                st.rel = r if fresh else (1.0 - a) * st.rel + a * r
+                st.extra_s = extra if fresh else (1.0 - a) * st.extra_s + a * extra
                 slow.append(p)
         return self._with_windows(self._close(s, job_s, ts, set(slow), world, host))
 

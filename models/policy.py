@@ -37,7 +37,12 @@ class PolicyConfig:
     gap is both this many times and this many points (fraction) above the recorded
     one; ``cost_update_ratio``: an open incident's cost is re-sent once it grew by this
     factor (at most once per ``min_update_s``), never as a page; ``update_pct_points``:
-    and its slowdown once it moved by half its value and at least this many points.
+    and its slowdown once it moved by half its value and at least this many points;
+    ``lag_max``: the largest share of a step charged to a culprit its group waits for
+    when grading (an excess of lag / (1 - lag): 9x at most; ``[rules.evidence]
+    wait_share_max`` when judging); ``onset_margin``: at open, step ends later than this
+    share of a step after the onset count as slowed (an onset estimated a little early
+    adds no step).
     """
 
     page_steps: int = 4
@@ -57,6 +62,8 @@ class PolicyConfig:
     cost_update_ratio: float = 1.5
     min_update_s: float = 5.0
     update_pct_points: float = 5.0
+    lag_max: float = 0.9
+    onset_margin: float = 0.25
 
     def check(self) -> None:
         """Raise ValueError (one line) on a value no policy can work with."""
@@ -65,11 +72,14 @@ class PolicyConfig:
                 raise ValueError(f"policy.{name} must be >= 1")
         for name in ("page_min_s", "page_sustained_s", "long_step_s", "critical_gpu_hours",
                      "critical_pct", "critical_after_s", "open_min_pct", "back_pct",
-                     "imbalance_points", "min_update_s", "flap_steps", "update_pct_points"):
+                     "imbalance_points", "min_update_s", "flap_steps", "update_pct_points",
+                     "onset_margin"):
             if float(getattr(self, name)) < 0:
                 raise ValueError(f"policy.{name} must be >= 0")
         if self.cost_update_ratio <= 1.0 or self.imbalance_ratio < 1.0:
             raise ValueError("policy.cost_update_ratio must be > 1 and imbalance_ratio >= 1")
+        if not 0.0 <= self.lag_max < 1.0:
+            raise ValueError("policy.lag_max must be >= 0 and < 1")
         if self.resolve_max_steps < self.resolve_steps:
             raise ValueError("policy.resolve_max_steps must be >= resolve_steps")
 

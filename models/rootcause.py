@@ -105,9 +105,9 @@ def gpu_scores(dev: Device, peers: list[Device], c: CauseConfig | None = None) -
         typical = theirs[len(theirs) // 2] if theirs else 0.0
         return mine >= c.reason_share and typical < c.reason_peer_max
     if throttled("thermal"):
-        out["gpu_thermal"] = (3.0, {"thermal_reason_share": round(dev.reasons["thermal"], 2)})
+        out["gpu_thermal"] = (c.reason_score, {"thermal_reason_share": round(dev.reasons["thermal"], 2)})
     if throttled("power"):
-        out["gpu_power"] = (3.0, {"power_reason_share": round(dev.reasons["power"], 2)})
+        out["gpu_power"] = (c.reason_score, {"power_reason_share": round(dev.reasons["power"], 2)})
     temp = _gauge_z(dev, peers, "temp_c", c.gauge_floor)
     zb = c.gauge_z
     if temp and temp[0] >= zb and "gpu_thermal" not in out:
@@ -116,28 +116,29 @@ def gpu_scores(dev: Device, peers: list[Device], c: CauseConfig | None = None) -
     if limit and limit[0] <= -zb and "gpu_power" not in out:
         out["gpu_power"] = (-limit[0] / zb, {"power_limit_w": limit[1]})
     if dev.xids:
-        out["gpu_errors"] = (5.0, {"xid": sorted(set(dev.xids))[:8]})
+        out["gpu_errors"] = (c.xid_score, {"xid": sorted(set(dev.xids))[:8]})
     ratio, ev = rate_ratio(dev, peers, GPU_ERROR_COUNTERS, floor_per_s=c.sparse_floor_per_s,
                            share=c.ref_floor)
     if ratio >= c.error_ratio and "gpu_errors" not in out:
-        out["gpu_errors"] = (min(ratio / c.error_ratio, 5.0), ev)
+        out["gpu_errors"] = (min(ratio / c.error_ratio, c.score_max), ev)
     g = dev.gauges
     for cur, top in (("pcie_gen", "pcie_max_gen"), ("pcie_width", "pcie_max_width")):
         if cur in g and top in g and g[cur] < g[top] - 0.5:
-            out["pcie_degraded"] = (4.0, {cur: g[cur], top: g[top]})
+            out["pcie_degraded"] = (c.pcie_down_score, {cur: g[cur], top: g[top]})
     ratio, ev = rate_ratio(dev, peers, ("pcie_replay_total",),
                            floor_per_s=c.sparse_floor_per_s, share=c.ref_floor)
     if ratio >= c.error_ratio and "pcie_degraded" not in out:
-        out["pcie_degraded"] = (min(ratio / c.error_ratio, 3.0), ev)
+        out["pcie_degraded"] = (min(ratio / c.error_ratio, c.replay_score_max), ev)
     for name in ("pcie_gen", "pcie_width"):
         z = _gauge_z(dev, peers, name, c.gauge_floor)
         if z and z[0] <= -zb and "pcie_degraded" not in out:
-            out["pcie_degraded"] = (3.0, {name: z[1]})
+            out["pcie_degraded"] = (c.pcie_gauge_score, {name: z[1]})
     clock = _gauge_z(dev, peers, "sm_clock_mhz", c.gauge_floor)
     if clock and clock[0] <= -zb:
         out["gpu_clock"] = (-clock[0] / zb, {"sm_clock_mhz": clock[1]})
     elif throttled("hw_slowdown"):
-        out["gpu_clock"] = (2.0, {"hw_slowdown_share": round(dev.reasons["hw_slowdown"], 2)})
+        out["gpu_clock"] = (c.hw_slowdown_score,
+                            {"hw_slowdown_share": round(dev.reasons["hw_slowdown"], 2)})
     return out
 
 
@@ -156,10 +157,10 @@ def host_scores(dev: Device, peers: list[Device], c: CauseConfig | None = None) 
         ref = max(median(refs) if refs else 0.0, dev.first.get(name, 0.0))
         if ref <= 0 and x <= 0:
             continue
-        ratio = x / max(ref, 1e-3 * x, 1e-9)
+        ratio = x / max(ref, c.cpu_ref_floor * x, 1e-9)
         if ratio >= c.cpu_ratio:
             ev[name] = {"value": round(x, 2), "reference": round(ref, 2), "ratio": round(ratio, 2)}
-            best = max(best, min((ratio - 1.0) / (c.cpu_ratio - 1.0), 5.0))
+            best = max(best, min((ratio - 1.0) / (c.cpu_ratio - 1.0), c.score_max))
     if best >= 1:
         out["cpu_contention"] = (best, ev)
     return out

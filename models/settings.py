@@ -87,6 +87,20 @@ def _table(where: str, table: Any, known: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _bounded(where: str, cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` of a section, each within its field's bounds (``below``: under it, a
+    share of a step; ``most``: at most it, a smoothing weight)."""
+    for f in fields(cls):
+        if f.name not in values:
+            continue
+        v, m = values[f.name], f.metadata
+        if "below" in m and v >= m["below"]:
+            raise DetectionConfigError(f"{where}.{f.name}: {v!r} must be < {m['below']:g}")
+        if "most" in m and v > m["most"]:
+            raise DetectionConfigError(f"{where}.{f.name}: {v!r} must be <= {m['most']:g}")
+    return values
+
+
 def _rules(where: str, table: Any, base: dict[str, Any]) -> dict[str, Any]:
     """``base`` (a ``[rules]`` table as given so far) updated with ``table``: its keys
     are ``JobConfig``'s parameters, its sub-tables (``RULE_SECTIONS``) merge key by key."""
@@ -98,8 +112,8 @@ def _rules(where: str, table: Any, base: dict[str, Any]) -> dict[str, Any]:
                       {**known, **dict.fromkeys(RULE_SECTIONS)}))
     for name, cls in RULE_SECTIONS.items():
         if name in table:
-            sec = _table(f"{where}.{name}", table[name],
-                         {f.name: f.default for f in fields(cls)})
+            sec = _bounded(f"{where}.{name}", cls, _table(
+                f"{where}.{name}", table[name], {f.name: f.default for f in fields(cls)}))
             out[name] = {**base.get(name, {}), **sec}
     return out
 
@@ -148,9 +162,9 @@ class DetectionConfig:
                 raise DetectionConfigError(
                     f"unknown table {key!r} (known: {', '.join(known)})")
         base = cls()._with(data, "")
-        base.detector = replace(base.detector, **_table(
+        base.detector = replace(base.detector, **_bounded("detector", DetectorConfig, _table(
             "detector", data.get("detector", {}),
-            {f.name: f.default for f in fields(DetectorConfig)}))
+            {f.name: f.default for f in fields(DetectorConfig)})))
         overs = data.get("override", [])
         if not isinstance(overs, list):
             raise DetectionConfigError("override: expected [[override]] tables")

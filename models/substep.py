@@ -151,6 +151,7 @@ class SubStep:
         ball_r, p2p_r, isp = c.sums()
         starts, last_ts, groups = self.start, self.last_ts, self.groups
         min_ops, long_w = self.cfg.substep.min_ops, self.cfg.substep.long_windows
+        wa = self.cfg.substep.window_alpha
         done = []
         for i in range(lo, hi):
             r = ranks[i]
@@ -166,7 +167,7 @@ class SubStep:
             if not end and ts > w0:
                 # The producers' window, learned from windows a step end did not cut short.
                 self.window_s = ts - w0 if not self.window_s \
-                    else 0.9 * self.window_s + 0.1 * (ts - w0)
+                    else (1.0 - wa) * self.window_s + wa * (ts - w0)
             # The rank's time since its previous window (windows in which no op ended are
             # not sent: an op that blocked across them counts here, whole).
             prev = last_ts.get(r)
@@ -246,6 +247,7 @@ class SubStep:
         work = [max(p[2] - p[3], 0.0) / p[1] for p in pend]
         ref_work = _median(work)
         sp = cfg.substep
+        fast = cfg.evidence.fast_max
         if ref_work <= sp.min_work * _median([p[2] / p[1] for p in pend]):
             # A group whose ops follow each other with no work between says nothing about
             # the members' work.
@@ -267,7 +269,7 @@ class SubStep:
         # two steps', that ``models.job`` weighs with the member's last step at short steps.
         obs = g.obs
         if closed and (not obs or obs[-1][0] < step):
-            obs.append((step, ts, {m: (max((x - min(w, max(x, 0.0))) / ref_work, -0.9),
+            obs.append((step, ts, {m: (max((x - min(w, max(x, 0.0))) / ref_work, -fast),
                                        float(x * p[1] / max(p[2], 1e-9)))
                                    for m, x, w, p in zip(members, late, waited, pend,
                                                          strict=True)}))
@@ -278,11 +280,12 @@ class SubStep:
             # value for the windowed test.
             return name, [], {}
         # the spread before that correction, which only ever lowers a lateness, to zero
-        _, sig = lower_half_ref(np.log1p(np.array([max(x / ref_work, -0.9) for x in late])))
-        rel = [max((x - min(w, max(x, 0.0))) / ref_work, -0.9)
+        _, sig = lower_half_ref(np.log1p(np.array([max(x / ref_work, -fast) for x in late])))
+        rel = [max((x - min(w, max(x, 0.0))) / ref_work, -fast)
                for x, w in zip(late, waited, strict=True)]
         val = np.log1p(np.array(rel))
-        g.spread = sig if not g.spread else 0.9 * g.spread + 0.1 * sig
+        g.spread = sig if not g.spread else (1.0 - sp.spread_alpha) * g.spread \
+            + sp.spread_alpha * sig
         rows = g.raw.rows_for(members)
         g.own.rows_for(members)
         if g.calm.size < len(g.raw.rows):

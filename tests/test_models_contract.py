@@ -13,6 +13,7 @@ import pytest
 from test_models_pipeline import synth
 
 from failslow.models.changepoint import BOCPD
+from failslow.models.config import ChangepointConfig
 from failslow.models.mitigation import Planner
 from failslow.models.pipeline import Detector
 from failslow.models.stats import EWMeanVar, RollingMedian
@@ -35,7 +36,7 @@ XS = [float(x) for x in np.log(np.random.default_rng(0).lognormal(0, 0.05, 60))]
 CASES = [
     (EWMeanVar(alpha=0.2), _feed_stat, XS),
     (RollingMedian(window=8), _feed_stat, XS),
-    (BOCPD(hazard=1 / 100, window=6), _feed_stat, XS),
+    (BOCPD(ChangepointConfig(hazard=1 / 100, window=6)), _feed_stat, XS),
     (Detector(min_rel=0.06, z_min=5.0), _feed_detector, synth(slow=4, steps=40)),
 ]
 

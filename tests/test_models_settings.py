@@ -66,6 +66,11 @@ rules = {min_rel = 0.1}
      "override[0]: [detector] is the whole detector's, not per job"),
     ("[[override]]\njobs = 'a*'\nrules.evidence.long_z = -1\n",
      "override[0].rules.evidence.long_z: -1.0 must be >= 0"),
+    ("[rules.ranks]\nwork_alpha = 1.5\n", "rules.ranks.work_alpha: 1.5 must be <= 1"),
+    ("[rules.evidence]\nfast_max = 1\n", "rules.evidence.fast_max: 1.0 must be < 1"),
+    ("[detector]\nrate_alpha = 2\n", "detector.rate_alpha: 2.0 must be <= 1"),
+    ("[policy]\nlag_max = 1.0\n", "policy.lag_max must be >= 0 and < 1"),
+    ("[rules.changepoint]\nwindow = 0.5\n", "rules.changepoint.window: 0.5 is not a int"),
 ])
 def test_an_unknown_key_or_a_bad_value_is_one_line(tmp_path, text, words):
     with pytest.raises(DetectionConfigError) as e:
@@ -180,6 +185,8 @@ NOT_THRESHOLDS = {
     # deployment sizing from FAILSLOW_SHARD_RANKS: how a job is split over workers
     "shard": {"SHARD_RANKS"},
     "pipeline": {"TELEMETRY_QUEUE_CAP"},   # memory bound of the telemetry queue
+    # a step event's fields read per rank and the value of one that is absent (wire format)
+    "job": {"_GATHER"},
 }
 
 
@@ -255,3 +262,115 @@ def test_the_comparison_scan_sees_a_bare_threshold(tmp_path):
     p.write_text("def f(x, a):\n    return x >= 4 and a[3] > 0.5 and x < 2 * a[-6:].sum()\n")
     assert _compared_numbers(p) == {("mod", 4)}
 
+
+
+# Smoothing weights, clamps, floors, scores and window sizes written as bare numbers
+# (issue 30 item 4): a float other than FREE_NUMBERS (or its negative) in arithmetic, as
+# an argument of a call, as an element of a tuple, list or dict or as a value assigned
+# (a cause's score: ``(3.0, evidence)``), and any number handed to a class (an
+# estimator's window or weight: ``RollingMedian(32)``, ``EWMeanVar(0.1)``), outside
+# subscripts. The defaults of the
+# config dataclasses (models/config.py, models/policy.py, ...) are the tree itself.
+# Allowed anywhere: units and float guards against a division by zero (not bars).
+UNITS_AND_GUARDS = {100.0, 3600.0, 1e-9, 1e-12}
+# Allowed per module, each for its reason: (module, value).
+ARGUMENT_NOT_THRESHOLDS = {
+    ("peers", 0.6745): "the normal law: MAD per sigma",
+    ("rootcause", 1.4826): "the normal law: sigma per MAD",
+    ("stats", 0.25): "quartiles (the IQR)",
+    ("stats", 0.75): "quartiles (the IQR)",
+    # module constants, each allow-listed in NOT_THRESHOLDS for its reason
+    ("evidence", 1.4826): "ROBUST_MAD: the normal law",
+    ("peers", 0.3991): "LOWER_HALF_MAD: the normal law",
+    ("stats", 1.349): "IQR_PER_SIGMA: the normal law",
+    ("incidents", 1e300): "a time before any: never re-attributed yet",
+}
+
+
+def _argument_numbers(path: Path) -> set[tuple[str, float]]:
+    """(module, value) of each bare smoothing weight, clamp or estimator size."""
+    tree = ast.parse(path.read_text())
+    index = {id(n) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)
+             for n in ast.walk(sub.slice)}
+
+    def number(node: ast.AST) -> ast.Constant | None:
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            node = node.operand
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) \
+                and not isinstance(node.value, bool) and id(node) not in index:
+            return node
+        return None
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp):
+            operands, to_class = [node.left, node.right], False
+        elif isinstance(node, ast.Call):
+            operands = [*node.args, *(k.value for k in node.keywords)]
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                getattr(node.func, "id", "")
+            to_class = name[:1].isupper()
+        elif isinstance(node, ast.Tuple | ast.List):
+            operands, to_class = list(node.elts), False
+        elif isinstance(node, ast.Dict):
+            operands, to_class = [v for v in node.values if v is not None], False
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.Return) \
+                and node.value is not None:
+            operands, to_class = [node.value], False
+        else:
+            continue
+        for op in operands:
+            c = number(op)
+            if c is None or c.value in FREE_NUMBERS or c.value in UNITS_AND_GUARDS:
+                continue
+            if isinstance(c.value, float) or to_class:
+                found.add((path.stem, c.value))
+    return found
+
+
+def test_no_bare_smoothing_weight_clamp_or_window_in_models():
+    found: set[tuple[str, float]] = set()
+    for path in sorted((ROOT / "models").glob("*.py")):
+        if path.stem in ("settings", "policy", "config", "actions"):
+            continue
+        found |= _argument_numbers(path)
+    new = sorted(found - set(ARGUMENT_NOT_THRESHOLDS))
+    assert not new, ("smoothing weights, clamps or window sizes written as numbers in "
+                     f"models/ (move them into the tree): {new}")
+
+
+def test_the_argument_scan_sees_weights_clamps_and_windows(tmp_path):
+    p = tmp_path / "mod.py"
+    p.write_text("def f(x, a, m):\n"
+                 "    m = RollingMedian(32)\n"
+                 "    y = 0.8 * a + 0.2 * x + round(x, 3) + a[0.7] + max(x, -0.9)\n"
+                 "    s = {'cause': (3.0, {}), 'n': 4}\n"
+                 "    return min(x, 0.5) / max(a, 1e-9) * 100.0 + np.clip(x, 0.0, 1.0)\n")
+    assert _argument_numbers(p) == {("mod", 32), ("mod", 0.8), ("mod", 0.2), ("mod", 0.9),
+                                    ("mod", 3.0)}
+
+
+def test_weights_windows_and_the_changepoint_settings_reach_the_models(tmp_path):
+    """The keys that replaced bare smoothing weights and window sizes land in the
+    estimators a job builds (a change of one changes what they hold)."""
+    from failslow.models.job import JobState
+    from failslow.models.p2p import P2PMonitor
+
+    cfg = DetectionConfig.load(write(tmp_path, """
+[rules.changepoint]
+threshold = 0.7
+window = 6
+[rules.ranks]
+noise_alpha = 0.3
+[rules.cost]
+clean_window = 16
+[rules.links]
+cost_window = 24
+"""))
+    job = JobState("j", cfg.job_config())
+    assert (job.cpd.threshold, job.cpd.window, job.cpd.recent.maxlen) == (0.7, 6, 6)
+    assert job.cpd.clone().p == cfg.job_config().changepoint
+    assert job.noise.alpha == 0.3 and job.job_clean.window == 16
+    assert job.links.table.cost.window == 24
+    assert P2PMonitor(cfg.job_config()).clean.window == 16
+    assert cfg.describe()["rules"]["changepoint"]["hazard"] == 1 / 250
