@@ -344,7 +344,7 @@ class JobStage:
         most; ``seen``: a partition's last announcements)."""
         out = []
         for ev in events:
-            if ev["kind"] == "step":
+            if ev["kind"] == "step" or ev["kind"] == "step_batch":   # a batch: one host
                 host = ev["host"]
                 if now - seen.get(host, -math.inf) > self.hostmap.ttl_s / 3:
                     seen[host] = now

@@ -20,8 +20,9 @@ from typing import Any
 from failslow.models.pipeline import DEVICE_BATCHES
 from failslow.schema.batches import ABSENT, BATCH_KINDS, expand, take
 
-# The batch kinds the Detector judges whole: a host's comm windows and device samples.
-WHOLE_KINDS = frozenset(("comm_batch", *DEVICE_BATCHES))
+# The batch kinds the Detector judges whole: a host's comm windows, step ends and device
+# samples (``Detector.process_batch``).
+WHOLE_KINDS = frozenset(("comm_batch", "step_batch", *DEVICE_BATCHES)) & frozenset(BATCH_KINDS)
 
 
 def nrows(ev: dict) -> int:
@@ -41,9 +42,12 @@ def rows_of(events: list[dict]) -> int:
 
 
 def first_ts(ev: dict) -> float:
-    """An event's ts; a batch's first row's (where ``failslow detect`` places a batch)."""
+    """An event's ts; where ``failslow detect`` places a batch: its first row's, its
+    newest row's for a kind placed there (``BatchKind.at_last``: a ``step_batch``)."""
     t = ev["ts"]
-    return t[0] if type(t) is list else t
+    if type(t) is not list:
+        return t
+    return t[-1] if getattr(BATCH_KINDS[ev["kind"]], "at_last", False) else t[0]
 
 
 def max_ts(ev: dict) -> float:

@@ -65,6 +65,8 @@ def test_batches_reach_the_detector_whole_and_give_the_per_rank_incidents():
     part = JobPartition(0, detector_factory=lambda: det)
     assert canon(run(messages(batched), part)) == canon(ref)
     assert det.kinds["comm_batch"] > 0 and det.kinds["gpu_batch"] > 0
+    if any(o["kind"] == "step_batch" for o in batched):   # a host's step ends, whole too
+        assert det.kinds["step_batch"] > 0
     # per rank only what the input caps held at the job's start (its probation, the
     # samples of its hosts until its steps named them) and then took row by row
     ranks = len({e["rank"] for e in events if e["kind"] == "comm"})
