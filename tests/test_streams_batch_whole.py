@@ -160,3 +160,48 @@ def test_a_row_stamped_far_ahead_is_dead_lettered_and_the_rest_of_its_batch_judg
     assert [r["gpu"] for b in seen for r in expand(b)] == [0, 1, 2, 4, 5, 6, 7]
     assert seen[0]["kind"] == "gpu_batch"
     assert metrics.clock_ahead.labels("dead_lettered")._value.get() == 1
+
+
+def test_a_real_worker_judges_batched_input_as_detect_judges_the_per_rank_events(broker,
+                                                                                 topics):
+    """On the real broker: two scenarios published as host agents publish them (a
+    comm_batch / gpu_batch / nic_batch per host and window); the worker's incidents are
+    `failslow detect`'s on the per-rank events."""
+    from test_streams_worker import brief, reference
+    from test_streams_worker import canon as canon_counts
+
+    from failslow.collectors.publisher import Publisher
+    from failslow.stack import free_port
+    from failslow.worker_process import WorkerProcess, wait_for_incidents
+
+    events, ref = [], []
+    for name in ("gpu_thermal_30", "slow_link_pair_3x"):
+        evs = []
+        for ev in simulate(SCENARIOS[name], seed=0, grain="comm").events():
+            ev = dict(ev)
+            if ev.get("job_id") is not None:
+                ev["job_id"] = f"{name}.{ev['job_id']}"
+            ev["host"] = f"{name}-{ev['host']}"
+            evs.append(ev)
+        events += evs
+        ref += reference(evs)
+    assert ref
+    events.sort(key=lambda e: e["ts"])
+    objs = list(batch_trace(events))
+    assert any(o["kind"] == "comm_batch" for o in objs)
+    pub = Publisher(broker.bootstrap, topics)
+    start = 0
+    for n in range(1, len(objs) + 1):
+        if n == len(objs) or first_ts(objs[n]) - first_ts(objs[start]) >= 1.0:
+            pub.publish(objs[start:n])
+            start = n
+    assert pub.flush(15) == 0
+    pub.close()
+    worker = WorkerProcess(broker.bootstrap, topics, group=f"{topics.prefix}g",
+                           metrics_port=free_port())
+    try:
+        got = wait_for_incidents(broker.bootstrap, topics, len(ref), timeout=120)
+    finally:
+        assert worker.stop() == 0
+    assert brief(got) == brief(ref)
+    assert canon_counts(got) == canon_counts(ref)
