@@ -331,6 +331,11 @@ class EventOrder:
             return 0 if t <= skip_ts else 1 if t <= wm else 2
 
         lo, hi = where(min(ts)), where(max(ts))
+        if getattr(BATCH_KINDS[ev["kind"]], "at_last", False):
+            # A batch placed at its newest row (a host's step ends) is released whole at
+            # that row's ts: its older rows were not handed on before it, so a replay
+            # must not skip them below the snapshot's watermark (they would be lost).
+            lo = hi
         if lo == hi:
             parts = {lo: [ev]}
         else:

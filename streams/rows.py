@@ -20,13 +20,11 @@ from typing import Any
 from failslow.models.pipeline import DEVICE_BATCHES
 from failslow.schema.batches import ABSENT, BATCH_KINDS, expand, take
 
-# The batch kinds the Detector judges whole: a host's comm windows and device samples
-# (``Detector.process_batch``). Not yet ``step_batch``: the Detector takes it, but a
-# partition restored from a snapshot and fed a replay of step batches judged with
-# slightly different evidence than without the restart (mean_excess_z 34.9 vs 36.0 on
-# gpu_thermal_30, tests/test_streams_batch_whole.py); expanded at decode until that is
-# understood.
-WHOLE_KINDS = frozenset(("comm_batch", *DEVICE_BATCHES)) & frozenset(BATCH_KINDS)
+# The batch kinds the Detector judges whole: a host's comm windows, step ends and device
+# samples (``Detector.process_batch``). A step batch sits at its newest row
+# (``BatchKind.at_last``): ``ordering.EventOrder`` releases it, and a replay skips it,
+# whole at that row's ts.
+WHOLE_KINDS = frozenset(("comm_batch", "step_batch", *DEVICE_BATCHES)) & frozenset(BATCH_KINDS)
 
 
 def nrows(ev: dict) -> int:
