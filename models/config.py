@@ -71,8 +71,15 @@ class EvidenceConfig:
                                  "more")
     pool_min_ranks: int = _p(3, "ranks with a learned noise (a full window) before a rank's "
                              "noise is pooled with its peers'")
-    onset_own_min: int = _p(3, "values among the last 6 own-past ones before the onset is "
-                            "estimated on the own past, not against peers")
+    onset_own_min: int = _p(3, "values among the last `onset_recent` own-past ones before "
+                            "the onset is estimated on the own past, not against peers")
+    onset_recent: int = _p(6, "latest steps whose mean excess stands for the shift when a "
+                           "finding's onset is estimated without one")
+    self_driven_steps: int = _p(4, "latest steps over which a confirmed rank's excess over its "
+                                "own past is compared with its excess over its peers")
+    self_driven_share: float = _p(0.5, "the excess is the rank's own (not its peers' change) "
+                                  "when that over its own past is at least this share of "
+                                  "that over its peers")
     wait_share_max: float = _p(0.9, "largest share of a step charged to a rank its group "
                                "waits for (an excess of share / (1 - share): 9x at most)",
                                below=1.0)
@@ -149,6 +156,10 @@ class CauseConfig:
                                   "held (reason_share) with no clock gauge past gauge_z")
     cpu_ref_floor: float = _p(0.001, "a host's load reference is at least this share of the "
                               "load (a ratio of 1000 at most)")
+    input_stall_share: float = _p(0.5, "a culprit's extra time is an input stall when at least "
+                                  "this share of it is spent waiting for data")
+    input_stall_score: float = _p(2.0, "an input stall's score per unit of that share (against "
+                                  "the telemetry causes' scores)")
 
 
 @dataclass(frozen=True)
@@ -280,6 +291,9 @@ class DetectorConfig:
 
     job_idle_s: float = _p(300.0, "event-time seconds without a step, comm or collective "
                            "after which a job has ended")
+    telemetry_delay_s: float = _p(1.0, "how far device samples may trail the step events (the "
+                                  "collectors' sample period): a step judged at T uses the "
+                                  "samples up to T minus this")
     rate_alpha: float = _w(0.3, "weight of the newest telemetry counter rate (a few samples "
                            "of memory)")
     gauge_alpha: float = _w(0.3, "weight of the newest telemetry gauge value")

@@ -487,10 +487,12 @@ class RankEvidence:
         """Steps back to the most likely start of the rank's excess (log ``shift``, or
         the last 6 steps' mean): on its own-past series where it has one (a change),
         else on its peer series."""
-        least = self.cfg.evidence.onset_own_min
-        w = self.own if (~np.isnan(self.own.vals[row, -6:])).sum() >= least else self.peer
+        ep = self.cfg.evidence
+        least, recent_n = ep.onset_own_min, ep.onset_recent
+        w = self.own if (~np.isnan(self.own.vals[row, -recent_n:])).sum() >= least \
+            else self.peer
         if shift is None:
-            _, recent, _ = w.stats(np.array([row]), 6)
+            _, recent, _ = w.stats(np.array([row]), recent_n)
             shift = float(recent[0])
         return w.onset_back(row, max(shift, lo))
 
@@ -580,10 +582,11 @@ class RankEvidence:
         mean = np.where(ok_s | ~ok_f, m_s, m_f)
         # A change against its own past, or a rank that has always been that far out:
         # over the last steps, is its excess over its own past like that over its peers?
-        _, own4, _ = self.own.stats(rows, 4)
+        ep = cfg.evidence
+        _, own4, _ = self.own.stats(rows, ep.self_driven_steps)
         _, own32, _ = self.own.stats(rows, self.own.width)   # no change of that size
-        _, peer4, _ = self.peer.stats(rows, 4)
-        self_driven = ok_s | (own4 >= 0.5 * np.maximum(peer4, lo))
+        _, peer4, _ = self.peer.stats(rows, ep.self_driven_steps)
+        self_driven = ok_s | (own4 >= ep.self_driven_share * np.maximum(peer4, lo))
         return Verdict(inc=inc, weak=(rel2 >= cfg.min_rel / 2) & (z2 >= k),
                        confirmed=confirmed, self_driven=self_driven, present=present,
                        suspect=suspect,

@@ -133,26 +133,30 @@ class Detector:
     _now = -math.inf
     _jump = False
 
-    def __init__(self, min_rel: float = 0.05, z_min: float = 4.0, confirm_steps: int = 2,
-                 resolve_steps: int = 5, critical_pct: float = 20.0,
-                 planner: Planner | None = None, telemetry_delay_s: float = 1.0,
-                 job_idle_s: float | None = None, config: DetectionConfig | None = None
-                 ) -> None:
-        self.min_rel = min_rel
-        self.z_min = z_min
-        self.confirm_steps = confirm_steps
-        self.resolve_steps = resolve_steps
-        self.critical_pct = critical_pct
-        self.telemetry_delay_s = telemetry_delay_s
+    def __init__(self, min_rel: float | None = None, z_min: float | None = None,
+                 confirm_steps: int | None = None, resolve_steps: int | None = None,
+                 critical_pct: float | None = None, planner: Planner | None = None,
+                 telemetry_delay_s: float | None = None, job_idle_s: float | None = None,
+                 config: DetectionConfig | None = None) -> None:
         if config is None:
-            # the keyword thresholds are the tree's defaults (``models.settings``)
-            config = DetectionConfig.from_mapping({
-                "rules": {"min_rel": min_rel, "z_min": z_min, "confirm_steps": confirm_steps},
-                "policy": {"resolve_steps": resolve_steps, "critical_pct": critical_pct}})
+            # a keyword given overrides the tree's default (``models.settings``)
+            rules = {k: v for k, v in (("min_rel", min_rel), ("z_min", z_min),
+                                       ("confirm_steps", confirm_steps)) if v is not None}
+            policy = {k: v for k, v in (("resolve_steps", resolve_steps),
+                                        ("critical_pct", critical_pct)) if v is not None}
+            config = DetectionConfig.from_mapping(
+                {k: v for k, v in (("rules", rules), ("policy", policy)) if v})
         self.config = config
+        self.cfg = config.job_config()
+        self.min_rel = self.cfg.min_rel
+        self.z_min = self.cfg.z_min
+        self.confirm_steps = self.cfg.confirm_steps
+        self.resolve_steps = config.policy.resolve_steps
+        self.critical_pct = config.policy.critical_pct
+        self.telemetry_delay_s = config.detector.telemetry_delay_s \
+            if telemetry_delay_s is None else telemetry_delay_s
         self.job_idle_s = config.detector.job_idle_s if job_idle_s is None else job_idle_s
         self.planner = planner or config.make_planner()
-        self.cfg = config.job_config()
         self.jobs: dict[str, JobState] = {}
         self.store = TelemetryStore(config.detector)
         self.tracker = IncidentTracker(config.policy, config.policy_of)

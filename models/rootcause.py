@@ -195,9 +195,11 @@ def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tu
     peers; ``nic_slots`` optionally names the culprit's NICs as (host, nic name); ``data_share`` is the part of the culprit's extra time spent waiting
     for input (0..1); ``c`` the job's thresholds. Returns ``(root_cause, evidence)``.
     """
+    c = c or CauseConfig()
     scores: Scores = {}
-    if data_share >= 0.5:
-        scores["input_stall"] = (2.0 * data_share, {"data_share_of_excess": round(data_share, 2)})
+    if data_share >= c.input_stall_share:
+        scores["input_stall"] = (c.input_stall_score * data_share,
+                                 {"data_share_of_excess": round(data_share, 2)})
     if fault in ("slow_rank", "slow_host"):
         peers_g = [d for (h, i), d in store.gpus.items() if h in job_hosts and (h, i) not in gpus]
         per_gpu = [(key, gpu_scores(store.gpus[key], peers_g, c)) for key in gpus
