@@ -1,0 +1,133 @@
+"""Is `failslow detect`'s CPU per rank-step flat in the job's size? (issue 31: within 1.3x
+from 1,024 to 131,072 ranks.)
+
+One job shape at every size: tp8 pp8 (``--pp``), ``--step-s`` steps, comm grain, 1 Hz
+GPU / NIC / host telemetry, one GPU throttled 40 % from a quarter of the run on (so judging,
+localization and the incident's evidence all run: the incident events are counted), ``--steps`` steps at every size. The
+trace is what the host agents publish (``schema.batches.batch_trace``), streamed to a file
+as it is simulated (a 131,072-rank trace never sits in memory), then read by a child
+process running the CLI's own ``detect_lines``: process CPU time, best of ``--repeat``, and
+the child's peak RSS. Rank-steps are the trace's judged steps (``step`` rows, batched or
+not).
+
+    .venv/bin/python bench/detect_flat.py [--ranks 1024 4096 16384 131072] [--steps 12]
+        [--pp 8] [--step-s 2.0] [--repeat 1] [--out bench/results/detect_flat.json]
+
+Prints one line per size and the ratio of each size's CPU per rank-step to the smallest's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from failslow.schema.batches import BATCH_KINDS, batch_trace  # noqa: E402
+from failslow.simulator import simulate  # noqa: E402
+from failslow.simulator.spec import FaultSpec, JobSpec, Scenario  # noqa: E402
+
+CHILD = """
+import resource, sys, time
+from failslow.commands.detect import detect_lines
+from failslow.models.pipeline import Detector
+best, n = None, 0
+for _ in range(int(sys.argv[2])):
+    out = []
+    c0 = time.process_time()
+    with open(sys.argv[1], "rb") as f:
+        detect_lines(f, Detector(), out.append, lambda no, why: None)
+    t = time.process_time() - c0
+    best, n = (t if best is None else min(best, t)), len(out)
+print(best, n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def scenario(ranks: int, steps: int, pp: int, step_s: float) -> Scenario:
+    hosts = ranks // 8
+    onset_s = (steps // 4) * step_s
+    return Scenario(f"flat_{ranks}", f"{ranks:,} ranks tp8 pp{pp}: one GPU 40 % slower",
+                    (JobSpec(hosts=hosts, tp=8, pp=pp, micro_batches=8, step_s=step_s),),
+                    steps=steps, large=True,
+                    faults=(FaultSpec("gpu_thermal", onset_s, None, 0.4, rank=ranks // 2 + 5),))
+
+
+def rank_steps_of(obj: dict) -> int:
+    kind = obj.get("kind")
+    if kind == "step":
+        return 1
+    bk = BATCH_KINDS.get(kind) if isinstance(kind, str) else None
+    if bk is not None and bk.row_kind == "step":
+        return len(obj[bk.row_key])
+    return 0
+
+
+def write_trace(sc: Scenario, path: Path) -> tuple[int, int, float]:
+    t0 = time.process_time()
+    lines = rank_steps = 0
+    with path.open("wb") as f:
+        for obj in batch_trace(simulate(sc, seed=0).events()):
+            f.write(orjson.dumps(obj) + b"\n")
+            lines += 1
+            rank_steps += rank_steps_of(obj)
+    return lines, rank_steps, time.process_time() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", nargs="*", type=int, default=[1024, 4096, 16384, 131072])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--pp", type=int, default=8)
+    ap.add_argument("--step-s", type=float, default=2.0)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--note", default="")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "detect_flat.json"))
+    args = ap.parse_args()
+    rows = []
+    load0 = [round(x, 1) for x in os.getloadavg()]
+    with tempfile.TemporaryDirectory() as tmp:
+        for ranks in args.ranks:
+            sc = scenario(ranks, args.steps, args.pp, args.step_s)
+            path = Path(tmp) / f"{sc.name}.jsonl"
+            lines, rank_steps, sim_cpu = write_trace(sc, path)
+            out = subprocess.run([sys.executable, "-c", CHILD, str(path), str(args.repeat)],
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                                 check=True, capture_output=True, text=True).stdout
+            cpu_s, incidents, rss_kb = out.split()
+            cpu = float(cpu_s)
+            row = {"ranks": ranks, "steps": args.steps, "rank_steps": rank_steps,
+                   "lines": lines, "bytes": path.stat().st_size,
+                   "simulate_cpu_s": round(sim_cpu, 1), "cpu_s": round(cpu, 2),
+                   "us_per_rank_step": round(1e6 * cpu / rank_steps, 1),
+                   "rank_steps_per_cpu_s": round(rank_steps / cpu),
+                   "incident_events": int(incidents), "peak_rss_mib": round(int(rss_kb) / 1024)}
+            row["vs_smallest"] = round(row["us_per_rank_step"] / rows[0]["us_per_rank_step"], 2) \
+                if rows else 1.0
+            rows.append(row)
+            path.unlink()
+            write(Path(args.out), args, load0, rows)   # after each size: a long run killed keeps what it measured
+            print(f"{ranks:>7,} ranks {lines:>9,} lines {row['us_per_rank_step']:7.1f} us/rank-step "
+                  f"{row['rank_steps_per_cpu_s']:>7,}/CPU s  x{row['vs_smallest']:.2f}  "
+                  f"peak RSS {row['peak_rss_mib']:,} MiB  incidents {incidents}", flush=True)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def write(path: Path, args: argparse.Namespace, load0: list[float], rows: list[dict]) -> None:
+    path.write_text(json.dumps({
+        "note": args.note, "clock": f"process CPU time of detect_lines, best of {args.repeat}",
+        "load_before": load0, "load_after": [round(x, 1) for x in os.getloadavg()],
+        "pp": args.pp, "step_s": args.step_s, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
