@@ -249,43 +249,32 @@ class JobPartition:
     # -- detection -----------------------------------------------------------------------
 
     def _feed(self, events: list[dict]) -> list[dict]:
-        marks = self._marks
-        getters = _MARK
-        fresh = []
-        at_mark = self._at_mark
+        fresh: list[dict] = []
         dropped = 0
+        run: list[dict] = []       # per-rank events in a row: their marks in one pass
+
+        def take(rows: list[dict]) -> None:
+            nonlocal dropped
+            kept = self._feed_rows(rows)
+            fresh.extend(kept)
+            dropped += len(rows) - len(kept)
+
         for ev in events:
-            kind = ev["kind"]
-            if kind in BATCH_KINDS:
-                # issue 31: a batch whose rows are new goes on whole
-                got = self._batch_marks(ev)
-                if got is not None:
-                    fresh += got
-                    dropped += rows_of([ev]) - rows_of(got)
-                    continue
-                rows = expand(ev)   # a comm row at its mark: compared row by row
-                kept = self._feed_rows(rows)
-                fresh += kept
-                dropped += len(rows) - len(kept)
+            if ev["kind"] not in BATCH_KINDS:
+                run.append(ev)
                 continue
-            src, pos = getters[kind]
-            src, pos = src(ev), pos(ev)
-            last = marks.get(src)
-            if last is not None and pos <= last:
-                # another record of the same comm window is new; the same one again is not
-                if (kind != "comm" or pos != last or ev in at_mark.get(src, ())
-                        or _digest(ev) in self._at_mark_restored.get(src, ())):
-                    dropped += 1
-                    continue
-                at_mark.setdefault(src, []).append(ev)
-                fresh.append(ev)
-                continue
-            marks[src] = pos
-            if kind == "comm":
-                at_mark[src] = [ev]
-                if self._at_mark_restored:
-                    self._at_mark_restored.pop(src, None)
-            fresh.append(ev)
+            if run:
+                take(run)
+                run = []
+            # issue 31: a batch whose rows are new goes on whole
+            got = self._batch_marks(ev)
+            if got is not None:
+                fresh += got
+                dropped += rows_of([ev]) - rows_of(got)
+            else:
+                take(expand(ev))   # a comm row at its mark: compared row by row
+        if run:
+            take(run)
         self.counts["duplicates"] += dropped
         if not fresh:
             return []
