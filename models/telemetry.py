@@ -10,6 +10,7 @@ attribution (``models.rootcause``) reads this state; it never reads events.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import repeat
 from typing import Any
 
@@ -66,10 +67,14 @@ class Device:
                 g[name] = x if old is None else old + p.gauge_alpha * (x - old)
                 if self.n < p.first_samples:
                     self.first[name] = g[name]
+        self.count(ts, zip(counters, map(ev.get, counters), strict=True), p.rate_alpha)
+
+    def count(self, ts: float, values: Iterable[tuple[str, Any]], rate_alpha: float) -> None:
+        """One sample's counters (name, value or None) at ``ts``: each counter's rate
+        since the last sample, smoothed; the sample counted."""
         dt = ts - self.last_ts
         last, rates = self.last, self.rates
-        for name in counters:
-            x = ev.get(name)
+        for name, x in values:
             if x is None:
                 continue
             prev = last.get(name)
@@ -77,7 +82,7 @@ class Device:
             if prev is not None and dt > 0 and x >= prev:
                 r = (x - prev) / dt
                 old = rates.get(name)
-                rates[name] = r if old is None else old + p.rate_alpha * (r - old)
+                rates[name] = r if old is None else old + rate_alpha * (r - old)
         self.last_ts = ts
         self.n += 1
 
@@ -596,20 +601,7 @@ class TelemetryStore:
                 g["speed_gbps"] = x if old is None else old + ga * (x - old)
                 if d.n < first_n:
                     d.first["speed_gbps"] = g["speed_gbps"]
-            dt = ts - d.last_ts
-            last, rates = d.last, d.rates
-            for name, c in cols:
-                x = c[i]
-                if x is None:
-                    continue
-                prev = last.get(name)
-                last[name] = x
-                if prev is not None and dt > 0 and x >= prev:
-                    r = (x - prev) / dt
-                    old = rates.get(name)
-                    rates[name] = r if old is None else old + ra * (r - old)
-            d.last_ts = ts
-            d.n += 1
+            d.count(ts, [(name, c[i]) for name, c in cols], ra)
             d.down = st == "down"
 
     def observe_host(self, ev: dict[str, Any]) -> None:

@@ -194,21 +194,7 @@ class InputLimits:
         if type(host) is not str or "host" not in bk.shared:
             return False
         if bk.row_kind in _TELEMETRY:
-            ts = max_ts(ev)
-            if host in self._hosts:
-                if ts > self._hosts[host]:
-                    self._hosts[host] = ts
-                out.append(ev)
-                return True
-            if placed and len(self._hosts) < self.max_hosts:
-                self._hosts[host] = ts
-                held = self._unknown.pop(host, None)
-                if held:
-                    self._held_samples -= len(held)
-                    out.extend(_unpack(held))
-                out.append(ev)
-                return True
-            return False
+            return self._tracked_host(host, max_ts(ev), ev, out, placed)
         job_id = ev.get("job_id")
         job = self._jobs.get(job_id) if type(job_id) is str else None
         if job is None or host not in job.hosts or host not in self._hosts:
@@ -239,21 +225,29 @@ class InputLimits:
         if job_id not in self._jobs and len(self._jobs) < self.max_jobs:
             self._jobs[job_id] = _Job(ts)
 
-    def _sample(self, ev: dict, out: list[dict], placed: bool = False) -> None:
-        host, ts = ev["host"], ev["ts"]
+    def _tracked_host(self, host: str, ts: float, ev: dict, out: list[dict],
+                      placed: bool) -> bool:
+        """A sample (or a host's batch of them, ``ts`` its newest) admitted into ``out``
+        (True) when its host is tracked, or placed here by the route: tracked from now
+        on, with what was held of it. False: the host is unknown here."""
         if host in self._hosts:
             if ts > self._hosts[host]:
                 self._hosts[host] = ts
             out.append(ev)
-            return
+            return True
         if placed and len(self._hosts) < self.max_hosts:
-            # the route placed the host here: tracked from now on, with what was held of it
             self._hosts[host] = ts
             held = self._unknown.pop(host, None)
             if held:
                 self._held_samples -= len(held)
                 out.extend(_unpack(held))
             out.append(ev)
+            return True
+        return False
+
+    def _sample(self, ev: dict, out: list[dict], placed: bool = False) -> None:
+        host, ts = ev["host"], ev["ts"]
+        if self._tracked_host(host, ts, ev, out, placed):
             return
         held = self._unknown.pop(host, None) or []
         held.append((ts, pack(ev)))
