@@ -37,13 +37,9 @@ from failslow.schema.events import FAULTS, MITIGATIONS, SEVERITY_RANK
 
 LADDER = MITIGATIONS
 JOB_ENDED = "job ended"
-# Collectors sample about once a second (CONTRACT.md): a cause still unknown after a late
-# sample is looked at again one sample period of sample time later.
-RECHECK_S = 1.0
 # Resolved incidents still waiting for late telemetry to explain them, at most (oldest go).
 UNEXPLAINED_MAX = 1024
 LATE_FAULTS = ("slow_rank", "slow_host")
-PERIOD_N = 5               # step gaps whose median is a job's step period
 ENDS_N = 33                # step ends kept per job (evidence windows span at most 32)
 
 
@@ -75,9 +71,10 @@ class Incident:
         self.cost_sent = 0.0      # gpu_hours_lost in the last emitted event
 
 
-def _period(ends: list[float]) -> float:
-    """A job's step period: the median gap between its last step ends (0 while unknown)."""
-    last = ends[-PERIOD_N - 1:]
+def _period(ends: list[float], n: int) -> float:
+    """A job's step period: the median gap between its last ``n + 1`` step ends (0 while
+    unknown)."""
+    last = ends[-n - 1:]
     gaps = sorted(b - a for a, b in zip(last[:-1], last[1:], strict=True))
     return gaps[len(gaps) // 2] if gaps else 0.0
 
@@ -128,7 +125,7 @@ class IncidentTracker:
         if not ends or ts > ends[-1]:
             ends = (ends + [ts])[-ENDS_N:]
             kept[job_id] = ends
-        return _period(ends), ends
+        return _period(ends, self.cfg(job_id).period_steps), ends
 
     @staticmethod
     def _step_rel(f: Finding, lag_max: float) -> float:
@@ -206,7 +203,7 @@ class IncidentTracker:
         cfg = self.cfg(job_id)
         if sub:
             ends = self.ends.get(job_id) or []
-            gap = _period(ends)
+            gap = _period(ends, cfg.period_steps)
         else:
             gap, ends = self.period(job_id, ts)
         gap = gap or max(float(step_s), 0.0)
@@ -316,7 +313,7 @@ class IncidentTracker:
         samples come; up to ``UNEXPLAINED_MAX`` of those are kept, each until its window's
         samples all came), with its culprit on ``host``, is attributed again once
         the late samples reach the moment it was detected (what its judge would have seen
-        on time), then every ``RECHECK_S`` of sample time while the cause stays unknown.
+        on time), then every ``recheck_s`` (``[policy]``) of sample time while the cause stays unknown.
         A cause found is an incident update at ``now`` (event time), and is kept (a known
         cause outvotes ``unknown``, ``vote_cause``). ``job_hosts(job_id)``: the hosts of the
         job, its culprit's peers; ``causes_for(job_id)``: the job's root-cause thresholds
@@ -331,15 +328,17 @@ class IncidentTracker:
             where = inc.where
             if (ev["root_cause"] != "unknown" or host not in where[0]
                     or ev["fault"] not in LATE_FAULTS
-                    or sample_ts < max(inc.recheck, ev["detected_ts"] - RECHECK_S)):
+                    or sample_ts < max(inc.recheck,
+                                       ev["detected_ts"] - self.cfg(job_id).recheck_s)):
                 continue
-            inc.recheck = sample_ts + RECHECK_S
+            recheck_s = self.cfg(job_id).recheck_s
+            inc.recheck = sample_ts + recheck_s
             hosts, gpus, data_share = where
             peers = set(job_hosts(job_id)) or {h for h, _ in store.gpus} | set(store.hosts)
             cause, rc_ev = attribute(ev["fault"], store, hosts, gpus, peers, data_share,
                                      c=causes_for(job_id) if causes_for else None)
             if cause == "unknown":
-                if resolved and sample_ts > ev["resolved_ts"] + RECHECK_S:
+                if resolved and sample_ts > ev["resolved_ts"] + recheck_s:
                     del kept[ev["incident_id"]]    # its whole window came: nothing to add
                 continue
             inc.causes[cause] = inc.causes.get(cause, 0) + 1

@@ -42,7 +42,10 @@ class PolicyConfig:
     when grading (an excess of lag / (1 - lag): 9x at most; ``[rules.evidence]
     wait_share_max`` when judging); ``onset_margin``: at open, step ends later than this
     share of a step after the onset count as slowed (an onset estimated a little early
-    adds no step).
+    adds no step); ``period_steps``: the step gaps whose median is a job's step period
+    (the unit of "steps" above); ``recheck_s``: a culprit's cause still unknown is looked
+    at again this many seconds of sample time after a late sample (one collector sample
+    period).
     """
 
     page_steps: int = 4
@@ -64,16 +67,18 @@ class PolicyConfig:
     update_pct_points: float = 5.0
     lag_max: float = 0.9
     onset_margin: float = 0.25
+    period_steps: int = 5
+    recheck_s: float = 1.0
 
     def check(self) -> None:
         """Raise ValueError (one line) on a value no policy can work with."""
-        for name in ("page_steps", "resolve_steps", "resolve_max_steps"):
+        for name in ("page_steps", "resolve_steps", "resolve_max_steps", "period_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"policy.{name} must be >= 1")
         for name in ("page_min_s", "page_sustained_s", "long_step_s", "critical_gpu_hours",
                      "critical_pct", "critical_after_s", "open_min_pct", "back_pct",
                      "imbalance_points", "min_update_s", "flap_steps", "update_pct_points",
-                     "onset_margin"):
+                     "onset_margin", "recheck_s"):
             if float(getattr(self, name)) < 0:
                 raise ValueError(f"policy.{name} must be >= 0")
         if self.cost_update_ratio <= 1.0 or self.imbalance_ratio < 1.0:

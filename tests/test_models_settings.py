@@ -169,7 +169,7 @@ def test_detect_applies_the_file(tmp_path):
 # (``JobConfig`` and its sections, ``PolicyConfig``, ``Planner``, ``DetectorConfig``;
 # docs/detection.md lists every key).
 NOT_THRESHOLDS = {
-    "incidents": {"RECHECK_S", "UNEXPLAINED_MAX", "PERIOD_N", "ENDS_N"},
+    "incidents": {"UNEXPLAINED_MAX", "ENDS_N"},
     # the snapshot's version, its migrations by version, defaults of fields added to it
     "migrate": {"STATE_VERSION", "STEPS", "INCIDENT_SLOTS"},
     # constants of the normal law (MAD, lower-half MAD and IQR per sigma): units, not bars
