@@ -23,7 +23,8 @@ COMMANDS: dict[str, str] = {
     "worker": "the stream processors (faust worker)",
     "sink": "Kafka -> ClickHouse writer",
     "notify": "incidents -> Slack / PagerDuty / webhook",
-    "replay": "publish JSON Lines traces to the broker in ts order",
+    "replay": "publish JSON Lines traces to the broker in ts order, as the host agents "
+              "publish them (one batch message per host and window; --per-rank)",
     "detect": "offline detection over JSON Lines traces; prints incidents (JSON Lines or text)",
     "query": "run SQL against the configured ClickHouse",
     "simulate": "write a simulated trace and its ground truth",

@@ -19,6 +19,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -153,6 +154,8 @@ def _run(settings: Settings, opts: DemoOptions, out: TextIO, home: Path, broker:
         _say(out, f"\nsimulating job {truth['job_ids'][0]}: {truth['world_size']} ranks, "
                   f"{opts.steps} steps of ~{truth['step_s']:.1f} s, played {opts.speed:g}x "
                   "faster than real time")
+        _say(out, f"  published as its {len(truth['hosts'])} hosts' agents publish: a message "
+                  "per host and window (comm_batch, step_batch, gpu_batch, nic_batch)")
         for f in truth["faults"]:
             _say(out, f"  injected  {_target(f):<26} {f['kind']:<15} at +{f['onset_ts'] - truth['start_ts']:.0f} s "
                       f"({f['intensity'] * 100:.0f} % slower)")
@@ -212,21 +215,39 @@ def _publish(trace: Any, bootstrap: str, topics: Topics, speed: float, worker: W
     return published
 
 
+def _agent_chunks(trace: Any) -> Iterator[list[dict]]:
+    """The trace as the host agents publish it (``commands.replay.as_agents_publish``: a
+    ``comm_batch`` per host and window, a ``step_batch`` per host and step, a ``gpu_batch``
+    / ``nic_batch`` per host and sample), cut after each host's step."""
+    from failslow.commands.replay import as_agents_publish
+
+    chunk: list[dict] = []
+    for ev in as_agents_publish(trace.events()):
+        chunk.append(ev)
+        if ev["kind"] in ("step_batch", "step"):
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def _play(trace: Any, pub: Any, speed: float, worker: WorkerProcess, out: TextIO) -> int:
-    """Publish the trace paced to the wall clock; a progress line every ~10 s of job time."""
+    """Publish the trace as the host agents would (each batch a message of its own), paced
+    to the wall clock; a progress line every ~10 s of job time. Returns the per-rank events
+    published (a batch counts its rows, as the sink does)."""
+    from failslow.commands.replay import publish_messages, rows, sent_ts
+
     start = trace.truth["start_ts"]
     wall0 = time.monotonic()
     n = 0
     next_note = 10.0
-    for chunk in trace.batches():
-        if not chunk:
-            continue
-        t_rel = chunk[-1]["ts"] - start
+    for chunk in _agent_chunks(trace):
+        t_rel = max(map(sent_ts, chunk)) - start
         delay = t_rel / speed - (time.monotonic() - wall0)
         if delay > 0:
             time.sleep(delay)
-        pub.publish(chunk)
-        n += len(chunk)
+        publish_messages(pub, chunk)
+        n += sum(map(rows, chunk))
         if t_rel >= next_note:
             _say(out, f"  .. job time +{t_rel:4.0f} s, {n:,} events published")
             next_note += 10.0
