@@ -92,7 +92,7 @@ def test_a_per_rank_trace_goes_out_as_the_host_agents_publish_it(broker, topics,
     lines = len(path.read_bytes().splitlines())
     out = replay(broker, topics, str(path))
     batches = [ev for ev in expected if ev["kind"] in BATCH_KINDS]
-    assert f"replayed {lines} events as {len(batches)} batches" in out, out
+    assert f"replayed {lines} of {lines} events as {len(batches)} batches" in out, out
     got = consumed(broker, topics, expected)
     # one message per batch: per host and window (comm), step (steps), sample (gpu, nic)
     for kind in BATCH_KINDS:

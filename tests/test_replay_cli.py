@@ -29,7 +29,7 @@ def test_replay_merges_several_files_by_ts(broker, topics, tmp_path: Path):
                          capture_output=True, text=True, timeout=60, env={**os.environ})
     assert out.returncode == 0, out.stderr
     # one host's steps: step_batch messages (half a second of linger, event time)
-    assert "replayed 6 events as 3 batches and 0 single events" in out.stdout
+    assert "replayed 6 of 6 events as 3 batches and 0 single events" in out.stdout
     got = read_events(broker.bootstrap, topics.for_kind("step"), expect_events=6)
     assert [(e["ts"] - 1.7e9, e["rank"]) for e in got] == [
         (1.0, 0), (2.0, 1), (3.0, 1), (4.0, 0), (5.0, 0), (6.0, 1)]
