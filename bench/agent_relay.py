@@ -16,7 +16,15 @@ shared. Two measurements:
 Target: < 1 % of a core. Also printed: the load average and the busiest processes at the
 start (what else was running).
 
+``--replay`` measures `failslow replay` instead (issue 31): a per-rank trace slice
+(``--replay-scenario large_1024``, ``--replay-steps``) published once per rank as before
+(``--per-rank``) and once as the host agents publish it (a batch message per host and
+window); per way: messages and value bytes on the topics (read back from the broker),
+per second of the replay's wall time, and the replay process's CPU seconds. Written to
+bench/results/replay_batched.json.
+
     .venv/bin/python bench/agent_relay.py [--windows 2000] [--seconds 30]
+    .venv/bin/python bench/agent_relay.py --replay [--replay-scenario large_1024] [--replay-steps 6]
 """
 
 from __future__ import annotations
@@ -112,6 +120,80 @@ def measure(bootstrap: str, topics: Topics, windows: int, period_s: float) -> di
             st["messages_delivered"], "events_delivered": st["delivered"], "undelivered": left}
 
 
+def topic_totals(bootstrap: str, topics: Topics) -> dict[str, dict[str, int]]:
+    """Per event topic: messages and value bytes on it (read back from the broker)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    out = {}
+    for topic in topics.inputs():
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-count",
+                             "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+        high = 0
+        parts = []
+        for p in range(4):
+            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if hi > lo:
+                parts.append(TopicPartition(topic, p, OFFSET_BEGINNING))
+                high += hi - lo
+        consumer.assign(parts)
+        msgs = size = 0
+        deadline = time.monotonic() + 120
+        while msgs < high and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=1.0):
+                if not msg.error():
+                    msgs += 1
+                    size += len(msg.value())
+        consumer.close()
+        if msgs:
+            out[topic[len(topics.prefix):]] = {"messages": msgs, "bytes": size}
+    return out
+
+
+def replay(bootstrap: str, path: str, per_rank: bool, events: int) -> dict:
+    """One `failslow replay` of ``path`` to fresh topics: its wall and CPU seconds, and
+    what it put on the topics."""
+    topics = Topics(prefix=f"replay{int(per_rank)}{int(time.time())}.")
+    create_topics(bootstrap, topics)
+    cmd = [sys.executable, "-m", "failslow.cli", "replay", path, "--bootstrap", bootstrap,
+           "--topic-prefix", topics.prefix, *(["--per-rank"] if per_rank else [])]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
+    wall = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+    totals = topic_totals(bootstrap, topics)
+    msgs = sum(t["messages"] for t in totals.values())
+    size = sum(t["bytes"] for t in totals.values())
+    return {"way": "per-rank" if per_rank else "batched (host agents)",
+            "summary": done.stdout.strip(), "wall_s": round(wall, 2),
+            "replay_cpu_s": round(cpu, 2), "messages": msgs, "bytes": size,
+            "messages_per_s": round(msgs / wall, 1), "bytes_per_s": round(size / wall),
+            "bytes_per_message": round(size / max(msgs, 1)),
+            "events_per_cpu_s": round(events / cpu) if cpu else None, "per_topic": totals}
+
+
+def replay_main(scenario: str, steps: int) -> None:
+    from failslow.simulator import SCENARIOS, simulate
+
+    load, others = os.getloadavg(), busiest()
+    tmp = tempfile.mkdtemp(prefix="replay-bench-")
+    path = os.path.join(tmp, "trace.jsonl")
+    lines = simulate(SCENARIOS[scenario], seed=0, steps=steps).write_jsonl(path)
+    broker = start_broker()
+    try:
+        ways = [replay(broker.bootstrap, path, per_rank, lines) for per_rank in (True, False)]
+    finally:
+        broker.stop(timeout=1)
+    result = {"scenario": scenario, "steps": steps, "per_rank_events": lines,
+              "trace_bytes": os.path.getsize(path), "ways": ways,
+              "loadavg_at_start": [round(x, 2) for x in load], "busiest_at_start": others,
+              "cpus": os.cpu_count()}
+    print(json.dumps(result, indent=2))
+    out = ROOT / "bench/results/replay_batched.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def busiest() -> list[str]:
     out = subprocess.run(["ps", "-eo", "pcpu,comm", "--sort=-pcpu", "--no-headers"],
                          capture_output=True, text=True, check=False).stdout
@@ -122,7 +204,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", type=int, default=2000)
     parser.add_argument("--seconds", type=int, default=30)
+    parser.add_argument("--replay", action="store_true",
+                        help="measure `failslow replay` per-rank vs batched instead")
+    parser.add_argument("--replay-scenario", default="large_1024")
+    parser.add_argument("--replay-steps", type=int, default=6)
     args = parser.parse_args()
+    if args.replay:
+        replay_main(args.replay_scenario, args.replay_steps)
+        return
     load, others = os.getloadavg(), busiest()
     broker = start_broker()
     try:
