@@ -190,6 +190,10 @@ def test_demo_ends_cleanly_with_commands_that_run_as_printed(tmp_path):
                          text=True, timeout=300, env=env, cwd=tmp_path)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
     assert "summary" in out.stdout and "error:" not in out.stdout
+    # published as the 8 host agents would (a batch per host and window), stored per rank:
+    # every rank's every step
+    assert "published as its 8 hosts' agents publish" in out.stdout
+    assert "rows in ClickHouse: steps 2,560," in out.stdout, out.stdout[-2000:]
     worker_log = (tmp_path / "home" / "demo" / "worker.log").read_text(errors="replace")
     assert "SSL" not in worker_log and "ssl" not in worker_log.lower(), worker_log[-2000:]
     # no librdkafka complaint (a client outliving the broker) anywhere, last line included
