@@ -32,20 +32,35 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from failslow.schema.batches import BATCH_KINDS, batch_trace  # noqa: E402
+from failslow.schema.batches import BATCH_KINDS  # noqa: E402
 from failslow.simulator import simulate  # noqa: E402
+from failslow.simulator.batching import batch_events  # noqa: E402
 from failslow.simulator.spec import FaultSpec, JobSpec, Scenario  # noqa: E402
 
 CHILD = """
-import resource, sys, time
+import os, resource, sys, threading, time
 from failslow.commands.detect import detect_lines
 from failslow.models.pipeline import Detector
+limit_kb = int(float(sys.argv[3]) * 2**20)
+f = open(sys.argv[1], "rb")
+
+def watch():   # past the RSS limit: say how far it got, and stop
+    page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
+    while True:
+        time.sleep(0.5)
+        with open("/proc/self/statm") as m:
+            rss_kb = int(m.read().split()[1]) * page_kb
+        if rss_kb > limit_kb:
+            print("rss_limit", time.process_time(), f.tell(), rss_kb, flush=True)
+            os._exit(0)
+
+threading.Thread(target=watch, daemon=True).start()
 best, n = None, 0
 for _ in range(int(sys.argv[2])):
     out = []
+    f.seek(0)
     c0 = time.process_time()
-    with open(sys.argv[1], "rb") as f:
-        detect_lines(f, Detector(), out.append, lambda no, why: None)
+    detect_lines(f, Detector(), out.append, lambda no, why: None)
     t = time.process_time() - c0
     best, n = (t if best is None else min(best, t)), len(out)
 print(best, n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
@@ -75,7 +90,7 @@ def write_trace(sc: Scenario, path: Path) -> tuple[int, int, float]:
     t0 = time.process_time()
     lines = rank_steps = 0
     with path.open("wb") as f:
-        for obj in batch_trace(simulate(sc, seed=0).events()):
+        for obj in batch_events(simulate(sc, seed=0).events()):
             f.write(orjson.dumps(obj) + b"\n")
             lines += 1
             rank_steps += rank_steps_of(obj)
@@ -89,6 +104,8 @@ def main() -> int:
     ap.add_argument("--pp", type=int, default=8)
     ap.add_argument("--step-s", type=float, default=2.0)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--rss-limit-gib", type=float, default=12.0,
+                    help="stop detect past this resident size and record how far it got")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "detect_flat.json"))
     args = ap.parse_args()
@@ -99,13 +116,29 @@ def main() -> int:
             sc = scenario(ranks, args.steps, args.pp, args.step_s)
             path = Path(tmp) / f"{sc.name}.jsonl"
             lines, rank_steps, sim_cpu = write_trace(sc, path)
-            out = subprocess.run([sys.executable, "-c", CHILD, str(path), str(args.repeat)],
+            load = [round(x, 1) for x in os.getloadavg()]
+            out = subprocess.run([sys.executable, "-c", CHILD, str(path), str(args.repeat),
+                                  str(args.rss_limit_gib)],
                                  env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                                  check=True, capture_output=True, text=True).stdout
+            size = path.stat().st_size
+            if out.startswith("rss_limit"):
+                _, cpu_s, at, rss_kb = out.split()
+                rows.append({"ranks": ranks, "steps": args.steps, "rank_steps": rank_steps,
+                             "lines": lines, "bytes": size,
+                             "simulate_cpu_s": round(sim_cpu, 1),
+                             "stopped": f"detect's RSS passed {args.rss_limit_gib:g} GiB "
+                             f"after {float(cpu_s):.0f} CPU s, {int(at) / size:.0%} of the "
+                             "trace read", "peak_rss_mib": round(int(rss_kb) / 1024),
+                             "load_before": load})
+                path.unlink()
+                write(Path(args.out), args, load0, rows)
+                print(f"{ranks:>7,} ranks: {rows[-1]['stopped']}", flush=True)
+                break
             cpu_s, incidents, rss_kb = out.split()
             cpu = float(cpu_s)
             row = {"ranks": ranks, "steps": args.steps, "rank_steps": rank_steps,
-                   "lines": lines, "bytes": path.stat().st_size,
+                   "lines": lines, "bytes": size, "load_before": load,
                    "simulate_cpu_s": round(sim_cpu, 1), "cpu_s": round(cpu, 2),
                    "us_per_rank_step": round(1e6 * cpu / rank_steps, 1),
                    "rank_steps_per_cpu_s": round(rank_steps / cpu),

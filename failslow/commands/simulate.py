@@ -92,15 +92,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_batched(trace, out: str) -> int:
-    """The trace through ``schema.batches.batch_trace``, and its truth; returns the lines
+    """The trace batched as ``schema.batches.batch_trace`` batches it (``simulator.batching``:
+    the same lines, at a cost linear in the events), and its truth; returns the lines
     written."""
     import orjson
 
-    from failslow.schema.batches import batch_trace
+    from failslow.simulator.batching import batch_events
 
     n = 0
     with open(out, "wb") as f:
-        for ev in batch_trace(trace.events()):
+        for ev in batch_events(trace.events()):
             f.write(orjson.dumps(ev) + b"\n")
             n += 1
     with open(out + ".truth.json", "wb") as f:
@@ -115,8 +116,8 @@ def _stop_on_sigterm(_signum, _frame) -> None:
 def _publish(trace, settings, realtime: bool, batched: bool = True) -> int:
     from failslow.collectors.publisher import Publisher
     from failslow.schema import Topics
-    from failslow.schema.batches import batch_trace
     from failslow.simulator import SimulatorError
+    from failslow.simulator.batching import batch_events
 
     pub = Publisher(bootstrap=settings.bootstrap, topics=Topics(settings.topic_prefix))
     main_thread = threading.current_thread() is threading.main_thread()
@@ -126,7 +127,7 @@ def _publish(trace, settings, realtime: bool, batched: bool = True) -> int:
         if realtime or batched:
             events = trace.events(realtime=realtime)
             batch: list[dict] = []
-            for event in batch_trace(events) if batched else events:
+            for event in batch_events(events) if batched else events:
                 batch.append(event)
                 if len(batch) >= 200 or event["kind"] in ("step", "step_batch"):
                     pub.publish(batch)
