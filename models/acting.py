@@ -32,7 +32,7 @@ _FORWARDED = ("telemetry_delay_s", "job_idle_s")
 # The planner reads a job's steps only up to the incident it answers (by ts), so what it
 # plans does not depend on how the events were batched: `failslow detect` (one file) and
 # the worker (one Kafka message at a time) annotate the same incident the same way (see
-# ActingDetector's hold_steps and stale_s).
+# the [mitigate] hold_steps and stale_s, ``MitigationConfig``).
 _STEP_FIELDS = ("kind", "ts", "job_id", "rank", "world_size", "step", "duration_s",
                 "compute_s", "comm_s", "data_s", "samples")
 
@@ -54,15 +54,15 @@ class ActingDetector:
     ``hold_steps`` steps further (past the detector's ``lag_steps``, 3: no incident comes
     for an older step after that), so a rollback comes at most that many steps late. A
     job whose newest held step is ``stale_s`` (event s) older than the newest event has
-    ended or stalled: its held steps go to the planner, memory stays bounded."""
+    ended or stalled: its held steps go to the planner, memory stays bounded. Both are
+    the planner's ``[mitigate]`` settings (``MitigationConfig``)."""
 
     def __init__(self, inner: Any, planner: ActionPlanner,
-                 held: dict[str, list[dict[str, Any]]] | None = None,
-                 hold_steps: int = 4, stale_s: float = 600.0) -> None:
+                 held: dict[str, list[dict[str, Any]]] | None = None) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "planner", planner)
-        object.__setattr__(self, "hold_steps", hold_steps)
-        object.__setattr__(self, "stale_s", stale_s)
+        object.__setattr__(self, "hold_steps", planner.config.hold_steps)
+        object.__setattr__(self, "stale_s", planner.config.stale_s)
         # step events not yet handed to the planner, per job (see hold_steps)
         object.__setattr__(self, "held", held or {})
         object.__setattr__(self, "_newest", {j: max(ev["step"] for ev in evs)

@@ -76,7 +76,17 @@ class MitigationConfig:
     +-30 %).
     lead_steps: ``apply_at_step`` is this many steps after the newest step seen (time for
     the action to reach every rank). ttl_s: an action not applied by ``ts + ttl_s`` is
-    dropped. drain_command: a command run once per escalation of a persistent hardware
+    dropped. hold_steps: a job's steps reach the planner once an incident at or after
+    them came, or once the job is this many steps further (past the detector's
+    ``lag_steps``, 3: no incident comes for an older step after that), so a rollback
+    comes at most that many steps late; stale_s: a job whose newest held step is this
+    many event seconds older than the newest event has ended or stalled, its held steps
+    go to the planner (memory stays bounded). refine_gain: the least move of the
+    culprit's share, as a fraction of it, that a refinement sends (with refine_z);
+    forget_s: the planner forgets a job silent this many event seconds (ended);
+    effect_steps: rank 0's latest step times kept per job, whose median since an action
+    applied is its measured effect (``job step 0.41 s -> 0.27 s``). drain_command: a
+    command run once per escalation of a persistent hardware
     fault, ``{host}``, ``{job_id}``, ``{incident_id}``, ``{reason}`` substituted (e.g.
     ``scontrol update nodename={host} state=drain reason={reason}``); drain_webhook: a
     URL POSTed the action instead or as well. Neither set: drains are dry runs.
@@ -98,6 +108,11 @@ class MitigationConfig:
     refine_blocks: int = 2
     lead_steps: int = 2
     ttl_s: float = 120.0
+    hold_steps: int = 4
+    stale_s: float = 600.0
+    refine_gain: float = 0.15
+    forget_s: float = 3600.0
+    effect_steps: int = 64
     drain_command: str | None = None
     drain_webhook: str | None = None
 
@@ -109,12 +124,12 @@ class MitigationConfig:
                     f"mitigate.{where}: {mode!r} is not one of {', '.join(MODES)}")
         if not 0.0 < self.floor <= 1.0:
             raise MitigationConfigError(f"mitigate.floor: {self.floor!r} is not in (0, 1]")
-        for name in ("min_gain", "ttl_s"):
+        for name in ("min_gain", "ttl_s", "stale_s", "refine_gain", "forget_s"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise MitigationConfigError(f"mitigate.{name}: {v!r} is not a positive number")
         for name in ("window_steps", "lead_steps", "warm_steps", "persist_steps",
-                     "refine_blocks"):
+                     "refine_blocks", "hold_steps", "effect_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise MitigationConfigError(f"mitigate.{name}: {v!r} is not an integer >= 1")
@@ -140,7 +155,8 @@ class MitigationConfig:
             if want is not None and not isinstance(value, want):
                 raise MitigationConfigError(
                     f"mitigate.{key}: {value!r} is not a {want.__name__}")
-            if key in ("floor", "min_gain", "ttl_s", "refine_z") and (
+            if key in ("floor", "min_gain", "ttl_s", "refine_z", "stale_s", "refine_gain",
+                       "forget_s") and (
                     isinstance(value, bool) or not isinstance(value, int | float)):
                 raise MitigationConfigError(f"mitigate.{key}: {value!r} is not a number")
         return cls(**table)
@@ -152,7 +168,8 @@ class MitigationConfig:
         return self.mode
 
 
-def plan_shares(per_sample_s: dict[int, float], floor: float = 0.25) -> dict[int, float]:
+def plan_shares(per_sample_s: dict[int, float],
+                floor: float = MitigationConfig.floor) -> dict[int, float]:
     """Fractions of the global batch (sum 1, 4 decimals) that equalize share x time per
     sample, the minimum of the slowest rank's share x time; no share below ``floor`` /
     ranks. Ranks without a positive finite time keep an equal share's speed (the median)."""
@@ -178,7 +195,7 @@ def plan_shares(per_sample_s: dict[int, float], floor: float = 0.25) -> dict[int
 
 
 def whole_counts(shares: dict[int, float] | list[float], global_batch: int,
-                 floor: float = 0.25) -> list[int]:
+                 floor: float = MitigationConfig.floor) -> list[int]:
     """Whole units (samples or micro-batches) of ``global_batch`` per rank, in rank order,
     summing to ``global_batch``: each unit goes where it raises the largest load
     (count / share, time per sample being proportional to 1 / share) least, ties to the
@@ -233,11 +250,8 @@ class ActionPlanner:
     newest event's, so replays give the same actions.
     """
 
-    def __init__(self, config: MitigationConfig | None = None, refine_gain: float = 0.15,
-                 forget_s: float = 3600.0) -> None:
+    def __init__(self, config: MitigationConfig | None = None) -> None:
         self.config = config or MitigationConfig()
-        self.refine_gain = refine_gain
-        self.forget_s = forget_s
         self._observed = 0
         # job -> rank -> recent (step, compute_s / samples)
         self._per_sample: dict[str, dict[int, deque[tuple[int, float]]]] = defaultdict(dict)
@@ -254,7 +268,6 @@ class ActionPlanner:
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a planner pickled before persist_steps and refinements (a worker's snapshot)
         state.setdefault("_waiting", {})
-        state.setdefault("refine_gain", 0.15)
         self.__dict__.update(state)
 
     # -- measurement ---------------------------------------------------------------------------
@@ -276,7 +289,8 @@ class ActionPlanner:
         if old is None or step > old[0]:
             self._newest[job] = (step, ev["ts"])
         if rank == 0:
-            self._step_s.setdefault(job, deque(maxlen=64)).append((step, ev["duration_s"]))
+            self._step_s.setdefault(job, deque(maxlen=self.config.effect_steps)).append(
+                (step, ev["duration_s"]))
             self._observed += 1
             if self._observed % PRUNE_EVERY == 0:
                 self._prune(ev["ts"])
@@ -290,7 +304,7 @@ class ActionPlanner:
 
     def _prune(self, now: float) -> None:
         """Forget jobs silent for ``forget_s`` (ended): the planner's memory stays bounded."""
-        for job in [j for j, (_, ts) in self._newest.items() if ts < now - self.forget_s]:
+        for job in [j for j, (_, ts) in self._newest.items() if ts < now - self.config.forget_s]:
             for table in (self._per_sample, self._step_s, self._newest, self._world,
                           self._held, self._version, self._first, self._waiting):
                 table.pop(job, None)
@@ -438,7 +452,7 @@ class ActionPlanner:
             return []
         # a move within the window's own noise is no news: on shared cores one window's
         # noise swung the culprit's share +-30 %
-        band = max(self.refine_gain, self.config.refine_z * self._share_se(job, held.rank,
+        band = max(self.config.refine_gain, self.config.refine_z * self._share_se(job, held.rank,
                                                                           since, n))
         if abs(shares[held.rank] - old[held.rank]) < band * old[held.rank]:
             return []

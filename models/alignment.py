@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from failslow.models.config import EvidenceConfig
+from failslow.models.config import EvidenceConfig, LinkConfig
 
 # A collective is a list (built on the hot path, grown member by member):
 # [step, group, op, bytes, (rank, start_ts, duration_s) of each member that arrived...]
@@ -41,7 +41,7 @@ Collective = list[Any]
 class CollectiveAligner:
     """Aligns the collective events of one job."""
 
-    def __init__(self, max_age: int = 4) -> None:
+    def __init__(self, max_age: int = LinkConfig.pending_steps) -> None:
         self.max_age = max_age
         self.need_time = True        # count time in collectives (steps lack compute/comm)
         self.open: dict[tuple[str, int], Collective] = {}

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from failslow.models.alignment import Collective
+from failslow.models.config import LinkConfig
 from failslow.schema.batches import ABSENT, ROWS_MAX
 from failslow.schema.events import SchemaError
 
@@ -332,7 +333,7 @@ class CommWindows:
 
     __slots__ = ("max_age", "steps", "_step", "_time", "_colls")
 
-    def __init__(self, max_age: int = 4) -> None:
+    def __init__(self, max_age: int = LinkConfig.pending_steps) -> None:
         self.max_age = max_age
         # step -> its windows' entries as columns, in arrival order
         self.steps: dict[int, _Columns] = {}

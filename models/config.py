@@ -8,13 +8,16 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 
-def _p(default: Any, doc: str, below: float | None = None) -> Any:
+def _p(default: Any, doc: str, below: float | None = None, least: int | None = None) -> Any:
     """A setting: its default and one line for docs/detection.md's reference; ``below``:
     a bound the value must stay under (a share charged of a step, whose excess is
-    share / (1 - share))."""
+    share / (1 - share)); ``least``: the smallest value that works (a window of at least
+    one step, a divisor)."""
     meta: dict[str, Any] = {"doc": doc}
     if below is not None:
         meta["below"] = below
+    if least is not None:
+        meta["least"] = least
     return field(default=default, metadata=meta)
 
 
@@ -59,6 +62,11 @@ class EvidenceConfig:
                                          "(present), steps")
     present_recent: int = _p(4, "present: the newest 1/this of a window must carry the "
                              "excess too")
+    present_recent_min: int = _p(2, "present: and at least this many of its newest values",
+                                 least=1)
+    width: int = _p(32, "steps of each rank's series kept: the whole window of the far-from-"
+                    "peers and steady-imbalance verdicts (scales longer than it are not "
+                    "tested)", least=1)
     wait_n: int = _p(16, "waited for: judged steps in the window")
     wait_k: int = _p(12, "waited for: steps of the window the group waited for the rank")
     wait_prior_n: int = _p(32, "waited for: steps before the window, the rank's own past")
@@ -110,6 +118,9 @@ class LinkConfig:
     noise_floor: float = _p(0.02, "relative noise below which a group's cost is not trusted "
                             "to be")
     cost_window: int = _p(32, "steps in the rolling median of a group's usual cost per byte")
+    pending_steps: int = _p(4, "steps past the newest judged one that a collective missing "
+                            "members, or a step's comm windows, are kept before they are "
+                            "dropped unjudged")
 
 
 @dataclass(frozen=True)
@@ -189,9 +200,10 @@ class RankConfig:
                               "usual position)")
     own_ref_min: int = _p(4, "ranks with a learned own past that make the own-past "
                           "reference (all but one in smaller jobs)")
-    jobwide_share: float = _p(0.125, "more than this share of the ranks (and more than 2), "
-                              "on several hosts, rising against their own past together is "
-                              "a job-wide change: only peers judge that step")
+    jobwide_share: float = _p(0.125, "more than this share of the ranks (and more than "
+                              "jobwide_min), on several hosts, rising against their own past "
+                              "together is a job-wide change: only peers judge that step")
+    jobwide_min: int = _p(2, "and more than this many ranks")
     idle_steps: int = _p(20, "a job that sent nothing for this many of its step times (and "
                          "[detector] job_idle_s) has ended")
     share_steps: int = _p(8, "steps on one set of the ranks' shares of the batch (steps "
@@ -233,6 +245,10 @@ class SubstepConfig:
                              "no step events")
     nostep_learn: int = _p(4, "windows one rank must send before a derived step's length is "
                            "learned")
+    min_ticks: int = _p(2, "ticks in the shortest tick window tested (the shortest spans "
+                        "sustain_s, and at least this many)", least=1)
+    span_ratio: int = _p(4, "the longest tick window tested is this many times the shortest "
+                         "(width at most); one twice the shortest lies between", least=1)
     window_alpha: float = _w(0.1, "weight of the newest producer window in its learned "
                              "length")
     spread_alpha: float = _w(0.1, "weight of the newest tick in a group's learned spread")
@@ -250,6 +266,15 @@ class P2PConfig:
     warm_min: int = _p(3, "pairs with a learned cost before pairs are compared with each "
                        "other")
     cost_window: int = _p(32, "steps in the rolling median of a pair's usual seconds per byte")
+    pending_steps: int = _p(4, "steps past the newest judged one that a step's sends and "
+                            "recvs whose pair is not complete are kept before they are "
+                            "dropped unjudged")
+    mid_steps: int = _p(5, "the job's latest steps whose median step time says whether its "
+                        "steps are long ([rules.substep] long_windows): pairs judged window "
+                        "by window", least=1)
+    recent_steps: int = _p(8, "a slow pair with no clean past of the job: its slowdown is "
+                           "against the median of the job's latest this many step times",
+                           least=1)
     window_alpha: float = _w(0.1, "weight of the newest producer window in its learned "
                              "length")
     pair_alpha: float = _w(0.2, "weight of the newest step in a pair's op size, excess and "
@@ -298,6 +323,9 @@ class DetectorConfig:
                            "of memory)")
     gauge_alpha: float = _w(0.3, "weight of the newest telemetry gauge value")
     first_samples: int = _p(3, "a device's first samples, its own past (``first``)")
+    idle_sweeps: int = _p(8, "looks per job_idle_s for jobs that have ended (a job ends "
+                          "between job_idle_s and 1/this of it more after its last event)",
+                          least=1)
 
 
 def section_docs(cls: type) -> list[tuple[str, Any, str]]:

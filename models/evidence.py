@@ -91,7 +91,7 @@ class Windows:
     # What a Windows unpickled from before its settings were stored ran with.
     p: EvidenceConfig = EvidenceConfig()
 
-    def __init__(self, width: int = 32, p: EvidenceConfig | None = None) -> None:
+    def __init__(self, width: int, p: EvidenceConfig | None = None) -> None:
         self.width = width
         if p is not None:
             self.p = p
@@ -388,7 +388,8 @@ class Windows:
         for n in self.p.present_scales:
             cnt, mean, sd = self.stats(rows, n)
             se = self.mean_se(rows, sigma, sd, cnt, n)
-            _, recent, _ = self.stats(rows, max(n // self.p.present_recent, 2))
+            _, recent, _ = self.stats(rows, max(n // self.p.present_recent,
+                                                 self.p.present_recent_min))
             out |= (cnt >= self.p.min_fill * n) & (mean >= delta / 2) & (mean >= se) \
                 & (recent >= delta / 2)
         return out
@@ -451,10 +452,10 @@ class RankEvidence:
     reference) never stands out.
     """
 
-    def __init__(self, cfg: JobConfig, width: int = 32) -> None:
+    def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
-        self.peer = Windows(width, cfg.evidence)
-        self.own = Windows(width, cfg.evidence)
+        self.peer = Windows(cfg.evidence.width, cfg.evidence)
+        self.own = Windows(cfg.evidence.width, cfg.evidence)
         self.calm = np.zeros(0, dtype=np.int64)   # per row: steps clean and unsuspected
         self.waited = WaitedFor(cfg.evidence)
 

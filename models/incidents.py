@@ -222,11 +222,11 @@ class IncidentTracker:
             fresh = inc is None
             if inc is None:
                 inc = self._open(job_id, key, f, cause, ts, pct)
-                # The confirmation rests on the steps since the onset, two at most (a
-                # confirmation needs two steps of evidence; an onset estimated early must
-                # not make a transient look persistent).
+                # The confirmation rests on the steps since the onset, open_steps_max (2)
+                # at most (a confirmation needs two steps of evidence; an onset estimated
+                # early must not make a transient look persistent).
                 since = float(f.onset_ts) + cfg.onset_margin * gap
-                inc.steps = max(1, min(sum(1 for e in ends if e > since), 2))
+                inc.steps = max(1, min(sum(1 for e in ends if e > since), cfg.open_steps_max))
                 inc.seconds = inc.steps * gap
                 inc.rule = f.rule or f.fault
             elif sub:

@@ -70,8 +70,8 @@ class JobState(Attribution):
         self.ranks = RankTable(cfg.ranks.baseline_window, cfg.ranks.baseline_alpha)
         self.rank_host: dict[int, str] = {}
         self.rank_gpu: dict[int, int] = {}
-        self.aligner = CollectiveAligner()
-        self.comm = CommWindows()
+        self.aligner = CollectiveAligner(cfg.links.pending_steps)
+        self.comm = CommWindows(cfg.links.pending_steps)
         self.links = LinkMonitor(cfg)
         self.cpd = BOCPD(cfg.changepoint)
         self.noise = EWMeanVar(cfg.ranks.noise_alpha)  # peers' relative spread, smoothed
@@ -553,7 +553,7 @@ class JobState(Attribution):
         pos = work / level if level > 0 else np.ones(n)
         rel2, z2, sig2, warm = self._self_scores(sl, pos)
         risen = np.flatnonzero((rel2 >= cfg.min_rel) & (z2 >= cfg.z_min / 2))
-        if risen.size > max(2, int(n * cfg.ranks.jobwide_share)) \
+        if risen.size > max(cfg.ranks.jobwide_min, int(n * cfg.ranks.jobwide_share)) \
                 and len({_host(row[ranks[i]]) for i in risen}) > 1:
             # Many ranks (an eighth or more) on several hosts rose against their own past: a
             # job-wide change (a new phase reaching the stages a step apart), not a

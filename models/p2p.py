@@ -99,9 +99,9 @@ class P2PMonitor:
     # a cache, rebuilt after a restore from a snapshot taken before it existed
     _low: dict[float, float] | None = None
 
-    def __init__(self, cfg: JobConfig, max_age: int = 4) -> None:
+    def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
-        self.max_age = max_age
+        self.max_age = cfg.p2p.pending_steps
         # step -> pair -> [seconds per byte of the shortest op each way (lower rank sending,
         # higher rank sending), bytes sent, ops]
         self.pending: dict[int, dict[tuple[int, int], list[float]]] = {}
@@ -213,8 +213,8 @@ class P2PMonitor:
                                      c.cnt[j])
             if seen:
                 self.hosts[rank] = c.host[i]
-                if ask:       # the median of the last five steps, once per call
-                    recent = sorted(d for _, d in self.hist[-5:])
+                if ask:       # the median of the last mid_steps (5), once per call
+                    recent = sorted(d for _, d in self.hist[-self.cfg.p2p.mid_steps:])
                     mid = recent[len(recent) // 2] if recent else None
                     ask = False
                 if self._window(c, i, step, mid):
@@ -591,7 +591,8 @@ class P2PMonitor:
         elif extra > 0:
             # over the job's step without it (its recent step time: the mean since a
             # first-step onset would hold the warm-up steps)
-            now = median([d for _, d in self.hist[-8:]]) if self.hist else 0.0
+            now = median([d for _, d in self.hist[-self.cfg.p2p.recent_steps:]]) \
+                if self.hist else 0.0
             pct = 100.0 * extra / (now - extra) if now > extra else 0.0
         else:
             pct = 0.0

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow.models.config import RankConfig
 from failslow.models.stats import median
 
 # For a normal sample, the median absolute deviation of its lower half around
@@ -126,8 +127,9 @@ def has_peers(groups: np.ndarray) -> np.ndarray:
     return counts[inverse] > 1
 
 
-def peer_scores(values: np.ndarray, groups: np.ndarray, floor: float = 0.01,
-                min_group: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+def peer_scores(values: np.ndarray, groups: np.ndarray,
+                floor: float = RankConfig.noise_floor, min_group: int = 2
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Per-element (rel, z, perf) of ``values`` against the members of its group
     (same label in ``groups``), and the median relative noise sigma of the groups
     (callers smooth it over steps and pass it back as ``floor``: eight peers give

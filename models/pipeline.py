@@ -207,7 +207,7 @@ class Detector:
         queued = 0
         seen = self._seen
         idle = self.job_idle_s
-        sweep_every = idle / 8
+        sweep_every = idle / self.config.detector.idle_sweeps
         now = self._now
         next_sweep = (math.floor(now / sweep_every) + 1) * sweep_every \
             if math.isfinite(now) else -math.inf
@@ -347,7 +347,7 @@ class Detector:
             return []
         out: list[dict[str, Any]] = []
         idle = self.job_idle_s
-        every = idle / 8
+        every = idle / self.config.detector.idle_sweeps
         now = self._now
         next_sweep = (math.floor(now / every) + 1) * every if math.isfinite(now) else -math.inf
         lo = 0
@@ -384,7 +384,7 @@ class Detector:
         job_id = b["job_id"]
         out: list[dict[str, Any]] = []
         idle = self.job_idle_s
-        every = idle / 8
+        every = idle / self.config.detector.idle_sweeps
         now = self._now
         next_sweep = (math.floor(now / every) + 1) * every if math.isfinite(now) else -math.inf
         seen = self._seen

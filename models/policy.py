@@ -42,7 +42,9 @@ class PolicyConfig:
     when grading (an excess of lag / (1 - lag): 9x at most; ``[rules.evidence]
     wait_share_max`` when judging); ``onset_margin``: at open, step ends later than this
     share of a step after the onset count as slowed (an onset estimated a little early
-    adds no step); ``period_steps``: the step gaps whose median is a job's step period
+    adds no step), ``open_steps_max`` of them at most (a confirmation needs two steps of
+    evidence: an onset estimated early must not make a transient look persistent);
+    ``period_steps``: the step gaps whose median is a job's step period
     (the unit of "steps" above); ``recheck_s``: a culprit's cause still unknown is looked
     at again this many seconds of sample time after a late sample (one collector sample
     period).
@@ -67,12 +69,14 @@ class PolicyConfig:
     update_pct_points: float = 5.0
     lag_max: float = 0.9
     onset_margin: float = 0.25
+    open_steps_max: int = 2
     period_steps: int = 5
     recheck_s: float = 1.0
 
     def check(self) -> None:
         """Raise ValueError (one line) on a value no policy can work with."""
-        for name in ("page_steps", "resolve_steps", "resolve_max_steps", "period_steps"):
+        for name in ("page_steps", "resolve_steps", "resolve_max_steps", "period_steps",
+                     "open_steps_max"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"policy.{name} must be >= 1")
         for name in ("page_min_s", "page_sustained_s", "long_step_s", "critical_gpu_hours",

@@ -89,7 +89,7 @@ def _table(where: str, table: Any, known: dict[str, Any]) -> dict[str, Any]:
 
 def _bounded(where: str, cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """``values`` of a section, each within its field's bounds (``below``: under it, a
-    share of a step; ``most``: at most it, a smoothing weight)."""
+    share of a step; ``most``: at most it, a smoothing weight; ``least``: at least it)."""
     for f in fields(cls):
         if f.name not in values:
             continue
@@ -98,6 +98,8 @@ def _bounded(where: str, cls: type, values: dict[str, Any]) -> dict[str, Any]:
             raise DetectionConfigError(f"{where}.{f.name}: {v!r} must be < {m['below']:g}")
         if "most" in m and v > m["most"]:
             raise DetectionConfigError(f"{where}.{f.name}: {v!r} must be <= {m['most']:g}")
+        if "least" in m and v < m["least"]:
+            raise DetectionConfigError(f"{where}.{f.name}: {v!r} must be >= {m['least']:g}")
     return values
 
 

@@ -36,7 +36,7 @@ class EWMeanVar:
 
     __slots__ = ("alpha", "n", "_mean", "_var")
 
-    def __init__(self, alpha: float = 0.1) -> None:
+    def __init__(self, alpha: float) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError("alpha must be in (0, 1]")
         self.alpha = alpha
@@ -87,7 +87,7 @@ class RollingMedian:
 
     __slots__ = ("window", "n", "_median", "_iqr")
 
-    def __init__(self, window: int = 32) -> None:
+    def __init__(self, window: int) -> None:
         self.window = window
         self.n = 0
         self._median = stats.RollingQuantile(0.5, window)
@@ -141,7 +141,7 @@ class RollingMedians:
     ([1.0, 2.0], [5, 5])
     """
 
-    def __init__(self, window: int = 32) -> None:
+    def __init__(self, window: int) -> None:
         self.window = window
         self.win = np.zeros((0, window))       # a ring per row
         self.n = np.zeros(0, dtype=np.int64)

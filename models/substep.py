@@ -130,8 +130,9 @@ class SubStep:
     def scales(self) -> tuple[int, ...]:
         """Trailing tick windows tested: the shortest spans ``sustain_s`` seconds."""
         w = self.window_s or 1.0
-        k = max(2, math.ceil(self.cfg.sustain_s / w - 1e-9))
-        return tuple(sorted({k, 2 * k, min(4 * k, self.cfg.substep.width)}))
+        k = max(self.cfg.substep.min_ticks, math.ceil(self.cfg.sustain_s / w - 1e-9))
+        return tuple(sorted({k, 2 * k, min(self.cfg.substep.span_ratio * k,
+                                            self.cfg.substep.width)}))
 
     def add(self, ev: dict[str, Any], step: int
             ) -> list[tuple[str, list[int], dict[int, dict[str, Any]]]]:

@@ -71,6 +71,16 @@ rules = {min_rel = 0.1}
     ("[detector]\nrate_alpha = 2\n", "detector.rate_alpha: 2.0 must be <= 1"),
     ("[policy]\nlag_max = 1.0\n", "policy.lag_max must be >= 0 and < 1"),
     ("[rules.changepoint]\nwindow = 0.5\n", "rules.changepoint.window: 0.5 is not a int"),
+    ("[rules.evidence]\nwidth = 3.5\n", "rules.evidence.width: 3.5 is not a int"),
+    ("[rules.p2p]\nmid_steps = 0\n", "rules.p2p.mid_steps: 0 must be >= 1"),
+    ("[detector]\nidle_sweeps = 0\n", "detector.idle_sweeps: 0 must be >= 1"),
+    ("[rules.p2p]\npending_steps = -1\n", "rules.p2p.pending_steps: -1 must be >= 0"),
+    ("[rules.substep]\nmin_ticks = 'two'\n", "rules.substep.min_ticks: 'two' is not a int"),
+    ("[policy]\nopen_steps_max = 0\n", "policy.open_steps_max must be >= 1"),
+    ("[mitigate]\nhold_steps = 0\n", "mitigate.hold_steps: 0 is not an integer >= 1"),
+    ("[mitigate]\nstale_s = 'long'\n", "mitigate.stale_s: 'long' is not a number"),
+    ("[mitigate]\nrefine_gain = 0\n", "mitigate.refine_gain: 0 is not a positive number"),
+    ("[mitigate]\neffect_steps = 2.5\n", "mitigate.effect_steps: 2.5 is not an integer >= 1"),
 ])
 def test_an_unknown_key_or_a_bad_value_is_one_line(tmp_path, text, words):
     with pytest.raises(DetectionConfigError) as e:
@@ -164,6 +174,20 @@ def test_detect_applies_the_file(tmp_path):
     assert sev["default"] - {"info"} and sev["quiet"] == {"info"}
 
 
+# The scans below read every module of models/ but the tree's: its modules and, in a
+# module that also holds code, its classes.
+TREE_MODULES = ("settings", "policy", "config")
+TREE_CLASSES = {"actions": {"MitigationConfig"}}     # [mitigate]
+
+
+def _parse(path: Path) -> ast.Module:
+    """A module of models/, less the classes that are the tree (``TREE_CLASSES``)."""
+    tree = ast.parse(path.read_text())
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.ClassDef)
+                                              and n.name in TREE_CLASSES.get(path.stem, ()))]
+    return tree
+
+
 # Module-level numbers in models/ that are not thresholds: sizes of bounded buffers and
 # histories, array layout, units. Anything that decides (a threshold) lives in the tree
 # (``JobConfig`` and its sections, ``PolicyConfig``, ``Planner``, ``DetectorConfig``;
@@ -185,6 +209,8 @@ NOT_THRESHOLDS = {
     # deployment sizing from FAILSLOW_SHARD_RANKS: how a job is split over workers
     "shard": {"SHARD_RANKS"},
     "pipeline": {"TELEMETRY_QUEUE_CAP"},   # memory bound of the telemetry queue
+    # rank-0 steps between two looks for ended jobs (forget_s decides which have ended)
+    "actions": {"PRUNE_EVERY"},
     # a step event's fields read per rank and the value of one that is absent (wire format)
     "job": {"_GATHER"},
 }
@@ -194,7 +220,7 @@ def _module_numbers(path: Path) -> set[str]:
     """Upper-case module-level names assigned an expression holding a number (also
     ``A, B = 1, 2``)."""
     names = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in _parse(path).body:
         if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
             continue
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -210,7 +236,7 @@ def _module_numbers(path: Path) -> set[str]:
 def test_no_module_threshold_in_models():
     found = set()
     for path in sorted((ROOT / "models").glob("*.py")):
-        if path.stem in ("settings", "policy", "config", "actions"):
+        if path.stem in TREE_MODULES:
             continue
         allowed = NOT_THRESHOLDS.get(path.stem, set())
         found |= {f"{path.stem}.{n}" for n in _module_numbers(path) - allowed}
@@ -234,7 +260,7 @@ FREE_NUMBERS = {0, 1, 2, 0.5}
 def _compared_numbers(path: Path) -> set[tuple[str, float]]:
     """(module, value) of each numeric literal inside a comparison, outside subscripts."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parse(path)):
         if not isinstance(node, ast.Compare):
             continue
         index = {id(n) for sub in ast.walk(node) if isinstance(sub, ast.Subscript)
@@ -250,7 +276,7 @@ def _compared_numbers(path: Path) -> set[tuple[str, float]]:
 def test_no_bare_number_in_a_comparison_in_models():
     found: set[tuple[str, float]] = set()
     for path in sorted((ROOT / "models").glob("*.py")):
-        if path.stem in ("settings", "policy", "config", "actions"):
+        if path.stem in TREE_MODULES:
             continue
         found |= _compared_numbers(path)
     new = sorted(found - set(COMPARED_NOT_THRESHOLDS))
@@ -289,7 +315,7 @@ ARGUMENT_NOT_THRESHOLDS = {
 
 def _argument_numbers(path: Path) -> set[tuple[str, float]]:
     """(module, value) of each bare smoothing weight, clamp or estimator size."""
-    tree = ast.parse(path.read_text())
+    tree = _parse(path)
     index = {id(n) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)
              for n in ast.walk(sub.slice)}
 
@@ -331,7 +357,7 @@ def _argument_numbers(path: Path) -> set[tuple[str, float]]:
 def test_no_bare_smoothing_weight_clamp_or_window_in_models():
     found: set[tuple[str, float]] = set()
     for path in sorted((ROOT / "models").glob("*.py")):
-        if path.stem in ("settings", "policy", "config", "actions"):
+        if path.stem in TREE_MODULES:
             continue
         found |= _argument_numbers(path)
     new = sorted(found - set(ARGUMENT_NOT_THRESHOLDS))
@@ -374,3 +400,254 @@ cost_window = 24
     assert job.links.table.cost.window == 24
     assert P2PMonitor(cfg.job_config()).clean.window == 16
     assert cfg.describe()["rules"]["changepoint"]["hazard"] == 1 / 250
+
+
+# Parameter defaults that decide (issue 30 item 4): a function's or method's parameter
+# whose default is a number (int or float, not a bool, not 0, 1, -1 or None) picks a
+# threshold for every caller that leaves it out (``peer_scores(floor=0.01)``,
+# ``EWMeanVar(alpha=0.1)``, ``CommWindows(max_age=4)``). Such a parameter has no default
+# (its callers pass the tree's value) or its default is the tree's, read from the config
+# dataclass (``max_age: int = LinkConfig.pending_steps``), never a literal. The
+# constructors whose parameters are a section of the tree themselves are exempt:
+DEFAULTS_ARE_THE_TREE = {
+    ("mitigation", "Planner.__init__"): "[planner] (settings._params(Planner))",
+}
+# Allowed per (module, function, parameter), each for its reason.
+DEFAULT_NOT_THRESHOLDS = {
+    ("peers", "peer_scores", "min_group"): "a group of one has no peer: the definition of "
+                                          "a peer (two members), not a bar",
+}
+FREE_DEFAULTS = {0, 1, -1}
+
+
+def _default_numbers(path: Path) -> set[tuple[str, str, str, float]]:
+    """(module, function, parameter, value) of each number written as a parameter's
+    default (``Class.method`` for methods)."""
+    found = set()
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                name = prefix + getattr(child, "name", "<lambda>")
+                a = child.args
+                pos = [*a.posonlyargs, *a.args]
+                pairs = [*zip(pos[len(pos) - len(a.defaults):], a.defaults, strict=True),
+                         *((k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+                           if d is not None)]
+                for arg, d in pairs:
+                    v = d.operand if isinstance(d, ast.UnaryOp) \
+                        and isinstance(d.op, ast.USub) else d
+                    if isinstance(v, ast.Constant) and isinstance(v.value, int | float) \
+                            and not isinstance(v.value, bool):
+                        value = -v.value if v is not d else v.value
+                        if value not in FREE_DEFAULTS:
+                            found.add((path.stem, name, arg.arg, value))
+                visit(child, f"{name}.")
+            else:
+                visit(child, prefix)
+
+    visit(_parse(path), "")
+    return found
+
+
+def test_no_number_as_a_parameter_default_in_models():
+    found: set[tuple[str, str, str, float]] = set()
+    for path in sorted((ROOT / "models").glob("*.py")):
+        if path.stem in TREE_MODULES:
+            continue
+        found |= _default_numbers(path)
+    new = sorted(f for f in found if f[:2] not in DEFAULTS_ARE_THE_TREE
+                 and f[:3] not in DEFAULT_NOT_THRESHOLDS)
+    assert not new, ("parameter defaults that decide, written as numbers in models/ "
+                     f"(take the tree's value): {new}")
+
+
+def test_the_default_scan_sees_a_number_as_a_default(tmp_path):
+    p = tmp_path / "mod.py"
+    p.write_text("class A:\n"
+                 "    def __init__(self, x, width=32, on=True, n=1, k=-1, lo=-0.5,\n"
+                 "                 floor=Cfg.floor, *, alpha=0.1, m=None):\n"
+                 "        f = lambda y, w=4: y\n"
+                 "def g(a, b=0.0, c=2):\n"
+                 "    pass\n")
+    assert _default_numbers(p) == {("mod", "A.__init__", "width", 32),
+                                   ("mod", "A.__init__", "lo", -0.5),
+                                   ("mod", "A.__init__", "alpha", 0.1),
+                                   ("mod", "A.__init__.<lambda>", "w", 4),
+                                   ("mod", "g", "c", 2)}
+
+
+# Window lengths and counts written as whole numbers (issue 30 item 4): an integer n >= 2
+# (or -n) is a window or a count when it is
+# - a bound of a slice that is the whole subscript (``hist[-8:]``, ``ranked[:16]``): how
+#   many of a sequence's items are read or kept;
+# - an argument of a call, positional or keyword (``max(n // k, 2)``, ``np.empty(16)``,
+#   ``deque(maxlen=8)``): a length or a count handed over;
+# - n >= 3 multiplying or dividing (``4 * k``, ``idle / 8``): a window or a cadence
+#   scaled from another (2 is a double or a half, as in FREE_NUMBERS; units as in
+#   UNITS_AND_GUARDS);
+# not when it is an index (``a[3]``, ``m[:, 4]``) or inside one (``x[len(x) // 4]``: an
+# order statistic's position), a column slice of a multi-dimensional subscript
+# (``v[:, :3]``: array layout), an element of a shape (``np.zeros((k, 4))``) or the
+# digits of ``round`` (how a reported value is printed). Findings are (module, callee,
+# ``[:]`` for a slice or the operator, value). Allowed, each for its reason:
+WINDOW_NOT_THRESHOLDS = {
+    ("alignment", "range", 4): "the header fields of an open collective (STEP, GROUP, OP, "
+                               "BYTES): array layout",
+    ("evidence", "_pooled", 4): "column 4 of the learned moments (block-mean variance): "
+                                "array layout",
+    ("telemetry", "_get", 2): "field 2 of a device's columns (rates): layout",
+    ("telemetry", "_get", 3): "field 3 (last values): layout",
+    ("telemetry", "_get", 4): "field 4 (clock-event reasons): layout",
+    ("peers", "empty", 16): "the first capacity of a growing buffer (grown on demand: the "
+                            "same values either way)",
+    ("links", "max", 8): "the least capacity a table grows to (a buffer, the same values "
+                         "either way)",
+    ("ranks", "max", 8): "the least capacity a table grows to (a buffer, the same values "
+                         "either way)",
+    ("links", "[:]", 16): "groups listed in an incident's evidence (what the page shows)",
+    ("p2p", "[:]", 16): "pairs listed in an incident's evidence (what the page shows)",
+    ("rootcause", "[:]", 8): "Xid codes listed in a cause's evidence (what the page shows)",
+    ("substep", "[:]", 2): "the two observations models.job reads (its obs[-1] and "
+                           "obs[-2]): what is read, not a window",
+    ("job", "[:]", 2): "the (step, ts) fields of an in-step observation: layout",
+    ("p2p", "[:]", 2): "the costs each way (fields 0 and 1) of a pair's record: layout",
+    ("actions", "*", 1000): "milliseconds: an action's version from its ts (a unit)",
+    ("telemetry", "*", 5): "a device's five column slots (layout)",
+}
+
+
+def _window_numbers(path: Path) -> set[tuple[str, str, int]]:
+    """(module, callee, ``[:]`` or operator, n) of each whole number >= 2 that is a
+    slice's bound or a call's argument, or >= 3 that scales (the rule above)."""
+
+    def whole(node: ast.AST | None) -> int | None:
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return whole(node.operand)
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 2:
+            return node.value
+        return None
+
+    tree = _parse(path)
+    index = {id(n) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)
+             for n in ast.walk(sub.slice)}
+    scale = {ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//"}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and type(node.op) in scale:
+            for op in (node.left, node.right):
+                n = whole(op)
+                if n is not None and n >= 3 and n not in UNITS_AND_GUARDS \
+                        and id(op) not in index:
+                    found.add((path.stem, scale[type(node.op)], n))
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
+            for bound in (node.slice.lower, node.slice.upper, node.slice.step):
+                n = whole(bound)
+                if n is not None:
+                    found.add((path.stem, "[:]", n))
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                getattr(node.func, "id", "")
+            args = [*node.args, *(k.value for k in node.keywords)]
+            if name == "round":
+                args = args[:1]
+            for arg in args:
+                n = whole(arg)
+                if n is not None:
+                    found.add((path.stem, name, n))
+    return found
+
+
+def test_no_bare_window_length_or_count_in_models():
+    found: set[tuple[str, str, int]] = set()
+    for path in sorted((ROOT / "models").glob("*.py")):
+        if path.stem in TREE_MODULES:
+            continue
+        found |= _window_numbers(path)
+    new = sorted(found - set(WINDOW_NOT_THRESHOLDS))
+    assert not new, ("window lengths or counts written as numbers in models/ (move them "
+                     f"into the tree): {new}")
+
+
+def test_the_window_scan_sees_slices_and_counts(tmp_path):
+    p = tmp_path / "mod.py"
+    p.write_text("def f(x, a, m, hist):\n"
+                 "    r = sorted(hist[-5:])[len(hist) // 2] + m[:, :3].sum() + a[3]\n"
+                 "    q = deque(maxlen=6), np.zeros((x, 4)), round(x, 3), a[1:], a[:n]\n"
+                 "    v = a[(len(a) - 1) // 4] + 2 * x + x / 2 + 100 * x + 3 * x + x // 8\n"
+                 "    return max(x // 4, 2) + m[:, 4] + f(x, -7)\n")
+    assert _window_numbers(p) == {("mod", "[:]", 5), ("mod", "deque", 6), ("mod", "max", 2),
+                                  ("mod", "f", 7), ("mod", "*", 3), ("mod", "//", 8),
+                                  ("mod", "//", 4)}
+
+
+def test_the_keys_that_replaced_defaults_and_windows_reach_the_models(tmp_path):
+    """The keys that replaced numbers written as parameter defaults, window slices and
+    counts land where those numbers were (a change of one changes what the models keep
+    and test)."""
+    from failslow.models.acting import ActingDetector
+    from failslow.models.actions import ActionPlanner, MitigationConfig
+    from failslow.models.job import JobState
+    from failslow.models.p2p import P2PMonitor
+    from failslow.models.substep import SubStep
+    from failslow.simulator import SCENARIOS, simulate
+
+    cfg = DetectionConfig.load(write(tmp_path, """
+[rules.evidence]
+width = 48
+present_recent_min = 3
+[rules.links]
+pending_steps = 6
+[rules.p2p]
+pending_steps = 7
+mid_steps = 3
+recent_steps = 12
+[rules.ranks]
+jobwide_min = 5
+[rules.substep]
+min_ticks = 3
+span_ratio = 3
+[detector]
+idle_sweeps = 4
+[policy]
+open_steps_max = 3
+[mitigate]
+hold_steps = 6
+stale_s = 120.0
+refine_gain = 0.3
+forget_s = 60.0
+effect_steps = 8
+"""))
+    jc = cfg.job_config()
+    job = JobState("j", jc)
+    assert job.evidence.peer.vals.shape[1] == job.evidence.own.vals.shape[1] == 48
+    assert job.evidence.own.p.present_recent_min == 3 and jc.ranks.jobwide_min == 5
+    assert job.aligner.max_age == job.comm.max_age == 6
+    p2p = P2PMonitor(jc)
+    assert (p2p.max_age, jc.p2p.mid_steps, jc.p2p.recent_steps) == (7, 3, 12)
+    for c, want in ((jc, (3, 6, 9)), (DetectionConfig().job_config(), (2, 4, 8))):
+        sub = SubStep(c)
+        sub.window_s = 10.0             # sustain_s (2 s) is within one tick: min_ticks rules
+        assert sub.scales() == want
+    assert Detector(config=cfg).tracker.cfg("j").open_steps_max == 3
+    assert Detector(config=cfg).config.detector.idle_sweeps == 4
+    # the planner's steps are held hold_steps behind the newest step
+    steps = [e for e in simulate(SCENARIOS["gpu_thermal_30"], seed=0).events()
+             if e["kind"] == "step"][:16 * 12]
+    det = ActingDetector(Detector(), ActionPlanner(MitigationConfig.from_mapping(cfg.mitigate)))
+    assert det.process_batch(steps) == [] and det.stale_s == 120.0
+    newest = max(e["step"] for e in steps)
+    assert {e["step"] for e in det.held["job0"]} == set(range(newest - 5, newest + 1))
+    # the planner keeps effect_steps of rank 0's steps and forgets a job silent forget_s
+    mit = MitigationConfig.from_mapping(cfg.mitigate)
+    assert mit.refine_gain == 0.3
+    for c, kept, known in ((mit, 8, False), (MitigationConfig(), 20, True)):
+        planner = ActionPlanner(c)
+        for k in range(20):
+            planner.observe({"job_id": "j", "rank": 0, "world_size": 2, "step": k,
+                             "ts": float(k), "duration_s": 1.0})
+        assert len(planner._step_s["j"]) == kept
+        planner._prune(100.0)              # 81 s after the job's newest step
+        assert ("j" in planner._newest) is known
