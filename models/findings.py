@@ -27,7 +27,9 @@ class Finding:
     its reference (its work vs peers / own past, a link's transfer time vs its
     past), percent; ``lost_s`` the job's extra elapsed time attributed to it so far
     (seconds, from measured step durations; None where not tracked), so
-    ``world * lost_s / 3600`` is the GPU-hours lost; ``imbalance`` marks a steady
+    ``world * lost_s / 3600`` is the GPU-hours lost; ``step_z`` how many noise sigmas the
+    culprit stands out at this very step (None: the rule keeps no per-step score; a
+    confirmation's memory can outlast the fault by a few steps, this cannot); ``imbalance`` marks a steady
     offset from the start (the layout: recorded, never paged); ``rule`` names the signal
     that produced it (the incident carries it as ``evidence.rule``: ``RULES``).
     """
@@ -49,6 +51,7 @@ class Finding:
     data_share: float = 0.0
     lost_s: float | None = None
     world: int = 0
+    step_z: float | None = None
     imbalance: bool = False
     rule: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)

@@ -48,7 +48,7 @@ class Incident:
 
     __slots__ = ("event", "absent", "age", "causes", "emitted", "lost_s", "lost_ts", "where",
                  "recheck", "last_rel", "steps", "seconds", "rule", "signals", "returns",
-                 "cost_sent")
+                 "cost_sent", "gap")
 
     def __init__(self, event: dict[str, Any]) -> None:
         self.event = event
@@ -69,6 +69,7 @@ class Incident:
         self.signals: set[str] = set()   # every signal seen about the culprit
         self.returns = 0          # times it came back after being back among its peers
         self.cost_sent = 0.0      # gpu_hours_lost in the last emitted event
+        self.gap = 0              # the longest absence it came back after (its flapping)
 
 
 def _period(ends: list[float], n: int) -> float:
@@ -218,6 +219,9 @@ class IncidentTracker:
                                     and f.slowdown_pct < cfg.open_min_pct)):
                 continue
             seen.add(k)
+            # its rule's score of this very step is under the bar: the episode's memory
+            # (a CUSUM, a smoothed excess) confirms it, the link itself is back
+            faded = f.step_z is not None and f.step_z < cfg.present_z
             pct = round(float(f.slowdown_pct), 2)
             fresh = inc is None
             if inc is None:
@@ -230,7 +234,7 @@ class IncidentTracker:
                 inc.seconds = inc.steps * gap
                 inc.rule = f.rule or f.fault
             elif sub:
-                inc.absent = 0 if slowed else inc.absent
+                inc.absent = 0 if slowed and not faded else inc.absent
             else:
                 inc.age += 1
                 steady = self.steady_gap.get(k)
@@ -239,13 +243,14 @@ class IncidentTracker:
                     # the layout, as known since the start: present, not a slowdown that
                     # persists (until its gap grows past the margin)
                     inc.absent = 0
-                elif slowed:
+                elif slowed and not faded:
                     if inc.absent >= 2:
                         inc.returns += 1
+                        inc.gap = max(inc.gap, inc.absent)
                     inc.absent = 0
                     inc.steps += 1
                     inc.seconds += gap
-                elif self._back_rel(f, cfg.lag_max) < cfg.back_pct / 100.0:
+                elif faded or self._back_rel(f, cfg.lag_max) < cfg.back_pct / 100.0:
                     inc.absent += 1
                 # else: weakly present (unconfirmed: a rule's memory of the episode, a
                 # run's maximum) or slow under open_min_pct: neither slowed nor back
@@ -261,7 +266,9 @@ class IncidentTracker:
             self.open[k].absent += 1
         for k in [k for k in self.open if k[0] == job_id]:
             inc = self.open[k]
-            need = min(cfg.resolve_steps + cfg.flap_steps * inc.returns, cfg.resolve_max_steps)
+            # a flapping culprit: longer than the longest absence it came back after
+            need = min(max(cfg.resolve_steps, inc.gap + cfg.flap_steps) if inc.returns
+                       else cfg.resolve_steps, cfg.resolve_max_steps)
             if inc.absent >= need:
                 del self.open[k]
                 ev = dict(inc.event, ts=ts, status="resolved", resolved_ts=ts)

@@ -7,7 +7,8 @@ step at a time. A field added to a model is given its default here, once, instea
 4 queued telemetry, 5 windowed evidence, 6 comm windows per job, 7 sub-step evidence and
 p2p pairs per job, 8 the paging policy (issue 30: the tracker holds a ``PolicyConfig``,
 incidents count persistence, the detector a ``DetectionConfig``), 9 columnar rank state
-(issue 31: a job's ranks are one ``RankTable`` of arrays, not an object per rank).
+(issue 31: a job's ranks are one ``RankTable`` of arrays, not an object per rank), 10 an
+incident's longest absence (issue 30: a flapping culprit resolves past its own gaps).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from failslow.models.peers import KeyedValues
 from failslow.models.ranks import EW_STATS, FLOATS, INTS, KIND_CODE, RankTable
 from failslow.models.settings import DetectionConfig
 
-STATE_VERSION = 9
+STATE_VERSION = 10
 
 # Defaults of fields added to slotted objects during version 7's life.
 INCIDENT_SLOTS: dict[str, Callable[[], Any]] = {
@@ -122,6 +123,12 @@ def _from_8(state: dict[str, Any]) -> None:
         links["table"] = GroupTable.of_groups(links.pop("groups", {}))
 
 
+def _from_9(state: dict[str, Any]) -> None:
+    tracker = state["tracker"]
+    for inc in [*tracker.open.values(), *(i for _, i in tracker.unexplained.values())]:
+        _slots(inc, {"gap": int})
+
+
 def rank_table(old: dict[int, Any]) -> RankTable:
     """A job's ranks as version 8 kept them (an object each, river statistics) as one
     ``RankTable``. Every field is carried over; the own-work window, which river keeps
@@ -156,4 +163,4 @@ def rank_table(old: dict[int, Any]) -> RankTable:
     return t
 
 
-STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7, 8: _from_8}
+STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7, 8: _from_8, 9: _from_9}

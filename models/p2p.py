@@ -446,6 +446,8 @@ class P2PMonitor:
         weak = (((rel_o >= cfg.min_rel / 2) & (z_o >= half_z))
                 | ((rel_p >= cfg.far_rel) & (z_p >= half_z)))
         slow: list[tuple[int, int]] = []
+        # each pair's noise sigmas this step, by the reference it stands out against
+        step_z = np.maximum(z_o, np.where(rel_p >= cfg.far_rel, z_p, 0.0))
         start = ts - job_s
         for i, p in enumerate(names):
             st = sts[i]
@@ -465,7 +467,8 @@ class P2PMonitor:
                 st.rel = r if fresh else (1.0 - a) * st.rel + a * r
                 st.extra_s = extra if fresh else (1.0 - a) * st.extra_s + a * extra
                 slow.append(p)
-        return self._with_windows(self._close(s, job_s, ts, set(slow), world, host))
+        zs = {p: float(step_z[i]) for i, p in enumerate(names) if p in set(slow)}
+        return self._with_windows(self._close(s, job_s, ts, set(slow), world, host, zs))
 
     def _with_windows(self, out: list[Finding]) -> list[Finding]:
         """The step's findings, and those of pairs confirmed from windows whose run goes on
@@ -483,9 +486,11 @@ class P2PMonitor:
         return out
 
     def _close(self, s: int, job_s: float, ts: float, slow: set[tuple[int, int]], world: int,
-               host: dict[int, str]) -> list[Finding]:
+               host: dict[int, str], zs: dict[tuple[int, int], float] | None = None
+               ) -> list[Finding]:
         """Account the step's cost to the running findings, end the ones gone, and
-        locate the slow pairs: a host or each pair."""
+        locate the slow pairs: a host or each pair (``zs``: each slow pair's noise sigmas
+        this step)."""
         for p, st in self.pairs.items():
             if p in slow:
                 if not st.active and st.streak > 0:
@@ -528,7 +533,7 @@ class P2PMonitor:
                                                  -len(per_host[h]), h)):
             mine = [p for p in per_host[h] if p in left]
             if len(mine) >= 2 and 2 * len(mine) >= total[h]:
-                out.append(self._finding(f"slow_link:{h}", mine, world, host=h, hosts=[h]))
+                out.append(self._finding(f"slow_link:{h}", mine, world, zs, host=h, hosts=[h]))
                 left -= set(mine)
         # Slow pairs sharing one rank: that rank's NIC (rail-optimized: one per GPU).
         per_rank: dict[int, list[tuple[int, int]]] = {}
@@ -538,11 +543,11 @@ class P2PMonitor:
         for r in sorted(per_rank, key=lambda r: (-len(per_rank[r]), r)):
             mine = [p for p in per_rank[r] if p in left]
             if len(mine) >= 2:
-                out.append(self._finding(f"slow_link:{host[r]}", mine, world, host=host[r],
+                out.append(self._finding(f"slow_link:{host[r]}", mine, world, zs, host=host[r],
                                          hosts=[host[r]], nic_rank=r))
                 left -= set(mine)
         for a, b in sorted(left | (slow - strong)):
-            out.append(self._finding(f"slow_link:r{a}-r{b}", [(a, b)], world, rank=a,
+            out.append(self._finding(f"slow_link:r{a}-r{b}", [(a, b)], world, zs, rank=a,
                                      peer_rank=b, host=host[a], peer_host=host[b],
                                      hosts=[host[a], host[b]]))
         return out
@@ -577,6 +582,7 @@ class P2PMonitor:
         f.lost_s, f.world = self._finding(f.key, [pair], world).lost_s, world
 
     def _finding(self, key: str, pairs: list[tuple[int, int]], world: int,
+                 zs: dict[tuple[int, int], float] | None = None,
                  nic_rank: int | None = None, **where: Any) -> Finding:
         sts = [self.pairs[p] for p in pairs]
         self.members[key] = pairs
@@ -609,4 +615,5 @@ class P2PMonitor:
                        onset_ts=min(st.onset_ts for st in sts),
                        onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
                        own_pct=100.0 * rel, lost_s=lost, world=world, evidence=evidence,
+                       step_z=None if zs is None else max(zs.get(p, 0.0) for p in pairs),
                        rule="p2p-steps", **where)

@@ -31,8 +31,12 @@ class PolicyConfig:
     lasted this long (rate of loss x duration); ``open_min_pct``: a culprit less
     than this much slower than its reference opens nothing, and its step counts as
     slowed only above it; ``back_pct``: a step below this counts toward resolving;
-    ``resolve_steps``: such steps in a row that resolve; ``flap_steps``: extra steps per
-    return of a flapping culprit, up to ``resolve_max_steps``; ``imbalance_ratio`` and
+    ``resolve_steps``: such steps in a row that resolve; ``flap_steps``: a culprit that came
+    back after being away waits this many steps beyond its longest absence (at least
+    ``resolve_steps``, up to ``resolve_max_steps``); ``present_z``: a step whose
+    signal stands out by fewer noise sigmas than this (its rule's own score of that very
+    step, where the rule keeps one: a link's transfer cost) counts toward resolving an open
+    incident, whatever the rule's memory of the episode still confirms; ``imbalance_ratio`` and
     ``imbalance_points``: a culprit recorded as steady imbalance pages only once its
     gap is both this many times and this many points (fraction) above the recorded
     one; ``cost_update_ratio``: an open incident's cost is re-sent once it grew by this
@@ -62,6 +66,7 @@ class PolicyConfig:
     resolve_steps: int = 5
     flap_steps: int = 2
     resolve_max_steps: int = 8
+    present_z: float = 4.0
     imbalance_ratio: float = 1.5
     imbalance_points: float = 0.10
     cost_update_ratio: float = 1.5
@@ -82,7 +87,7 @@ class PolicyConfig:
         for name in ("page_min_s", "page_sustained_s", "long_step_s", "critical_gpu_hours",
                      "critical_pct", "critical_after_s", "open_min_pct", "back_pct",
                      "imbalance_points", "min_update_s", "flap_steps", "update_pct_points",
-                     "onset_margin", "recheck_s"):
+                     "onset_margin", "recheck_s", "present_z"):
             if float(getattr(self, name)) < 0:
                 raise ValueError(f"policy.{name} must be >= 0")
         if self.cost_update_ratio <= 1.0 or self.imbalance_ratio < 1.0:

@@ -141,6 +141,42 @@ def test_a_flapping_culprit_is_one_incident():
     assert [e["status"] for e in out].count("resolved") == 1
 
 
+def test_a_flapping_culprit_resolves_past_its_own_gaps_not_a_fixed_wait():
+    """Its resolve waits for the longest absence it came back after plus ``flap_steps``
+    (4 + 2 here), not ``flap_steps`` per return up to ``resolve_max_steps`` (8)."""
+    tr = IncidentTracker()
+    run(tr, [None] * 6)
+    flap = ([rank(0.5)] * 4 + [rank(0.0, confirmed=False)] * 4) * 5 + [rank(0.5)] * 4
+    out = run(tr, flap + [rank(0.0, confirmed=False)] * 12, t0=16.0)
+    assert len({e["incident_id"] for e in out}) == 1
+    resolved = [e for e in out if e["status"] == "resolved"]
+    last_slowed = 16.0 + len(flap) - 1
+    assert len(resolved) == 1 and resolved[0]["ts"] - last_slowed == 6
+
+
+def link(rel: float, step_z: float | None, confirmed: bool = True) -> Finding:
+    return Finding(key="slow_link:h0", fault="slow_link", confirmed=confirmed, onset_ts=9.5,
+                   onset_step=9, slowdown_pct=8.0, own_pct=100.0 * rel, host="h0",
+                   peer_host="h1", rule="p2p-steps", step_z=step_z,
+                   evidence={"transfer_rel_slowdown": rel})
+
+
+@pytest.mark.parametrize("faded", [True, False])
+def test_a_link_back_at_its_peers_resolves_while_its_rule_still_remembers_it(faded):
+    """A confirmation's memory (a CUSUM still above its bar, a smoothed excess) outlasts
+    the fault; a step whose own score is under ``present_z`` counts toward resolving."""
+    tr = IncidentTracker()
+    run(tr, [None] * 6)
+    out = run(tr, [link(0.8, 20.0)] * 10, t0=16.0)
+    assert out[-1]["status"] == "open"
+    after = run(tr, [link(0.6, 2.0 if faded else 20.0)] * 8, t0=26.0)
+    resolved = [e for e in after if e["status"] == "resolved"]
+    if faded:
+        assert resolved and resolved[0]["ts"] - 26.0 == PolicyConfig().resolve_steps - 1
+    else:
+        assert not resolved
+
+
 def test_cost_stays_current_with_bounded_updates_that_never_page_again():
     tr = IncidentTracker()
     run(tr, [None] * 6)
