@@ -117,7 +117,14 @@ class JobState(Attribution):
                               w[i] if type(w) is list else w, (b, i))
 
     def add_step_real(self) -> None:
-        """The first real step event: steps made otherwise give way."""
+        """The first real step event: steps made otherwise give way. Those already judged
+        (a job's setup collectives, before its first step ends: each broadcast of the
+        widest group closes a derived step of milliseconds) are forgotten with all they
+        taught, or every later step would be judged and priced against them."""
+        if self.evaluated >= 0:
+            hosts, gpus = self.rank_host, self.rank_gpu
+            self.__init__(self.job_id, self.cfg)  # type: ignore[misc]
+            self.rank_host, self.rank_gpu = hosts, gpus
         self.real_steps = True
         self.pending.clear()       # steps made from collectives give way to real ones
         if self.nostep_period > 0.0 or self.nostep_buf:
