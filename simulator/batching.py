@@ -167,7 +167,7 @@ def batch_events(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict
                 waiting[gid] = slot = [None]
                 slots.append(slot)
         fill(pairs)
-        if batcher._open:
+        if batcher._open and type(ev["ts"]) is not list:   # (a batch already made: no clock)
             fill(batcher.due(ev["ts"]))
         while slots and slots[0][0] is not None:
             yield from slots.popleft()[0]

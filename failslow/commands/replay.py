@@ -3,10 +3,10 @@
 Several files (one per rank, as the training hook writes them) are merged by ts, as
 `failslow detect` merges them. What goes on the wire is what the host agents publish
 (docs/contract.md "Batch kinds"): a trace's per-rank ``comm`` windows, ``step`` events and
-``gpu`` / ``nic`` samples are gathered per host and window by ``schema.batches.batch_trace``
-(the boundaries `failslow simulate` writes) and each batch is its own message, on the
-topic and key of its kind; batches already in the trace go as they are; other events
-(collectives, host samples) go as before. ``--per-rank`` publishes every event on its own
+``gpu`` / ``nic`` samples are gathered per host and window as
+``schema.batches.batch_trace`` gathers them (the boundaries `failslow simulate` writes)
+and each batch is its own message, on the topic and key of its kind; batches already in
+the trace go as they are; other events (collectives, host samples) go as before. ``--per-rank`` publishes every event on its own
 instead (batches in the trace expanded), as a job without a host agent does."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from failslow.collectors.publisher import Publisher
 from failslow.config import resolve
 from failslow.errors import FailslowError
 from failslow.schema import SchemaError, Topics, decode, validate
-from failslow.schema.batches import BATCH_KINDS, batch_trace, is_batch, valid
+from failslow.schema.batches import BATCH_KINDS, is_batch, valid
 from failslow.schema.fast import all_valid
 from failslow.schema.topics import KIND_TOPIC, key_for
 
@@ -152,9 +152,14 @@ def read_traces(paths: list[Path], bad: list[str], keep_batches: bool = False) -
 
 def as_agents_publish(events: Iterable[dict]) -> Iterator[dict]:
     """Events in ts order as the host agents publish them: per-rank windows, steps and
-    samples gathered per host and window (``schema.batches.batch_trace``, the agent's
-    linger), batches already made and the other kinds as they are."""
-    return batch_trace(events)
+    samples gathered per host and window, batches already made and the other kinds as
+    they are. ``simulator.batching.batch_events``: exactly ``schema.batches.batch_trace``'s
+    batches (the agent's linger, the boundaries `failslow simulate` writes), at a cost per
+    event that does not grow with the number of hosts (``batch_trace`` walks every open
+    group on every event)."""
+    from failslow.simulator.batching import batch_events  # numpy: not for --per-rank
+
+    return batch_events(events)
 
 
 def publish_messages(pub: Any, events: list[dict]) -> None:
