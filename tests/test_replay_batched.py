@@ -168,3 +168,16 @@ def test_a_trace_of_batches_and_per_rank_events_mixed(per_rank_trace):
                       for row in (expand(ev) if ev["kind"] in BATCH_KINDS else [ev]))
 
     assert flat(out) == flat(expected)
+
+
+def test_per_rank_expands_a_batched_trace(broker, topics, per_rank_trace, tmp_path):
+    _, expected = per_rank_trace
+    cut = [ev for ev in expected if order_ts(ev) < order_ts(expected[0]) + 4]
+    path = tmp_path / "batched.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(ev) + b"\n" for ev in cut))
+    rows = [row for ev in cut for row in (expand(ev) if ev["kind"] in BATCH_KINDS else [ev])]
+    out = replay(broker, topics, str(path), "--per-rank")
+    assert f"replayed {len(rows)} of {len(rows)} events" in out
+    got = [ev for msgs in consumed(broker, topics, rows).values() for _, evs in msgs
+           for ev in evs]
+    assert sorted(map(orjson.dumps, got)) == sorted(map(orjson.dumps, rows))
