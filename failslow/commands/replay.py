@@ -204,8 +204,7 @@ def run(args: argparse.Namespace) -> int:
     def send() -> None:
         if batched:
             publish_messages(pub, chunk)
-            n = [rows(ev) for ev in chunk]
-            counts["rows"] += sum(n)
+            counts["rows"] += sum(map(rows, chunk))
             counts["batches"] += sum(ev["kind"] in BATCH_KINDS for ev in chunk)
         else:
             pub.publish(chunk)
