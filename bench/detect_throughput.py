@@ -20,8 +20,8 @@ step judging.
 With ``--on-change`` the trace's device samples are those host agents publish by default
 (``collectors.samplers.filter_trace``: on change plus a heartbeat), not every sample.
 With ``--baseline REV`` the input path of git revision REV (its
-``failslow/commands/detect.py`` and ``schema/fast.py``; the detector is this tree's in
-both) runs in the same process, alternating with this tree's run by run, so a loaded
+``failslow/commands/detect.py``, ``schema/fast.py`` and ``schema/batches.py``'s batch
+validation; the detector is this tree's in both) runs in the same process, alternating with this tree's run by run, so a loaded
 machine slows both alike: before/after and their ratio are printed and written.
 
     .venv/bin/python bench/detect_throughput.py [--scenario NAME ...] [--repeat 2] [--grain comm]
@@ -60,7 +60,8 @@ def full_run(path: Path, detect=detect_lines) -> tuple[float, float, int]:
 
 
 def baseline_detect(rev: str):
-    """``detect_lines`` of git revision ``rev``, with that revision's ``schema.fast``."""
+    """``detect_lines`` of git revision ``rev``, with that revision's ``schema.fast`` and
+    batch validation (``schema.batches.valid``, ``expand_checked``)."""
     def module(name: str, path: str) -> types.ModuleType:
         src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout
@@ -70,8 +71,11 @@ def baseline_detect(rev: str):
         exec(compile(src, mod.__file__, "exec"), mod.__dict__)  # noqa: S102 - our own history
         return mod
     fast = module("baseline_schema_fast", "schema/fast.py")
+    batches = module("baseline_schema_batches", "schema/batches.py")
+    batches.all_valid, batches.columns_ok = fast.all_valid, fast.columns_ok
     detect = module("baseline_detect", "failslow/commands/detect.py")
     detect.all_valid = fast.all_valid
+    detect.valid, detect.expand_checked = batches.valid, batches.expand_checked
     return detect.detect_lines
 
 

@@ -103,6 +103,14 @@ def _reserved(bk: BatchKind) -> frozenset[str]:
     return frozenset(names)
 
 
+# The fields a batch's columns check (``schema.fast.columns_ok``) and the layout's own:
+# per batch kind, and per nested list field (``ops``).
+_KNOWN = {**{kind: frozenset((*SPECS[b.row_kind][0], *SPECS[b.row_kind][1], *_reserved(b),
+                              *((b.nested,) if b.nested else ())))
+             for kind, b in BATCH_KINDS.items()},
+          **{name: frozenset((*spec[0], *spec[1])) for name, spec in NESTED.items()}}
+
+
 # -- per-rank events -> batch ---------------------------------------------------------------
 
 def _same(a: Any, b: Any) -> bool:
@@ -383,16 +391,11 @@ def _valid(obj: dict[str, Any]) -> bool:
     for name in bk.shared:
         if type(obj.get(name)) is not str:
             return False
-    reserved = _reserved(bk)
-    scalar = _SCALAR[kind]
-    for name, value in obj.items():
-        if name in reserved or name == bk.nested:
-            continue
-        if type(value) is list:
-            if len(value) != n or name in bk.shared:
-                return False
-        elif name not in scalar:
-            return False
+    # a column's length and a field's form (a list-typed field is a column) are checked
+    # with its values (``columns_ok``); a field the contract does not name is a column
+    extra = obj.keys() - _KNOWN[kind]
+    if extra and not _extra_ok(obj, extra, n):
+        return False
     absent = obj.get(ABSENT, {})
     if absent and not _absent_ok(absent, obj, n):
         return False
@@ -411,17 +414,22 @@ def _valid(obj: dict[str, Any]) -> bool:
             or min(lens) < 0 or max(lens) > OPS_MAX:
         return False
     total = sum(lens)
-    nscalar = _NESTED_SCALAR[name]
-    for field, value in cols.items():
-        if type(value) is list:
-            if len(value) != total:
-                return False
-        elif field not in nscalar:
-            return False
+    if total == 0:
+        nscalar = _NESTED_SCALAR[name]
+        return all(not value if type(value) is list else field in nscalar
+                   for field, value in cols.items())
+    extra = cols.keys() - _KNOWN[name]
+    if extra and not _extra_ok(cols, extra, total):
+        return False
     nabsent = obj.get(f"{name}_{ABSENT}", {})
     if nabsent and not _absent_ok(nabsent, cols, total):
         return False
-    return total == 0 or columns_ok(name, cols, total, nabsent)
+    return columns_ok(name, cols, total, nabsent)
+
+
+def _extra_ok(cols: dict[str, Any], extra: set[str], n: int) -> bool:
+    """Fields the contract does not name (kept, not checked): each a column of ``n``."""
+    return all(type(cols[name]) is list and len(cols[name]) == n for name in extra)
 
 
 def take(obj: dict[str, Any], idxs: list[int]) -> dict[str, Any]:

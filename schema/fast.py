@@ -133,6 +133,7 @@ all_valid = _compile_all()
 _NONE = type(None)
 _FLOAT, _NUMT, _INT = frozenset((float,)), frozenset((float, int)), frozenset((int,))
 _LIST = frozenset((list,))
+_LISTS = frozenset(("ints", "nums"))     # contract types whose value is a list
 _ONE = {"str": frozenset((str,)), "bool": frozenset((bool,)), "obj": frozenset((dict,))}
 
 
@@ -158,7 +159,9 @@ def _ordered(a, b, n: int) -> bool:
 def _list_ok(ftype) -> str:
     """A check of a column's values ``x`` (no None), their types ``t`` (a set, not empty)."""
     if ftype == "num":
-        return f"t <= FLOAT or (t <= NUMT and ints_in(x, {INT_MIN}, {INT_MAX}))"
+        # the ints in 64 bits: at once when the min and max are (floats may lie beyond)
+        return (f"t <= FLOAT or (t <= NUMT and ({INT_MIN} <= min(x) and max(x) <= {INT_MAX}"
+                f" or ints_in(x, {INT_MIN}, {INT_MAX})))")
     if ftype == "time":
         return f"t <= NUMT and {TIME_MIN!r} <= min(x) and max(x) < {TIME_MAX!r}"
     if ftype == "int":
@@ -178,8 +181,8 @@ def _list_ok(ftype) -> str:
 
 def _compile_columns(rules: str, spec):
     """``columns_ok(o, n, absent)`` for one spec: one generated function with a check per
-    field inlined, each column checked by C-level passes (the set of its value types,
-    its min and max), no Python call per value."""
+    field inlined, each column checked by C-level passes (its length, the set of its value
+    types, its min and max), no Python call per value."""
     required, optional = spec
     lows = MINIMA.get(rules, {})
     src = ["def columns_ok(o, n, absent):", " g = o.get"]
@@ -188,8 +191,11 @@ def _compile_columns(rules: str, spec):
             if ftype in NESTED:
                 continue
             low = lows.get(name)
-            src += [f" x = g({name!r})", " if x is None:",
-                    "  pass" if opt else "  return False", " elif type(x) is list:"]
+            # a list-typed field is always a column (null for all rows is no column)
+            none = (f"  if {name!r} in o: return False" if ftype in _LISTS else "  pass") \
+                if opt else "  return False"
+            src += [f" x = g({name!r})", " if x is None:", none, " elif type(x) is list:",
+                    "  if len(x) != n: return False"]
             if not opt:
                 src.append(f"  if {name!r} in absent: return False")
             src += ["  t = set(map(type, x))", "  if NONE in t:",
@@ -217,7 +223,7 @@ _COLUMNS = {name: _compile_columns(name, spec)
 
 def columns_ok(rules: str, cols: dict, n: int, absent: dict) -> bool:
     """True when ``cols`` (field -> a list of ``n`` values, or one value for all: a batch's
-    columns, whose lengths the caller checked) hold ``n`` rows that each certainly pass
+    columns; a list of another length fails) hold ``n`` rows that each certainly pass
     ``validate`` against the spec named ``rules`` (an event kind, or ``ops``) and its
     MINIMA and ORDERED rules. ``absent``: field -> the rows that lack it (a required field
     may lack none). Nested list fields (``comm.ops``) are skipped: the caller checks their
