@@ -78,6 +78,8 @@ class Device:
             if x is None:
                 continue
             prev = last.get(name)
+            if x == prev and type(x) is type(prev) and rates.get(name) == 0.0:
+                continue      # unchanged at a rate of 0 (most error counters): it stays so
             last[name] = x
             if prev is not None and dt > 0 and x >= prev:
                 r = (x - prev) / dt
@@ -593,15 +595,18 @@ class TelemetryStore:
         speed = col("speed_gbps") or [None] * k
         state = col("state") or [None] * k
         cols = [(n, c) for n in NIC_COUNTERS if (c := col(n)) is not None]
+        counters = [n for n, _ in cols]
+        # each port's counter values, a tuple per port (the columns zipped at C level)
+        values = zip(*(c for _, c in cols), strict=True) if cols else repeat((), k)
         ga, ra, first_n = self.p.gauge_alpha, self.p.rate_alpha, self.p.first_samples
-        for i, (d, ts, x, st) in enumerate(zip(devs, tss, speed, state, strict=True)):
+        for d, ts, x, st, vals in zip(devs, tss, speed, state, values, strict=True):
             if x is not None:
                 g = d.gauges
                 old = g.get("speed_gbps")
                 g["speed_gbps"] = x if old is None else old + ga * (x - old)
                 if d.n < first_n:
                     d.first["speed_gbps"] = g["speed_gbps"]
-            d.count(ts, [(name, c[i]) for name, c in cols], ra)
+            d.count(ts, zip(counters, vals, strict=True), ra)
             d.down = st == "down"
 
     def observe_host(self, ev: dict[str, Any]) -> None:
