@@ -96,6 +96,9 @@ _REASON_NAMES = tuple(REASON_GROUPS)
 _NG, _NC, _NR = len(GPU_GAUGES), len(GPU_COUNTERS), len(REASON_GROUPS)
 # GPU samples held back at most (``TelemetryStore.flush``): a round over that many GPUs
 PENDING_MAX = 4096
+# what a round of GPU samples reads of each (``TelemetryStore._round``), in this order
+_ROUND_FIELDS = ("ts", *GPU_GAUGES, *GPU_COUNTERS, "clocks_event_reasons", "xid")
+_NUMBER = frozenset((float, int))
 
 
 class GpuTable:
@@ -493,47 +496,40 @@ class TelemetryStore:
         rounds[r].append((it, keys))
 
     def _round(self, rnd: list[tuple[dict[str, Any], list[tuple[str, int]]]]) -> None:
-        """One numpy step over samples of distinct GPUs: their values gathered a row per
-        GPU (a lone sample's by one C-level map, a batch's columns turned to rows)."""
+        """One numpy step over samples of distinct GPUs: their values gathered a column per
+        field over the round (a lone sample's values, a batch's columns as they are, a value
+        it writes once repeated), each column made an array at once."""
         keys: list[tuple[str, int]] = []
-        ts: list[Any] = []
-        gauges: list[tuple[Any, ...]] = []
-        counters: list[tuple[Any, ...]] = []
-        reasons: list[Any] = []
-        xids: list[Any] = []
+        cols: list[list[Any]] = [[] for _ in _ROUND_FIELDS]
+        ts, reasons, xids = cols[0], cols[-2], cols[-1]
         for it, its in rnd:
             keys += its
             get = it.get
             if not _is_batch(it):
                 ts.append(it["ts"])
-                gauges.append(tuple(map(get, GPU_GAUGES)))
-                counters.append(tuple(map(get, GPU_COUNTERS)))
-                reasons.append(get("clocks_event_reasons"))
-                xids.append(get("xid"))
+                for c, x in zip(cols[1:], map(get, _ROUND_FIELDS[1:]), strict=True):
+                    c.append(x)
                 continue
             k = len(its)
             absent = get("absent") or {}
-
-            def col(name: str, k: int = k, absent: dict = absent, get: Any = get) -> list[Any]:
+            for c, name in zip(cols, _ROUND_FIELDS, strict=True):
                 v = get(name)
-                v = v if type(v) is list else [v] * k
+                if type(v) is not list:
+                    v = [v] * k
+                elif len(v) != k:
+                    raise ValueError(f"gpu_batch.{name}: {len(v)} values for {k} GPUs")
                 gone = absent.get(name)
                 if gone:
                     v = list(v)
                     for i in gone:
                         v[i] = None
-                return v
-
-            ts += col("ts")
-            gauges += zip(*map(col, GPU_GAUGES), strict=True)
-            counters += zip(*map(col, GPU_COUNTERS), strict=True)
-            reasons += col("clocks_event_reasons")
-            xids += col("xid")
-        if any(type(t) is not float and type(t) is not int for t in ts):
+                c += v
+        if not set(map(type, ts)) <= _NUMBER:
             raise TypeError("a sample's ts is not a number")
         rows = self._rows(keys)
-        self.table.update(rows, np.array(ts, dtype=float), np.array(gauges, dtype=float),
-                          np.array(counters, dtype=float), reasons, self.p)
+        self.table.update(rows, np.array(ts, dtype=float),
+                          np.array(cols[1:1 + _NG], dtype=float).T,
+                          np.array(cols[1 + _NG:1 + _NG + _NC], dtype=float).T, reasons, self.p)
         txids = self.table.xids
         for r, xid in zip(rows, xids, strict=True):
             if xid:
