@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from heapq import heappop, heappush
+from itertools import compress, repeat
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -68,6 +69,7 @@ HOLD_MAX_EVENTS = 1 << 18
 PACK_ABOVE = 20_000
 OFFSET_WINDOW_S = 60.0  # s; a host's clock offset is read over the last one to two of these
 _EV_TS = itemgetter("ts")
+_HOST_OF = itemgetter(1)  # a telemetry watermark source's host: (kind, host)
 # Release order: by ts, and at equal ts by kind. A rank's comm window that closes a step
 # has the step event's ts, and the two come from different topics in either order; the
 # window goes first ("comm" < "step"), as its producer and the simulator write them.
@@ -158,6 +160,7 @@ class EventOrder:
         self.buffered = 0  # events in _buf
         self._wm_wall = -math.inf
         self._hw: dict[tuple, float] = {}  # step / collective source -> newest ts that arrived
+        self._hw_top = -math.inf  # the newest of them (``_live``; recomputed when one is dropped)
         self._seen: dict[tuple, float] = {}  # source -> wall time of its latest arrival
         # wall time of the latest arrival per (kind, job) of step / comm / collective
         # sources, and per telemetry kind: the topic a source comes on still delivers
@@ -229,6 +232,8 @@ class EventOrder:
             topic_seen[src[:2]] = now
             if ts > hw.get(src, -math.inf):
                 hw[src] = ts
+                if ts > self._hw_top:
+                    self._hw_top = ts
             if kind == "step":
                 if now - ts < step_lag.get(ev["host"], math.inf):
                     step_lag[ev["host"]] = now - ts
@@ -282,12 +287,11 @@ class EventOrder:
             return self.add(expand(ev), offset, now, skip_ts, placed)
         ts = column(ev, "ts", n)
         srcs = list(zip([rk] * n, *(column(ev, f, n) for f in fields), strict=True))
-        seen = self._seen
+        self._seen.update(dict.fromkeys(srcs, now))
         if rk in TELEMETRY_KINDS:
             self._topic_seen[rk] = now
             tel_hw = self._tel_hw
             for src, t, host in zip(srcs, ts, column(ev, "host", n), strict=True):
-                seen[src] = now
                 last = tel_hw.get(src)
                 if last is None or t > last:
                     tel_hw[src] = t
@@ -296,26 +300,34 @@ class EventOrder:
                         self._dirty = True
             return self._place(ev, ts, self.delay, skip_ts, samples, False)
         hw, topic_seen = self._hw, self._topic_seen
+        if n:
+            self._hw_top = max(self._hw_top, max(ts))
         jobs = column(ev, "job_id", n)
+        # a source's kind and job: its topic still delivers (``_drop_stalled``)
+        topic_seen.update(dict.fromkeys([(rk, job) for job in set(jobs)], now))
+        if rk != "step":
+            # issue 31: one pass over the rows of a comm / collective batch, the rest per job
+            get = hw.get
+            for src, t in zip(srcs, ts, strict=True):
+                if t > get(src, -math.inf):
+                    hw[src] = t
+            for job in set(jobs).difference(self._coll_jobs):
+                self._coll_jobs.add(job)
+                self._dirty = True
+            return self._place(ev, ts, 0.0, skip_ts, keep, True)
         hosts = column(ev, "host", n)
         for src, t, job, host in zip(srcs, ts, jobs, hosts, strict=True):
-            seen[src] = now
-            topic_seen[src[:2]] = now
             if t > hw.get(src, -math.inf):
                 hw[src] = t
-            if rk == "step":
-                if now - t < self._step_lag.get(host, math.inf):
-                    self._step_lag[host] = now - t
-                last = self._job_hosts.get(host)
-                if last is None or t > last:
-                    self._job_hosts[host] = t
-                    if last is None:
-                        self._dirty = True
-                if ("step", job) not in self._arrived:
-                    self._arrived.add(("step", job))
+            if now - t < self._step_lag.get(host, math.inf):
+                self._step_lag[host] = now - t
+            last = self._job_hosts.get(host)
+            if last is None or t > last:
+                self._job_hosts[host] = t
+                if last is None:
                     self._dirty = True
-            elif job not in self._coll_jobs:
-                self._coll_jobs.add(job)
+            if ("step", job) not in self._arrived:
+                self._arrived.add(("step", job))
                 self._dirty = True
         return self._place(ev, ts, 0.0, skip_ts, keep, True)
 
@@ -464,26 +476,34 @@ class EventOrder:
         so a corrected clock is followed). The steps come from the training job, the
         samples from the collector: a host whose samples merely arrive late still holds
         the steps."""
-        hosts = self._job_hosts
-        tel = [(s[1], t) for s, t in self._tel_hw.items() if s[1] in hosts]
-        if not tel:
+        # issue 31: in arrays (this ran at every recompute of a live stream, in Python
+        # over every job host and telemetry source); the same floats, the same minimum
+        hosts, tel_hw = self._job_hosts, self._tel_hw
+        of = list(map(_HOST_OF, tel_hw))      # a telemetry source's host
+        here = np.fromiter(map(hosts.__contains__, of), bool, len(of))
+        if not here.any():
             return math.inf
+        tel = np.fromiter(tel_hw.values(), float, len(of))[here]
         if not live:
-            return min(t for _, t in tel) + self.delay
+            return float(tel.min()) + self.delay
         if now - self._lag_wall >= OFFSET_WINDOW_S:
             self._step_lag_prev, self._step_lag, self._lag_wall = self._step_lag, {}, now
         cur, prev = self._step_lag, self._step_lag_prev
-        lag = {h: min(cur.get(h, math.inf), prev.get(h, math.inf)) for h in hosts}
-        known = [v for v in lag.values() if v < math.inf]
-        usual = float(np.median(known)) if known else 0.0
-        behind = {h: max(v - usual, 0.0) if v < math.inf else 0.0 for h, v in lag.items()}
-        return min(t + behind[h] for h, t in tel) + self.delay
+        names = list(hosts)
+        inf = repeat(math.inf)
+        lag = np.minimum(np.fromiter(map(cur.get, names, inf), float, len(names)),
+                         np.fromiter(map(prev.get, names, inf), float, len(names)))
+        known = lag < math.inf
+        usual = float(np.median(lag[known])) if known.any() else 0.0
+        behind = np.where(known, np.maximum(lag - usual, 0.0), 0.0)
+        index = dict(zip(names, range(len(names)), strict=True))
+        at = np.fromiter(map(index.__getitem__, compress(of, here)), np.intp, len(tel))
+        return float((tel + behind[at]).min()) + self.delay
 
     def _live(self, now: float) -> bool:
         """True when the newest step or collective is less than ``lateness`` old (wall
         clock): a live stream, not a backlog being read."""
-        hw = self._hw
-        return bool(hw) and now - max(hw.values()) < self.lateness
+        return bool(self._hw) and now - self._hw_top < self.lateness
 
     def _awaited(self, now: float) -> bool:
         """True while a job host has not sent a telemetry kind yet, or a job whose
@@ -531,6 +551,8 @@ class EventOrder:
             for s in gone:
                 del hw[s], seen[s]
             dropped += len(gone)
+        if dropped:
+            self._hw_top = max(self._hw.values(), default=-math.inf)
         hosts = len(self._job_hosts)
         self._job_hosts = {h: t for h, t in self._job_hosts.items() if t >= hard}
         if dropped or len(self._job_hosts) != hosts:
