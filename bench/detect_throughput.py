@@ -112,9 +112,9 @@ def phases(path: Path) -> dict[str, float]:
     from failslow.commands import detect as cli
 
     c0 = time.process_time()
-    with path.open("rb") as f:
+    with path.open("rb") as f, cli._fewer_collections():   # as detect_sources runs it
         counts = cli.Counts()
-        for _ in cli._rebatch(cli.ordered_chunks(cli._chunks(f, 0, None, counts),
+        for _ in cli._rebatch(cli.ordered_chunks(cli._frozen(cli._chunks(f, 0, None, counts)),
                                                  cli.REORDER_WINDOW), BATCH):
             pass
     decode = time.process_time() - c0
@@ -186,6 +186,7 @@ def main() -> int:
                 path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in kept))
                 n = sum(len(e[BATCH_KINDS[e["kind"]].row_key]) if e["kind"] in BATCH_KINDS
                         else 1 for e in kept)
+                del kept            # not held (and walked by the collector) while timed
             else:
                 n = sim.write_jsonl(path)
             runs, before = [], []
@@ -203,7 +204,7 @@ def main() -> int:
                 print(f"{name}: CPU per phase ({tot:.2f} s in all): " + ", ".join(
                     f"{k} {v:.2f} s ({100 * v / tot:.0f}%)" for k, v in ph.items()), flush=True)
             path.unlink()
-            rs = kinds.get("step", 0)
+            rs = kinds.get("step", 0) + kinds.get("step_batch", 0)   # a step_batch: its rows
             extra = {}
             if before:
                 b_cpu = min(r[0] for r in before)
