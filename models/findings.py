@@ -29,7 +29,8 @@ class Finding:
     (seconds, from measured step durations; None where not tracked), so
     ``world * lost_s / 3600`` is the GPU-hours lost; ``step_z`` how many noise sigmas the
     culprit stands out at this very step (None: the rule keeps no per-step score; a
-    confirmation's memory can outlast the fault by a few steps, this cannot); ``imbalance`` marks a steady
+    confirmation's memory can outlast the fault by a few steps, this cannot) and
+    ``step_rel`` its excess at this step (fraction); ``imbalance`` marks a steady
     offset from the start (the layout: recorded, never paged); ``rule`` names the signal
     that produced it (the incident carries it as ``evidence.rule``: ``RULES``).
     """
@@ -52,6 +53,7 @@ class Finding:
     lost_s: float | None = None
     world: int = 0
     step_z: float | None = None
+    step_rel: float | None = None
     imbalance: bool = False
     rule: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)

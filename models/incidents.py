@@ -48,7 +48,7 @@ class Incident:
 
     __slots__ = ("event", "absent", "age", "causes", "emitted", "lost_s", "lost_ts", "where",
                  "recheck", "last_rel", "steps", "seconds", "rule", "signals", "returns",
-                 "cost_sent", "gap")
+                 "cost_sent", "gap", "level", "level_n")
 
     def __init__(self, event: dict[str, Any]) -> None:
         self.event = event
@@ -70,6 +70,8 @@ class Incident:
         self.returns = 0          # times it came back after being back among its peers
         self.cost_sent = 0.0      # gpu_hours_lost in the last emitted event
         self.gap = 0              # the longest absence it came back after (its flapping)
+        self.level = 0.0          # its mean step excess (fraction) over its slowed steps
+        self.level_n = 0
 
 
 def _period(ends: list[float], n: int) -> float:
@@ -219,9 +221,12 @@ class IncidentTracker:
                                     and f.slowdown_pct < cfg.open_min_pct)):
                 continue
             seen.add(k)
-            # its rule's score of this very step is under the bar: the episode's memory
-            # (a CUSUM, a smoothed excess) confirms it, the link itself is back
-            faded = f.step_z is not None and f.step_z < cfg.present_z
+            # its rule's score of this very step is under the bar and its excess a small
+            # share of the episode's: the rule's memory (a CUSUM, a smoothed excess)
+            # confirms it, the link itself is back
+            faded = (inc is not None and f.step_z is not None and f.step_rel is not None
+                     and inc.level_n >= cfg.page_steps and f.step_z < cfg.present_z
+                     and f.step_rel < cfg.fade_ratio * inc.level)
             pct = round(float(f.slowdown_pct), 2)
             fresh = inc is None
             if inc is None:
@@ -256,6 +261,9 @@ class IncidentTracker:
                 # run's maximum) or slow under open_min_pct: neither slowed nor back
             inc.signals |= rules
             inc.last_rel = rel
+            if slowed and not faded and f.step_rel is not None:
+                inc.level_n += 1
+                inc.level += (f.step_rel - inc.level) / inc.level_n
             in_step = not any(e > float(f.onset_ts) for e in ends) if sub else False
             if self._fill(job_id, key, inc, f, cause, action, why, rc_ev, pct, ts, cfg,
                           gap, in_step) or fresh:

@@ -339,7 +339,8 @@ class LinkMonitor:
                     onset_ts=float(G.onset_ts[sts].min()),
                     onset_step=int(G.onset_step[sts].min()), slowdown_pct=pct,
                     own_pct=100.0 * float(G.rel[sts].max()), evidence=evidence,
-                    step_z=float(G.z[sts].max()), rule="link-groups")
+                    step_z=float(G.z[sts].max()), step_rel=float(G.rel[sts].max()),
+                    rule="link-groups")
         if best.kind == "pair":
             a, b = best.target
             ha, hb = rank_host[a], rank_host[b]
@@ -481,4 +482,4 @@ def _retarget(f: Finding, key: str, nic: str | None, **where: Any) -> Finding:
     return Finding(key=key, fault=f.fault, confirmed=f.confirmed, onset_ts=f.onset_ts,
                    onset_step=f.onset_step, slowdown_pct=f.slowdown_pct, own_pct=f.own_pct,
                    lost_s=f.lost_s, world=f.world, evidence=evidence, rule=f.rule,
-                   step_z=f.step_z, **fields)
+                   step_z=f.step_z, step_rel=f.step_rel, **fields)

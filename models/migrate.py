@@ -8,7 +8,8 @@ step at a time. A field added to a model is given its default here, once, instea
 p2p pairs per job, 8 the paging policy (issue 30: the tracker holds a ``PolicyConfig``,
 incidents count persistence, the detector a ``DetectionConfig``), 9 columnar rank state
 (issue 31: a job's ranks are one ``RankTable`` of arrays, not an object per rank), 10 an
-incident's longest absence (issue 30: a flapping culprit resolves past its own gaps).
+incident's longest absence and mean step excess (issue 30: a flapping culprit resolves
+past its own gaps, a link once its step excess faded).
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def _from_8(state: dict[str, Any]) -> None:
 def _from_9(state: dict[str, Any]) -> None:
     tracker = state["tracker"]
     for inc in [*tracker.open.values(), *(i for _, i in tracker.unexplained.values())]:
-        _slots(inc, {"gap": int})
+        _slots(inc, {"gap": int, "level": float, "level_n": int})
 
 
 def rank_table(old: dict[int, Any]) -> RankTable:

@@ -467,7 +467,7 @@ class P2PMonitor:
                 st.rel = r if fresh else (1.0 - a) * st.rel + a * r
                 st.extra_s = extra if fresh else (1.0 - a) * st.extra_s + a * extra
                 slow.append(p)
-        zs = {p: float(step_z[i]) for i, p in enumerate(names) if p in set(slow)}
+        zs = {p: (float(step_z[i]), float(rel[i])) for i, p in enumerate(names) if p in set(slow)}
         return self._with_windows(self._close(s, job_s, ts, set(slow), world, host, zs))
 
     def _with_windows(self, out: list[Finding]) -> list[Finding]:
@@ -486,11 +486,11 @@ class P2PMonitor:
         return out
 
     def _close(self, s: int, job_s: float, ts: float, slow: set[tuple[int, int]], world: int,
-               host: dict[int, str], zs: dict[tuple[int, int], float] | None = None
+               host: dict[int, str], zs: dict[tuple[int, int], tuple[float, float]] | None = None
                ) -> list[Finding]:
         """Account the step's cost to the running findings, end the ones gone, and
         locate the slow pairs: a host or each pair (``zs``: each slow pair's noise sigmas
-        this step)."""
+        and excess this step)."""
         for p, st in self.pairs.items():
             if p in slow:
                 if not st.active and st.streak > 0:
@@ -582,7 +582,7 @@ class P2PMonitor:
         f.lost_s, f.world = self._finding(f.key, [pair], world).lost_s, world
 
     def _finding(self, key: str, pairs: list[tuple[int, int]], world: int,
-                 zs: dict[tuple[int, int], float] | None = None,
+                 zs: dict[tuple[int, int], tuple[float, float]] | None = None,
                  nic_rank: int | None = None, **where: Any) -> Finding:
         sts = [self.pairs[p] for p in pairs]
         self.members[key] = pairs
@@ -615,5 +615,7 @@ class P2PMonitor:
                        onset_ts=min(st.onset_ts for st in sts),
                        onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
                        own_pct=100.0 * rel, lost_s=lost, world=world, evidence=evidence,
-                       step_z=None if zs is None else max(zs.get(p, 0.0) for p in pairs),
+                       step_z=None if zs is None else max(zs.get(p, (0.0, 0.0))[0] for p in pairs),
+                       step_rel=None if zs is None else max(zs.get(p, (0.0, 0.0))[1]
+                                                            for p in pairs),
                        rule="p2p-steps", **where)

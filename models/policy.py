@@ -36,7 +36,9 @@ class PolicyConfig:
     ``resolve_steps``, up to ``resolve_max_steps``); ``present_z``: a step whose
     signal stands out by fewer noise sigmas than this (its rule's own score of that very
     step, where the rule keeps one: a link's transfer cost) counts toward resolving an open
-    incident, whatever the rule's memory of the episode still confirms; ``imbalance_ratio`` and
+    incident, whatever the rule's memory of the episode still confirms, when its excess
+    that step is also under ``fade_ratio`` of the incident's mean excess over its slowed
+    steps, once it has ``page_steps`` of them (a marginal culprit stays near its level: it is not fading); ``imbalance_ratio`` and
     ``imbalance_points``: a culprit recorded as steady imbalance pages only once its
     gap is both this many times and this many points (fraction) above the recorded
     one; ``cost_update_ratio``: an open incident's cost is re-sent once it grew by this
@@ -67,6 +69,7 @@ class PolicyConfig:
     flap_steps: int = 2
     resolve_max_steps: int = 8
     present_z: float = 4.0
+    fade_ratio: float = 0.25
     imbalance_ratio: float = 1.5
     imbalance_points: float = 0.10
     cost_update_ratio: float = 1.5
@@ -87,7 +90,7 @@ class PolicyConfig:
         for name in ("page_min_s", "page_sustained_s", "long_step_s", "critical_gpu_hours",
                      "critical_pct", "critical_after_s", "open_min_pct", "back_pct",
                      "imbalance_points", "min_update_s", "flap_steps", "update_pct_points",
-                     "onset_margin", "recheck_s", "present_z"):
+                     "onset_margin", "recheck_s", "present_z", "fade_ratio"):
             if float(getattr(self, name)) < 0:
                 raise ValueError(f"policy.{name} must be >= 0")
         if self.cost_update_ratio <= 1.0 or self.imbalance_ratio < 1.0:

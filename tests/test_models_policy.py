@@ -154,27 +154,44 @@ def test_a_flapping_culprit_resolves_past_its_own_gaps_not_a_fixed_wait():
     assert len(resolved) == 1 and resolved[0]["ts"] - last_slowed == 6
 
 
-def link(rel: float, step_z: float | None, confirmed: bool = True) -> Finding:
-    return Finding(key="slow_link:h0", fault="slow_link", confirmed=confirmed, onset_ts=9.5,
-                   onset_step=9, slowdown_pct=8.0, own_pct=100.0 * rel, host="h0",
+def link(own: float, step_z: float | None, step_rel: float | None = None) -> Finding:
+    """A slow_link finding of a rule whose memory reads ``own`` (its smoothed excess) and
+    whose score of this very step is ``step_z`` sigmas and ``step_rel``."""
+    return Finding(key="slow_link:h0", fault="slow_link", confirmed=True, onset_ts=9.5,
+                   onset_step=9, slowdown_pct=8.0, own_pct=100.0 * own, host="h0",
                    peer_host="h1", rule="p2p-steps", step_z=step_z,
-                   evidence={"transfer_rel_slowdown": rel})
+                   step_rel=own if step_rel is None else step_rel,
+                   evidence={"transfer_rel_slowdown": own})
 
 
 @pytest.mark.parametrize("faded", [True, False])
 def test_a_link_back_at_its_peers_resolves_while_its_rule_still_remembers_it(faded):
     """A confirmation's memory (a CUSUM still above its bar, a smoothed excess) outlasts
-    the fault; a step whose own score is under ``present_z`` counts toward resolving."""
+    the fault; a step whose own score is under ``present_z`` and whose excess is a small
+    share (``fade_ratio``) of the incident's usual one counts toward resolving."""
     tr = IncidentTracker()
     run(tr, [None] * 6)
     out = run(tr, [link(0.8, 20.0)] * 10, t0=16.0)
     assert out[-1]["status"] == "open"
-    after = run(tr, [link(0.6, 2.0 if faded else 20.0)] * 8, t0=26.0)
+    # the rule still remembers 60 %; this step: 5 % at 2 sigmas (faded) or 20 sigmas
+    after = run(tr, [link(0.6, 2.0 if faded else 20.0, 0.05)] * 8, t0=26.0)
     resolved = [e for e in after if e["status"] == "resolved"]
     if faded:
         assert resolved and resolved[0]["ts"] - 26.0 == PolicyConfig().resolve_steps - 1
     else:
         assert not resolved
+
+
+def test_a_marginal_link_near_its_own_level_is_not_fading():
+    """A link 10 % slow at 2-3 sigmas a step (confirmed by its CUSUM over steps) is as
+    weak in every step as a big link's residue: it stays one open incident, since its
+    steps stay near the incident's own level."""
+    tr = IncidentTracker()
+    run(tr, [None] * 6)
+    steps = [link(0.1, 2.5, rel) for rel in (0.12, 0.08, 0.1, 0.11, 0.07) * 8]
+    out = run(tr, steps, t0=16.0)
+    assert out and len({e["incident_id"] for e in out}) == 1
+    assert all(e["status"] == "open" for e in out)
 
 
 def test_cost_stays_current_with_bounded_updates_that_never_page_again():
