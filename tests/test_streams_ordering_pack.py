@@ -81,3 +81,38 @@ def test_packed_bytes_take_their_length_not_orjsons_buffer():
         tracemalloc.stop()
     assert all(type(b) is bytes for b in held)
     assert per < 4 * len(held[0])   # orjson's own buffer: 16 KiB each
+
+
+def test_a_live_buffer_packs_only_past_the_live_limit(monkeypatch):
+    """Live, the buffer is handed on within a second or two: packing it only cost time
+    (issue 31). It packs past LIVE_PACK_ABOVE, and the incidents do not change."""
+    events = trace()
+    ref = Detector().process_batch(events)
+    packed: list[bool] = []
+    pack = ordering.pack
+
+    def spy(evs):
+        packed.append(True)
+        return pack(evs)
+
+    monkeypatch.setattr(ordering, "pack", spy)
+    monkeypatch.setattr(ordering, "PACK_ABOVE", 0)
+
+    def live(limit: int) -> list[dict]:
+        monkeypatch.setattr(ordering, "LIVE_PACK_ABOVE", limit)
+        packed.clear()
+        part = JobPartition(0, lateness=LATENESS)
+        out: list[dict] = []
+        msgs = messages(events)
+        for off, m in enumerate(msgs):   # each message arrives as its newest event is made
+            out += part.ingest(m, off, now=max(e["ts"] for e in m) + 0.05)
+        now = max(e["ts"] for e in events)
+        for k in range(1, 400):
+            out += part.tick(now + k * 0.5)
+        assert part.buffered == 0
+        return out
+
+    assert canon(live(1 << 30)) == canon(ref)
+    assert not packed
+    assert canon(live(0)) == canon(ref)
+    assert packed
