@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -630,10 +630,23 @@ def batch_trace(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict]
     complete where its last rank's step was: ``failslow detect`` gives the same incidents
     on both."""
     batcher = Batcher(linger_s)
+    return placed(events, batcher._add, batcher._due, batcher._flush,
+                  lambda: bool(batcher._open))
+
+
+Pairs = list[tuple[int | None, list[dict]]]   # (group id or None, what to send)
+
+
+def placed(events: Iterable[dict], add: Callable[[dict, float], tuple[Pairs, int | None]],
+           due: Callable[[float], Pairs], flush: Callable[[], Pairs],
+           any_open: Callable[[], bool]) -> Iterator[dict]:
+    """What a batcher (``add(event, now)``: what closed and the group the event joined;
+    ``due(now)``, ``flush()``) makes of a trace on its event time, each batch in the place
+    ``batch_trace`` says: where its first row was (a ``step_batch``: its newest row)."""
     slots: deque[list] = deque()          # [what to send], or [None] while its group is open
     waiting: dict[int, list] = {}         # group id -> its slot
 
-    def fill(pairs: list[tuple[int | None, list[dict]]]) -> None:
+    def fill(pairs: Pairs) -> None:
         for gid, items in pairs:
             if gid is None:
                 slots.append([items])
@@ -641,7 +654,7 @@ def batch_trace(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict]
                 waiting.pop(gid)[0] = items
 
     for ev in events:
-        pairs, gid = batcher._add(ev, ev["ts"])
+        pairs, gid = add(ev, ev["ts"])
         if gid is not None:
             slot = waiting.get(gid)
             if slot is None or BATCH_KINDS[ROW_BATCH[ev["kind"]]].at_last:
@@ -650,11 +663,11 @@ def batch_trace(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict]
                 waiting[gid] = slot = [None]
                 slots.append(slot)
         fill(pairs)
-        if batcher._open and type(ev["ts"]) is not list:   # (a batch already made: no clock)
-            fill(batcher._due(ev["ts"]))
+        if any_open() and type(ev["ts"]) is not list:   # (a batch already made: no clock)
+            fill(due(ev["ts"]))
         while slots and slots[0][0] is not None:
             yield from slots.popleft()[0]
-    fill(batcher._flush())
+    fill(flush())
     while slots:
         yield from slots.popleft()[0]
 

@@ -38,6 +38,7 @@ from failslow.schema.batches import (
     BatchError,
     _reserved,
     group_key,
+    placed,
     to_batch,
 )
 from failslow.schema.events import VERSION
@@ -147,33 +148,7 @@ class _Batcher:
 def batch_events(events: Iterable[dict], linger_s: float = 0.5) -> Iterator[dict]:
     """``schema.batches.batch_trace(events, linger_s)`` for per-rank events (see there)."""
     batcher = _Batcher(linger_s)
-    slots: deque[list] = deque()          # [what to send], or [None] while its group is open
-    waiting: dict[int, list] = {}         # group id -> its slot
-
-    def fill(pairs: list[tuple[int | None, list[dict]]]) -> None:
-        for gid, items in pairs:
-            if gid is None:
-                slots.append([items])
-            else:
-                waiting.pop(gid)[0] = items
-
-    for ev in events:
-        pairs, gid = batcher.add(ev, ev["ts"])
-        if gid is not None:
-            slot = waiting.get(gid)
-            if slot is None or BATCH_KINDS[ROW_BATCH[ev["kind"]]].at_last:
-                if slot is not None:
-                    slot[0] = []          # the batch moves on to its newest row
-                waiting[gid] = slot = [None]
-                slots.append(slot)
-        fill(pairs)
-        if batcher._open and type(ev["ts"]) is not list:   # (a batch already made: no clock)
-            fill(batcher.due(ev["ts"]))
-        while slots and slots[0][0] is not None:
-            yield from slots.popleft()[0]
-    fill(batcher.flush())
-    while slots:
-        yield from slots.popleft()[0]
+    return placed(events, batcher.add, batcher.due, batcher.flush, lambda: bool(batcher._open))
 
 
 # -- one batch -------------------------------------------------------------------------------
