@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -233,13 +234,18 @@ def _module_numbers(path: Path) -> set[str]:
     return names
 
 
-def test_no_module_threshold_in_models():
-    found = set()
+def _scanned(scan: Callable[[Path], set]) -> set:
+    """What ``scan(module path)`` finds over every module of models/ outside the tree."""
+    found: set = set()
     for path in sorted((ROOT / "models").glob("*.py")):
-        if path.stem in TREE_MODULES:
-            continue
-        allowed = NOT_THRESHOLDS.get(path.stem, set())
-        found |= {f"{path.stem}.{n}" for n in _module_numbers(path) - allowed}
+        if path.stem not in TREE_MODULES:
+            found |= scan(path)
+    return found
+
+
+def test_no_module_threshold_in_models():
+    found = _scanned(lambda path: {f"{path.stem}.{n}" for n in _module_numbers(path)
+                                   - NOT_THRESHOLDS.get(path.stem, set())})
     assert not found, f"thresholds outside the config tree (models.settings): {sorted(found)}"
 
 
@@ -274,11 +280,7 @@ def _compared_numbers(path: Path) -> set[tuple[str, float]]:
 
 
 def test_no_bare_number_in_a_comparison_in_models():
-    found: set[tuple[str, float]] = set()
-    for path in sorted((ROOT / "models").glob("*.py")):
-        if path.stem in TREE_MODULES:
-            continue
-        found |= _compared_numbers(path)
+    found = _scanned(_compared_numbers)
     new = sorted(found - set(COMPARED_NOT_THRESHOLDS))
     assert not new, f"bare numbers compared in models/ (move them into the tree): {new}"
 
@@ -355,11 +357,7 @@ def _argument_numbers(path: Path) -> set[tuple[str, float]]:
 
 
 def test_no_bare_smoothing_weight_clamp_or_window_in_models():
-    found: set[tuple[str, float]] = set()
-    for path in sorted((ROOT / "models").glob("*.py")):
-        if path.stem in TREE_MODULES:
-            continue
-        found |= _argument_numbers(path)
+    found = _scanned(_argument_numbers)
     new = sorted(found - set(ARGUMENT_NOT_THRESHOLDS))
     assert not new, ("smoothing weights, clamps or window sizes written as numbers in "
                      f"models/ (move them into the tree): {new}")
@@ -453,11 +451,7 @@ def _default_numbers(path: Path) -> set[tuple[str, str, str, float]]:
 
 
 def test_no_number_as_a_parameter_default_in_models():
-    found: set[tuple[str, str, str, float]] = set()
-    for path in sorted((ROOT / "models").glob("*.py")):
-        if path.stem in TREE_MODULES:
-            continue
-        found |= _default_numbers(path)
+    found = _scanned(_default_numbers)
     new = sorted(f for f in found if f[:2] not in DEFAULTS_ARE_THE_TREE
                  and f[:3] not in DEFAULT_NOT_THRESHOLDS)
     assert not new, ("parameter defaults that decide, written as numbers in models/ "
@@ -561,11 +555,7 @@ def _window_numbers(path: Path) -> set[tuple[str, str, int]]:
 
 
 def test_no_bare_window_length_or_count_in_models():
-    found: set[tuple[str, str, int]] = set()
-    for path in sorted((ROOT / "models").glob("*.py")):
-        if path.stem in TREE_MODULES:
-            continue
-        found |= _window_numbers(path)
+    found = _scanned(_window_numbers)
     new = sorted(found - set(WINDOW_NOT_THRESHOLDS))
     assert not new, ("window lengths or counts written as numbers in models/ (move them "
                      f"into the tree): {new}")
