@@ -467,8 +467,9 @@ class P2PMonitor:
                 st.rel = r if fresh else (1.0 - a) * st.rel + a * r
                 st.extra_s = extra if fresh else (1.0 - a) * st.extra_s + a * extra
                 slow.append(p)
-        zs = {p: (float(step_z[i]), float(rel[i])) for i, p in enumerate(names) if p in set(slow)}
-        return self._with_windows(self._close(s, job_s, ts, set(slow), world, host, zs))
+        slow_set = set(slow)
+        zs = {p: (float(step_z[i]), float(rel[i])) for i, p in enumerate(names) if p in slow_set}
+        return self._with_windows(self._close(s, job_s, ts, slow_set, world, host, zs))
 
     def _with_windows(self, out: list[Finding]) -> list[Finding]:
         """The step's findings, and those of pairs confirmed from windows whose run goes on
