@@ -310,14 +310,15 @@ class EventOrder:
             self._hw_top = max(self._hw_top, max(ts))
         jobs = column(ev, "job_id", n)
         # a source's kind and job: its topic still delivers (``_drop_stalled``)
-        topic_seen.update(dict.fromkeys([(rk, job) for job in set(jobs)], now))
+        job_set = set(jobs)
+        topic_seen.update(dict.fromkeys([(rk, job) for job in job_set], now))
         if rk != "step":
             # issue 31: one pass over the rows of a comm / collective batch, the rest per job
             get = hw.get
             for src, t in zip(srcs, ts, strict=True):
                 if t > get(src, -math.inf):
                     hw[src] = t
-            for job in set(jobs).difference(self._coll_jobs):
+            for job in job_set.difference(self._coll_jobs):
                 self._coll_jobs.add(job)
                 self._dirty = True
             return self._place(ev, ts, 0.0, skip_ts, keep, True)
@@ -349,7 +350,7 @@ class EventOrder:
             return 0 if t <= skip_ts else 1 if t <= wm else 2
 
         lo, hi = where(min(ts)), where(max(ts))
-        if getattr(BATCH_KINDS[ev["kind"]], "at_last", False):
+        if BATCH_KINDS[ev["kind"]].at_last:
             # A batch placed at its newest row (a host's step ends) is released whole at
             # that row's ts: its older rows were not handed on before it, so a replay
             # must not skip them below the snapshot's watermark (they would be lost).
