@@ -416,18 +416,18 @@ class CommWindows:
         order = np.argsort(first_at, kind="stable")
         key_id = np.empty(len(uniq), dtype=np.int64)
         key_id[order] = np.arange(len(uniq))
-        # (group, op) -> its link: one per (group, kind of op), named by its first op
-        link: dict[tuple[str, str], int] = {}
-        names: list[tuple[str, str]] = []
-        to_link = np.empty(len(uniq), dtype=np.int64)
-        for i, u in enumerate(uniq[order].tolist()):
-            group, op = gname[u // len(oname)], oname[u % len(oname)]
-            lk = (group, KIND.get(op, op))
-            j = link.get(lk)
-            if j is None:
-                j = link[lk] = len(names)
-                names.append((group, op))
-            to_link[i] = j
+        # (group, op) -> its link: one per (group, kind of op), named by its first op;
+        # links numbered in the order of their first (group, op), on arrays
+        kinds = {kd: i for i, kd in enumerate(dict.fromkeys(KIND.get(o, o) for o in oname))}
+        okind = np.array([kinds[KIND.get(o, o)] for o in oname], dtype=np.int64)
+        keys = uniq[order]
+        lk, lfirst, linv = np.unique(keys // len(oname) * len(kinds) + okind[keys % len(oname)],
+                                     return_index=True, return_inverse=True)
+        lorder = np.argsort(lfirst, kind="stable")
+        lid = np.empty(len(lk), dtype=np.int64)
+        lid[lorder] = np.arange(len(lk))
+        to_link = lid[linv.reshape(-1)]
+        name_key = keys[lfirst[lorder]].tolist()     # link -> its first (group, op)
         rank = np.repeat(np.array(cols.ranks, dtype=np.int64), cols.counts)
         v = np.empty((k, 4))
         v[:, 0] = cols.blocked
@@ -455,16 +455,19 @@ class CommWindows:
         end = (np.maximum.reduceat(sums[:, 2], first) * np.minimum.reduceat(shortest, first)
                - least)
         nbytes = np.maximum.reduceat(sums[:, 1], first)
-        mr_l, b_l = mr.tolist(), sums[:, 0].tolist()
+        # per member (rank, -blocked, transfer end + blocked): the same floats as Python's
+        b = sums[:, 0]
+        trip = list(zip(mr.tolist(), (-b).tolist(), (np.repeat(end, size) + b).tolist(),
+                        strict=True))
         colls = self._colls
-        for a, k, e, nb, g in zip(first.tolist(), size.tolist(), end.tolist(),
-                                  nbytes.tolist(), mg[first].tolist(), strict=True):
+        no = len(oname)
+        for a, k, nb, g in zip(first.tolist(), size.tolist(), nbytes.tolist(),
+                               mg[first].tolist(), strict=True):
             if k < 2:
                 continue
-            group, op = names[g]
-            c: Collective = [step, group, op, int(nb)]
-            c.extend([(r, -b, e + b) for r, b in zip(mr_l[a:a + k], b_l[a:a + k],
-                                                     strict=True)])
+            x = name_key[g]
+            c: Collective = [step, gname[x // no], oname[x % no], int(nb)]
+            c.extend(trip[a:a + k])
             colls.append(c)
 
     def expire(self, step: int) -> None:
