@@ -9,7 +9,8 @@ p2p pairs per job, 8 the paging policy (issue 30: the tracker holds a ``PolicyCo
 incidents count persistence, the detector a ``DetectionConfig``), 9 columnar rank state
 (issue 31: a job's ranks are one ``RankTable`` of arrays, not an object per rank), 10 an
 incident's longest absence and mean step excess (issue 30: a flapping culprit resolves
-past its own gaps, a link once its step excess faded).
+past its own gaps, a link once its step excess faded), 11 NIC ports as one table (issue
+31: ``models.telemetry.NicTable`` of arrays, not a ``Device`` per port).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from failslow.models.peers import KeyedValues
 from failslow.models.ranks import EW_STATS, FLOATS, INTS, KIND_CODE, RankTable
 from failslow.models.settings import DetectionConfig
 
-STATE_VERSION = 10
+STATE_VERSION = 11
 
 # Defaults of fields added to slotted objects during version 7's life.
 INCIDENT_SLOTS: dict[str, Callable[[], Any]] = {
@@ -164,4 +165,12 @@ def rank_table(old: dict[int, Any]) -> RankTable:
     return t
 
 
-STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7, 8: _from_8, 9: _from_9}
+def _from_10(state: dict[str, Any]) -> None:
+    store = state["store"]
+    old = store.__dict__.pop("nics", None)    # {(host, nic, port): Device}
+    if old:
+        store.load_nics(old)
+
+
+STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7, 8: _from_8, 9: _from_9,
+                                                      10: _from_10}

@@ -11,7 +11,7 @@ attribution (``models.rootcause``) reads this state; it never reads events.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,10 @@ PENDING_MAX = 4096
 # what a round of GPU samples reads of each (``TelemetryStore._round``), in this order
 _ROUND_FIELDS = ("ts", *GPU_GAUGES, *GPU_COUNTERS, "clocks_event_reasons", "xid")
 _NUMBER = frozenset((float, int))
+_INTS = frozenset((int,))
+_INT_NONE = frozenset((int, type(None)))
+# what a round of NIC samples reads of each (``TelemetryStore._nic_round``), in this order
+_NIC_FIELDS = ("ts", "speed_gbps", "state", *NIC_COUNTERS)
 
 
 class GpuTable:
@@ -299,6 +303,194 @@ class GpuView:
         return int(self.table.n[self.table.rows[self.key]])
 
 
+_NNC = len(NIC_COUNTERS)
+
+
+class NicTable:
+    """Every NIC port's state as arrays, a row per port ``(host, nic, port)``: what a
+    ``Device`` holds for one (its ``speed_gbps`` gauge, smoothed counter rates, the latest
+    counter values, ``down``), so that the ``nic_batch``es released for a judged step
+    update all of a job's ports in one numpy step. ``speed`` / ``first`` / ``rates``: NaN
+    where a ``Device`` lacks the key; ``last``: the counters as the integers they are
+    (int64), ``has`` where a value was seen. ``update`` does ``Device.observe``'s
+    arithmetic (the same float operations in the same order: a counter's increase is
+    taken exactly, as an integer, before it is divided by the seconds), ``update_one``
+    the same in plain Python for a lone sample."""
+
+    __slots__ = ("rows", "speed", "first", "rates", "last", "has", "last_ts", "n", "down",
+                 "ver")
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str, int], int] = {}
+        self.speed = np.empty(0)
+        self.first = np.empty(0)
+        self.rates = np.empty((0, _NNC))
+        self.last = np.zeros((0, _NNC), dtype=np.int64)
+        self.has = np.zeros((0, _NNC), dtype=bool)
+        self.last_ts = np.empty(0)
+        self.n = np.empty(0, dtype=np.int64)
+        self.down = np.zeros(0, dtype=bool)
+        self.ver = 0
+
+    def index(self, keys: list[tuple[str, str, int]]) -> tuple[list[int], list]:
+        """The rows of ``keys``, and the keys that got a new row."""
+        rows = self.rows
+        new = [k for k in dict.fromkeys(keys) if k not in rows]
+        if new:
+            m = len(new)
+            for k in new:
+                rows[k] = len(rows)
+            self.speed = np.concatenate((self.speed, np.full(m, np.nan)))
+            self.first = np.concatenate((self.first, np.full(m, np.nan)))
+            self.rates = np.concatenate((self.rates, np.full((m, _NNC), np.nan)))
+            self.last = np.concatenate((self.last, np.zeros((m, _NNC), dtype=np.int64)))
+            self.has = np.concatenate((self.has, np.zeros((m, _NNC), dtype=bool)))
+            self.last_ts = np.concatenate((self.last_ts, np.zeros(m)))
+            self.n = np.concatenate((self.n, np.zeros(m, dtype=np.int64)))
+            self.down = np.concatenate((self.down, np.zeros(m, dtype=bool)))
+        return [rows[k] for k in keys], new
+
+    def drop(self, keys: set) -> None:
+        """Forget ``keys`` (a later sample starts them afresh)."""
+        keep = [(k, r) for k, r in self.rows.items() if k not in keys]
+        idx = [r for _, r in keep]
+        for name in ("speed", "first", "rates", "last", "has", "last_ts", "n", "down"):
+            setattr(self, name, getattr(self, name)[idx])
+        self.rows = {k: i for i, (k, _) in enumerate(keep)}
+        self.ver += 1
+
+    def update(self, rows: list[int], ts: np.ndarray, speed: np.ndarray, values: np.ndarray,
+               hasv: np.ndarray, down: np.ndarray, p: DetectorConfig) -> None:
+        """One sample for each of ``rows`` (distinct): ``ts`` (k,), ``speed`` (k,) NaN where
+        the sample has none, ``values`` (k, C) int64 counters where ``hasv``, ``down``."""
+        idx = np.asarray(rows)
+        hs = ~np.isnan(speed)
+        if hs.any():
+            old = self.speed[idx]
+            new = np.where(np.isnan(old), speed, old + p.gauge_alpha * (speed - old))
+            np.copyto(new, old, where=~hs)
+            self.speed[idx] = new
+            early = hs & (self.n[idx] < p.first_samples)
+            if early.any():
+                first = self.first[idx]
+                np.copyto(first, new, where=early)
+                self.first[idx] = first
+        dt = ts - self.last_ts[idx]
+        prev, had = self.last[idx], self.has[idx]
+        ok = hasv & had & (values >= prev) & (dt > 0)[:, None]
+        if ok.any():
+            # x - prev exactly (x >= prev: the difference fits 64 bits unsigned), then
+            # made a float and divided, as Python's int arithmetic does
+            inc = (values.view(np.uint64) - prev.view(np.uint64)).astype(float)
+            r = inc / dt[:, None]
+            oldr = self.rates[idx]
+            rate = np.where(np.isnan(oldr), r, oldr + p.rate_alpha * (r - oldr))
+            np.copyto(oldr, rate, where=ok)
+            self.rates[idx] = oldr
+        np.copyto(prev, values, where=hasv)
+        self.last[idx] = prev
+        self.has[idx] = had | hasv
+        self.last_ts[idx] = ts
+        self.n[idx] += 1
+        self.down[idx] = down
+        self.ver += 1
+
+    def update_one(self, row: int, ts: Any, speed: Any, state: Any,
+                   values: Iterable[tuple[int, Any]], p: DetectorConfig) -> None:
+        """One port's sample in plain Python on its row (``values``: (counter index,
+        value or None))."""
+        n = int(self.n[row])
+        if speed is not None:
+            old = float(self.speed[row])
+            g = speed if old != old else old + p.gauge_alpha * (speed - old)
+            self.speed[row] = g
+            if n < p.first_samples:
+                self.first[row] = g
+        dt = ts - float(self.last_ts[row])
+        last, has, rates = self.last[row].tolist(), self.has[row].tolist(), \
+            self.rates[row].tolist()
+        for j, x in values:
+            if x is None:
+                continue
+            prev = last[j] if has[j] else None
+            last[j], has[j] = x, True
+            if prev is not None and dt > 0 and x >= prev:
+                r = (x - prev) / dt
+                old = rates[j]
+                rates[j] = r if old != old else old + p.rate_alpha * (r - old)
+        self.last[row], self.has[row], self.rates[row] = last, has, rates
+        self.last_ts[row] = ts
+        self.n[row] = n + 1
+        self.down[row] = state == "down"
+        self.ver += 1
+
+
+class NicView:
+    """One NIC port of the ``NicTable`` as a ``Device`` reads (``gauges``, ``first``,
+    ``rates``, ``last``: dicts of the values it has; ``down``, ``last_ts``, ``n``), for the
+    readers of a job's ports (``models.rootcause``, ``models.links``). A dict is made when
+    read and kept until the table changes; samples the store holds back are applied
+    first."""
+
+    __slots__ = ("store", "key", "_ver", "_dicts")
+    _PARTS = ("gauges", "first", "rates", "last")     # the dicts it makes, in this order
+    xids: tuple[int, ...] = ()
+    reasons: dict[str, float] = {}
+
+    def __init__(self, store: TelemetryStore, key: tuple[str, str, int]) -> None:
+        self.store = store
+        self.key = key
+        self._ver = -1
+        self._dicts: list[dict[str, Any] | None] = [None] * len(self._PARTS)
+
+    @property
+    def table(self) -> NicTable:
+        st = self.store
+        if st._nic_pending:
+            st.flush_nics()
+        return st.nic_table
+
+    def _get(self, i: int) -> dict[str, Any]:
+        t = self.table
+        if self._ver != t.ver:
+            self._dicts = [None] * len(self._PARTS)
+            self._ver = t.ver
+        d = self._dicts[i]
+        if d is None:
+            r = t.rows[self.key]
+            if i < 2:
+                x = float((t.speed if i == 0 else t.first)[r])
+                d = {"speed_gbps": x} if x == x else {}
+            elif i == 2:
+                d = {k: x for k, x in zip(NIC_COUNTERS, t.rates[r].tolist(), strict=True)
+                     if x == x}
+            else:
+                d = {k: x for k, x, h in zip(NIC_COUNTERS, t.last[r].tolist(),
+                                             t.has[r].tolist(), strict=True) if h}
+            self._dicts[i] = d
+        return d
+
+    gauges = property(lambda self: self._get(0))
+    first = property(lambda self: self._get(1))
+    rates = property(lambda self: self._get(2))
+    last = property(lambda self: self._get(3))
+
+    @property
+    def down(self) -> bool:
+        t = self.table
+        return bool(t.down[t.rows[self.key]])
+
+    @property
+    def last_ts(self) -> float:
+        t = self.table
+        return float(t.last_ts[t.rows[self.key]])
+
+    @property
+    def n(self) -> int:
+        t = self.table
+        return int(t.n[t.rows[self.key]])
+
+
 def _is_batch(item: dict[str, Any]) -> bool:
     return item["kind"] == "gpu_batch"
 
@@ -321,7 +513,10 @@ class TelemetryStore:
         # GPU samples not applied yet: applied together (``flush``) before anything reads
         # the GPUs' state, so a lone sample costs no numpy step of its own
         self._pending: list[dict[str, Any]] = []
-        self.nics: dict[tuple[str, str, int], Device] = {}
+        # NIC ports likewise (``NicTable``), their samples held back until read
+        self.nic_table = NicTable()
+        self._nics: dict[tuple[str, str, int], NicView] = {}
+        self._nic_pending: list[dict[str, Any]] = []
         self.hosts: dict[str, Device] = {}
         self.gpu_rank: dict[tuple[str, int], int] = {}   # from gpu samples that name a rank
 
@@ -338,6 +533,23 @@ class TelemetryStore:
             self.flush()
         self._drop([k for k in self._gpus if k not in keep])
 
+    @property
+    def nics(self) -> dict[tuple[str, str, int], Any]:   # NicView: reads as a Device
+        if self._nic_pending:
+            self.flush_nics()
+        return self._nics
+
+    @nics.setter
+    def nics(self, keep: dict[tuple[str, str, int], Any]) -> None:
+        """Keep only the NIC ports of ``keep`` (a filtered ``nics``)."""
+        self._drop_nics([k for k in self.nics if k not in keep])
+
+    def _drop_nics(self, keys: list[tuple[str, str, int]]) -> None:
+        if keys:
+            for k in keys:
+                del self._nics[k]
+            self.nic_table.drop(set(keys))
+
     def _drop(self, keys: list[tuple[str, int]]) -> None:
         if keys:
             for k in keys:
@@ -347,8 +559,10 @@ class TelemetryStore:
     def __getstate__(self) -> dict[str, Any]:
         if self._pending:
             self.flush()
+        if self._nic_pending:
+            self.flush_nics()
         state = dict(self.__dict__)
-        del state["_gpus"]                 # views: made again from the table
+        del state["_gpus"], state["_nics"]   # views: made again from the tables
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -360,6 +574,29 @@ class TelemetryStore:
             for key, dev in old.items():
                 self._load(key, dev)
         self._gpus = {k: GpuView(self, k) for k in self.table.rows}
+        if "nic_table" not in state:       # from before the NIC table: migrate.py's
+            self.nic_table = NicTable()    # _from_10 fills it from the old Devices
+        self._nic_pending = []
+        self._nics = {k: NicView(self, k) for k in self.nic_table.rows}
+
+    def load_nics(self, old: dict[tuple[str, str, int], Device]) -> None:
+        """The NIC ports of a snapshot from before the ``NicTable`` (``Device`` objects)
+        into the table (``models.migrate``)."""
+        t = self.nic_table
+        rows, _ = t.index(list(old))
+        for r, dev in zip(rows, old.values(), strict=True):
+            if "speed_gbps" in dev.gauges:
+                t.speed[r] = dev.gauges["speed_gbps"]
+            if "speed_gbps" in dev.first:
+                t.first[r] = dev.first["speed_gbps"]
+            for j, name in enumerate(NIC_COUNTERS):
+                if name in dev.rates:
+                    t.rates[r, j] = dev.rates[name]
+                if name in dev.last:
+                    t.last[r, j], t.has[r, j] = dev.last[name], True
+            t.last_ts[r], t.n[r], t.down[r] = dev.last_ts, dev.n, dev.down
+        t.ver += 1
+        self._nics.update((k, NicView(self, k)) for k in old)
 
     def _load(self, key: tuple[str, int], dev: Device) -> None:
         t = self.table
@@ -511,14 +748,14 @@ class TelemetryStore:
                     c.append(x)
                 continue
             k = len(its)
-            absent = get("absent") or {}
-            for c, name in zip(cols, _ROUND_FIELDS, strict=True):
-                v = get(name)
+            absent = get("absent")
+            for c, v, name in zip(cols, map(get, _ROUND_FIELDS), _ROUND_FIELDS, strict=True):
                 if type(v) is not list:
-                    v = [v] * k
-                elif len(v) != k:
+                    c += [v] * k
+                    continue
+                if len(v) != k:
                     raise ValueError(f"gpu_batch.{name}: {len(v)} values for {k} GPUs")
-                gone = absent.get(name)
+                gone = absent.get(name) if absent else None
                 if gone:
                     v = list(v)
                     for i in gone:
@@ -536,74 +773,138 @@ class TelemetryStore:
                 txids[r].extend(xid)
 
     def observe_nic(self, ev: dict[str, Any]) -> None:
-        key = (ev["host"], ev["nic"], ev["port"])
-        dev = self.nics.get(key)
-        if dev is None:
-            dev = self.nics[key] = Device()
-        dev.observe(ev, ("speed_gbps",), NIC_COUNTERS, self.p)
-        dev.down = ev.get("state") == "down"
+        """One NIC port's sample, held back until the ports' state is read."""
+        hash((ev["host"], ev["nic"], ev["port"]))
+        ts = ev["ts"]
+        if type(ts) is not float and type(ts) is not int:
+            raise TypeError("a sample's ts is not a number")
+        self._nic_pending.append(ev)
+        if len(self._nic_pending) >= PENDING_MAX:
+            self.flush_nics()
 
     def observe_nic_batch(self, batch: dict[str, Any]) -> None:
         """A host's NIC ports sampled together (a ``nic_batch``, valid:
-        ``schema.batches.valid``), applied to the ports' ``Device`` objects as
-        ``observe_nic`` applies each row's ``nic`` event (the same floats), in row order,
-        read from the columns: no per-row event is made and a field no row has is not
-        looked at. A host has a few NIC ports: a loop over them costs less than an array
-        step over a table of ports would (``bench/nic_batch.py``)."""
-        h = batch["host"]
-        nics = batch["nic"]
-        k = len(nics)
-        get = batch.get
-        absent = get("absent") or {}
+        ``schema.batches.valid``), held back until the ports' state is read, then applied
+        read from its columns as ``observe_nic`` applies each row's ``nic`` event (the
+        same floats, in row order)."""
+        hash(batch["host"])
+        if type(batch["nic"]) is not list or batch.get("port") is None \
+                or batch.get("ts") is None:
+            raise KeyError("a nic_batch without nic, port or ts")
+        self._nic_pending.append(batch)
+        if len(self._nic_pending) >= PENDING_MAX:
+            self.flush_nics()
 
-        def col(name: str) -> list[Any] | None:
-            v = get(name)
-            if type(v) is not list:
-                if v is None:
-                    return None
-                v = [v] * k
-            gone = absent.get(name)
-            if gone:
-                v = list(v)
-                for i in gone:
-                    v[i] = None
-            return v
+    def flush_nics(self) -> int:
+        """Apply the NIC samples held back, in rounds as ``flush`` does the GPUs' (a
+        numpy step over ports that differ, a port's samples in their order); returns how
+        many were rejected (a field of the wrong type: its round goes item by item)."""
+        items, self._nic_pending = self._nic_pending, []
+        rounds: list[list[tuple[dict[str, Any], list]]] = []
+        done: dict[Any, int] = {}
+        seen: list[tuple[Any, ...]] = []    # the ports in the order first sampled
+        for it in items:
+            h = it["host"]
+            if it["kind"] == "nic_batch":
+                ports = it.get("port")
+                nics = it["nic"]
+                if type(ports) is not list:
+                    ports = [ports] * len(nics)
+                keys = list(zip(repeat(h), nics, ports))
+                if len(set(keys)) != len(keys) or (it.get("absent") or {}).get("port"):
+                    from failslow.schema.batches import expand
+                    for ev in expand(it):           # a port twice: its rows as events
+                        key = (h, ev["nic"], ev.get("port"))
+                        seen.append(key)
+                        self._place(rounds, done, ev, [key])
+                    continue
+            else:
+                keys = [(h, it["nic"], it["port"])]
+            seen += keys
+            self._place(rounds, done, it, keys)
+        self._nic_rows(seen)      # (a round may hold a later sample of a new port)
+        bad = 0
+        for rnd in rounds:
+            try:
+                if len(rnd) == 1 and rnd[0][0]["kind"] == "nic":
+                    self._nic_one(rnd[0][0])
+                else:
+                    self._nic_round(rnd)
+            except (KeyError, TypeError, ValueError, OverflowError):
+                if len(rnd) == 1:
+                    bad += 1
+                    continue
+                for it, _ in rnd:               # the round again, item by item
+                    self._nic_pending = [it]
+                    bad += self.flush_nics()
+        self.rejected += bad
+        return bad
 
-        ports, tss = col("port"), col("ts")
-        if ports is None or tss is None:
-            raise KeyError("a nic_batch without port or ts")
-        keys = list(zip(repeat(h), nics, ports))
-        all_devs = self.nics
-        devs = []
-        for key in keys:
-            dev = all_devs.get(key)
-            if dev is None:
-                dev = all_devs[key] = Device()
-            devs.append(dev)
-        if len(set(keys)) != k:                # a port twice: its rows one after the other
-            names = [(n, c) for n in ("ts", "speed_gbps", "state", *NIC_COUNTERS)
-                     if (c := col(n)) is not None]
-            for i, dev in enumerate(devs):
-                row = {n: c[i] for n, c in names}
-                dev.observe(row, ("speed_gbps",), NIC_COUNTERS, self.p)
-                dev.down = row.get("state") == "down"
-            return
-        speed = col("speed_gbps") or [None] * k
-        state = col("state") or [None] * k
-        cols = [(n, c) for n in NIC_COUNTERS if (c := col(n)) is not None]
-        counters = [n for n, _ in cols]
-        # each port's counter values, a tuple per port (the columns zipped at C level)
-        values = zip(*(c for _, c in cols), strict=True) if cols else repeat((), k)
-        ga, ra, first_n = self.p.gauge_alpha, self.p.rate_alpha, self.p.first_samples
-        for d, ts, x, st, vals in zip(devs, tss, speed, state, values, strict=True):
-            if x is not None:
-                g = d.gauges
-                old = g.get("speed_gbps")
-                g["speed_gbps"] = x if old is None else old + ga * (x - old)
-                if d.n < first_n:
-                    d.first["speed_gbps"] = g["speed_gbps"]
-            d.count(ts, zip(counters, vals, strict=True), ra)
-            d.down = st == "down"
+    def _nic_rows(self, keys: list[tuple[str, str, int]]) -> list[int]:
+        rows, new = self.nic_table.index(keys)
+        for k in new:
+            self._nics[k] = NicView(self, k)
+        return rows
+
+    def _nic_one(self, ev: dict[str, Any]) -> None:
+        ts = ev["ts"]
+        if type(ts) is not float and type(ts) is not int:
+            raise TypeError("a sample's ts is not a number")
+        (row,) = self._nic_rows([(ev["host"], ev["nic"], ev["port"])])
+        get = ev.get
+        self.nic_table.update_one(row, ts, get("speed_gbps"), get("state"),
+                                  enumerate(map(get, NIC_COUNTERS)), self.p)
+
+    def _nic_round(self, rnd: list[tuple[dict[str, Any], list]]) -> None:
+        """One numpy step over samples of distinct ports: their values gathered a column
+        per field over the round (a batch's columns as they are, a value it writes once
+        repeated), each column made an array at once."""
+        keys: list[tuple[str, str, int]] = []
+        cols: list[list[Any]] = [[] for _ in _NIC_FIELDS]
+        for it, its in rnd:
+            keys += its
+            get = it.get
+            if it["kind"] == "nic":
+                for c, x in zip(cols, map(get, _NIC_FIELDS), strict=True):
+                    c.append(x)
+                continue
+            k = len(its)
+            absent = get("absent")
+            for c, v, name in zip(cols, map(get, _NIC_FIELDS), _NIC_FIELDS, strict=True):
+                if type(v) is not list:
+                    c += [v] * k
+                    continue
+                if len(v) != k:
+                    raise ValueError(f"nic_batch.{name}: {len(v)} values for {k} ports")
+                gone = absent.get(name) if absent else None
+                if gone:
+                    v = list(v)
+                    for i in gone:
+                        v[i] = None
+                c += v
+        ts, speed, state, *counters = cols
+        if not set(map(type, ts)) <= _NUMBER:
+            raise TypeError("a sample's ts is not a number")
+        k = len(keys)
+        kinds = set(map(type, chain.from_iterable(counters)))
+        if kinds <= _INTS:              # every value given (most rounds): one conversion
+            values = np.array(counters, dtype=np.int64).T
+            hasv = np.ones((k, _NNC), dtype=bool)
+        else:
+            if not kinds <= _INT_NONE:
+                raise TypeError("a NIC counter is not an integer")
+            values = np.zeros((k, _NNC), dtype=np.int64)
+            hasv = np.ones((k, _NNC), dtype=bool)
+            for j, c in enumerate(counters):
+                if None in c:
+                    hasv[:, j] = [x is not None for x in c]
+                    c = [0 if x is None else x for x in c]
+                values[:, j] = c
+        rows = self._nic_rows(keys)
+        self.nic_table.update(rows, np.array(ts, dtype=float),
+                              np.array(speed, dtype=float) if None not in speed else
+                              np.array([np.nan if x is None else x for x in speed], dtype=float),
+                              values, hasv, np.array([x == "down" for x in state]), self.p)
 
     def observe_host(self, ev: dict[str, Any]) -> None:
         dev = self.hosts.get(ev["host"])
@@ -611,7 +912,7 @@ class TelemetryStore:
             dev = self.hosts[ev["host"]] = Device()
         dev.observe(ev, HOST_GAUGES, (), self.p)
 
-    def nics_of(self, host: str) -> list[Device]:
+    def nics_of(self, host: str) -> list[Any]:
         return [d for (h, _, _), d in self.nics.items() if h == host]
 
     def forget(self, before_ts: float, keep_hosts: set[str]) -> int:
@@ -626,9 +927,12 @@ class TelemetryStore:
         self._drop(gone_g)
         for g in gone_g:
             self.gpu_rank.pop(g, None)
-        gone_n = [k for k, d in self.nics.items() if d.last_ts < before_ts and k[0] not in keep_hosts]
-        for nk in gone_n:
-            del self.nics[nk]
+        if self._nic_pending:
+            self.flush_nics()
+        nt = self.nic_table
+        gone_n = [k for k, r in nt.rows.items()
+                  if k[0] not in keep_hosts and nt.last_ts[r] < before_ts]
+        self._drop_nics(gone_n)
         n = len(gone_g) + len(gone_n)
         gone_h = [h for h, d in self.hosts.items() if d.last_ts < before_ts and h not in keep_hosts]
         for h in gone_h:
