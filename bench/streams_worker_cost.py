@@ -187,6 +187,8 @@ def worker_child(trace: str, partitions: int, profile: bool) -> None:
     from failslow.streams.snapshots import SnapshotStore
 
     cfg = WorkerConfig(bootstrap="unused:1", topics=Topics())
+    if os.environ.get("WCOST_SHARD_RANKS"):   # --shard-ranks: a large job's shape, smaller
+        cfg.shard_ranks = int(os.environ["WCOST_SHARD_RANKS"])
     sinks = {name: _Topic() for name in ("job", "incidents", "dead", "hostmap")}
     metrics = Metrics()
     out = Outputs(metrics, partitions=partitions, **sinks)
@@ -195,6 +197,13 @@ def worker_child(trace: str, partitions: int, profile: bool) -> None:
     jobs = JobStage(cfg, partitions, out, metrics, hostmap, SnapshotStore.__new__(SnapshotStore))
     # messages read before the clock starts: the trace's decode is the publisher's cost
     slices = list(messages(trace, cfg.topics))
+    if os.environ.get("WCOST_GC", "worker") == "worker":
+        # the collector as `failslow worker` sets it (what lives now, the messages
+        # included, frozen; young collections every 50,000 allocations): at CPython's
+        # defaults the path re-walked the growing state, as detect (tuned too) does not
+        from failslow.commands.worker import tune_gc
+
+        tune_gc()
     offsets = [0] * partitions
     loop = asyncio.new_event_loop()
     prof = None
@@ -272,6 +281,11 @@ def main() -> None:
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="also run the worker path under cProfile and print its N "
                          "functions of most own CPU time")
+    ap.add_argument("--shard-ranks", type=int, default=0,
+                    help="the worker's --shard-ranks (default: its own, 4,096): e.g. 1,024 "
+                         "gives a 4,096-rank job the four shards of a 16,384-rank one")
+    ap.add_argument("--trace-dir", default=None,
+                    help="keep the batched traces here and reuse them when present")
     ap.add_argument("--worker-child", nargs=3, metavar=("TRACE", "PARTS", "PROFILE"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -281,12 +295,23 @@ def main() -> None:
         return
     rows = []
     me = str(Path(__file__).resolve())
+    if args.shard_ranks:
+        os.environ["WCOST_SHARD_RANKS"] = str(args.shard_ranks)
     with tempfile.TemporaryDirectory(prefix="failslow-wcost-") as tmp:
         for ranks in args.ranks:
-            trace = Path(tmp) / f"b_{ranks}.jsonl"
+            keep = Path(args.trace_dir) if args.trace_dir else None
+            trace = (keep or Path(tmp)) / f"b_{ranks}_{args.steps}_{args.step_s:g}.jsonl"
             row: dict = {"ranks": ranks, "steps": args.steps, "step_s": args.step_s,
                          "partitions": args.partitions, "loadavg_before": os.getloadavg()}
-            row.update(write_batched(ranks, args.steps, trace, args.step_s))
+            if args.shard_ranks:
+                row["shard_ranks"] = args.shard_ranks
+            if keep is not None and trace.exists():
+                row.update(objects=sum(1 for _ in trace.open("rb")),
+                           trace_bytes=trace.stat().st_size)
+            else:
+                if keep is not None:
+                    keep.mkdir(parents=True, exist_ok=True)
+                row.update(write_batched(ranks, args.steps, trace, args.step_s))
             det_cpu, det_out = run_child([sys.executable, "-m", "failslow.cli", "detect",
                                           str(trace), "--out", os.devnull])
             # the same child on the trace's first line: the start (imports), which the
@@ -339,7 +364,8 @@ def main() -> None:
             for name, s in prof["stages"].items():
                 print(f"    {name:<42} {s['cpu_s']:8.2f} CPU s {s['calls']:>8,} calls "
                       f"{s['cpu_s'] / judged * 1e6:8.1f} us/rank-step")
-            trace.unlink()
+            if keep is None:
+                trace.unlink()
     RESULTS.mkdir(exist_ok=True)
     Path(args.out).write_text(json.dumps({"runs": rows}, indent=2))
 

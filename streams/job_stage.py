@@ -292,7 +292,7 @@ class JobStage:
             if errors and report:
                 sends.append(("dead", "; ".join(errors), src, key, raw))
             if report:  # count a message sent to several partitions once
-                metrics.events.labels(src).inc(rows_of(events))
+                metrics.events_of(src).inc(rows_of(events))
             if flags is not None and flags != (report, placed):
                 self.ingest_run(state, run, flags[1], offset, now, seen, sends)
                 run = []

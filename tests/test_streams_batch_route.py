@@ -68,3 +68,29 @@ def test_the_one_pass_decode_of_batches_is_decode_lenient():
     # a row of a kind the topic does not carry
     assert decode_value(good, frozenset(("step",))) == decode_lenient(good,
                                                                       frozenset(("step",)))
+
+
+def test_a_batch_read_as_one_shard_from_its_column_is_what_split_batch_gives():
+    from failslow.schema.batches import split_batch
+    from failslow.streams.sharding import batch_shard, event_shard
+
+    def cut(b: dict) -> dict:
+        return split_batch(b, lambda row: event_shard(row, 4))
+
+    for ranks in ([4, 5, 6, 7], [8], [2, 3, 4, 5], [0, 1]):
+        b = _batch(ranks)
+        k = batch_shard(b, 4)
+        assert (k is None) == (len(cut(b)) > 1)
+        if k is not None:
+            assert cut(b) == {k: [b]}
+    # what the column cannot say alone goes to split_batch: a rank absent from a row,
+    # a rank that is not an int, a rank column shorter than the others
+    b = _batch([4, 5])
+    assert batch_shard(dict(b, rank=[4, True]), 4) is None
+    assert batch_shard(dict(b, rank=[4]), 4) is None
+    assert batch_shard(dict(b, absent={"rank": [1]}), 4) is None
+    # a message of shard-1 batches: each goes whole to shard 1, as before
+    value = orjson.dumps([_batch([4, 5]), _batch([6, 7])])
+    parts = shard_parts(value, 4)
+    assert parts is not None and list(parts) == [1]
+    assert orjson.loads(parts[1]) == orjson.loads(value)
