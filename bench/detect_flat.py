@@ -106,6 +106,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--rss-limit-gib", type=float, default=12.0,
                     help="stop detect past this resident size and record how far it got")
+    ap.add_argument("--trace-dir", default="",
+                    help="keep the traces here (and reuse one already there) instead of a temporary folder")
+    ap.add_argument("--root", default=str(ROOT),
+                    help="the source tree whose detect runs (e.g. an older commit's export, for a before/after)")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "detect_flat.json"))
     args = ap.parse_args()
@@ -114,12 +118,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in args.ranks:
             sc = scenario(ranks, args.steps, args.pp, args.step_s)
-            path = Path(tmp) / f"{sc.name}.jsonl"
-            lines, rank_steps, sim_cpu = write_trace(sc, path)
+            keep = Path(args.trace_dir) if args.trace_dir else None
+            path = (keep or Path(tmp)) / f"{sc.name}_pp{args.pp}_{args.step_s:g}s_{args.steps}.jsonl"
+            counts = path.with_suffix(".counts.json")
+            if keep is not None and path.exists() and counts.exists():
+                lines, rank_steps, sim_cpu = json.loads(counts.read_text())
+            else:
+                lines, rank_steps, sim_cpu = write_trace(sc, path)
+                if keep is not None:
+                    counts.write_text(json.dumps([lines, rank_steps, sim_cpu]))
             load = [round(x, 1) for x in os.getloadavg()]
             out = subprocess.run([sys.executable, "-c", CHILD, str(path), str(args.repeat),
                                   str(args.rss_limit_gib)],
-                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                                 env={**os.environ, "PYTHONPATH": args.root}, cwd=args.root,
                                  check=True, capture_output=True, text=True).stdout
             size = path.stat().st_size
             if out.startswith("rss_limit"):
@@ -131,7 +142,8 @@ def main() -> int:
                              f"after {float(cpu_s):.0f} CPU s, {int(at) / size:.0%} of the "
                              "trace read", "peak_rss_mib": round(int(rss_kb) / 1024),
                              "load_before": load})
-                path.unlink()
+                if keep is None:
+                    path.unlink()
                 write(Path(args.out), args, load0, rows)
                 print(f"{ranks:>7,} ranks: {rows[-1]['stopped']}", flush=True)
                 break
@@ -146,7 +158,8 @@ def main() -> int:
             row["vs_smallest"] = round(row["us_per_rank_step"] / rows[0]["us_per_rank_step"], 2) \
                 if rows else 1.0
             rows.append(row)
-            path.unlink()
+            if keep is None:
+                path.unlink()
             write(Path(args.out), args, load0, rows)   # after each size: a long run killed keeps what it measured
             print(f"{ranks:>7,} ranks {lines:>9,} lines {row['us_per_rank_step']:7.1f} us/rank-step "
                   f"{row['rank_steps_per_cpu_s']:>7,}/CPU s  x{row['vs_smallest']:.2f}  "

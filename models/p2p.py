@@ -98,6 +98,10 @@ class P2PMonitor:
     # per size class, a lower bound of ``wcls``'s values (``_window``); a class default:
     # a cache, rebuilt after a restore from a snapshot taken before it existed
     _low: dict[float, float] | None = None
+    # per size class, a sorted copy of ``wcls``'s values as they were (``_quartile_low``),
+    # and how many values had been set (``_sets``) when it was taken; never pickled
+    _snap: dict[float, tuple[KeyedValues, np.ndarray, int]] | None = None
+    _sets = 0
 
     def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
@@ -292,6 +296,7 @@ class P2PMonitor:
             if row is None:
                 row = by_cls[cls] = KeyedValues()
             row.set(key, obs)
+            self._sets += 1
             same = row.array()
             run = self.wrun.get(pair)
             slow = False
@@ -309,7 +314,8 @@ class P2PMonitor:
                 low > 0 and obs < (1.0 + cfg.far_rel) * low * (1.0 - 1e-9))
             if unsure:
                 lows[cls] = float(same.min())     # the bound could not tell: exact again
-            if unsure and not surely_within(obs, same, cfg.far_rel):
+            if unsure and not surely_within(obs, same, cfg.far_rel) \
+                    and not self._quartile_low(cls, row, obs):
                 ref, sig = lower_half_ref(np.array(same))
                 if ref > 0:
                     rel = obs / ref - 1.0
@@ -341,6 +347,45 @@ class P2PMonitor:
                 self.members[f.key] = [pair]
                 new = True
         return new
+
+    def _quartile_low(self, cls: float, row: KeyedValues, obs: float) -> bool:
+        """True when ``obs`` is certainly under ``1 + far_rel`` times the reference
+        ``lower_half_ref`` takes of ``row``'s values (never slow then: ``_window`` skips
+        computing it). That reference is at least the lower half's lower middle value, the
+        ``j``-th smallest of all (0-based); ``I`` values set since a sorted copy of the class
+        was taken move it down ``I`` places at most (a value replaced or dropped only
+        raises it), so the copy's ``(j - I)``-th smallest bounds it from below: a bound near
+        the lower quartile, not the smallest value (issue 31: with thousands of pipeline
+        directions in a class, an observation half again above the fastest one is common,
+        and each took a partial sort of them all). The copy is taken again when the bound
+        cannot tell (or has no place left), so an observation is let through only by a
+        bound from the values as they are."""
+        d = len(row)
+        j = (max(1, (d + 1) // 2) - 1) // 2
+        snaps = self._snap
+        if snaps is None:
+            snaps = self._snap = {}
+        snap = snaps.get(cls)
+        fresh = snap is None or snap[0] is not row or self._sets - snap[2] > j
+        if fresh:
+            snap = snaps[cls] = (row, np.sort(row.array()), self._sets)
+        while True:
+            assert snap is not None
+            k = j - (self._sets - snap[2])
+            if 0 <= k < snap[1].size:
+                low = float(snap[1][k])
+                if low > 0 and obs < (1.0 + self.cfg.far_rel) * low * (1.0 - 1e-9):
+                    return True
+            if fresh:
+                return False
+            fresh = True
+            snap = snaps[cls] = (row, np.sort(row.array()), self._sets)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_snap", None)        # a cache (``_quartile_low``): made again
+        state.pop("_sets", None)
+        return state
 
     def _window_finding(self, pair: tuple[int, int]) -> Finding:
         """The ``slow_link`` finding of a pair confirmed from windows."""

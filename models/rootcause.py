@@ -11,13 +11,20 @@ ratio or a robust z-score against the peers, never an absolute constant.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from failslow.models.config import CauseConfig
 from failslow.models.stats import median
-from failslow.models.telemetry import Device, TelemetryStore
+from failslow.models.telemetry import (
+    GPU_COUNTERS,
+    GPU_GAUGES,
+    REASON_GROUPS,
+    Device,
+    GpuTable,
+    TelemetryStore,
+)
 
 CONGESTION = ("rx_pause_total", "tx_pause_total", "cnp_sent_total", "cnp_handled_total",
               "ecn_marked_total", "xmit_wait_total")
@@ -28,6 +35,7 @@ GPU_ERROR_COUNTERS = ("ecc_dbe_total", "ecc_sbe_total", "nvlink_crc_errors_total
 TIERS = (("gpu_errors", "pcie_degraded", "gpu_thermal", "gpu_power", "nic_errors",
           "nic_congestion"), ("cpu_contention",), ("input_stall",), ("gpu_clock",))
 Scores = dict[str, tuple[float, dict[str, Any]]]
+REASON_NAMES = tuple(REASON_GROUPS)     # a ``GpuTable``'s reason columns, in order
 # Thresholds: ``CauseConfig`` (``[rules.causes]``). ``sparse_floor_per_s``: error counters
 # that stay at zero on healthy devices (ECC, PCIe replays) count as a rate from one event
 # a minute up, so a lone correctable error is no fault. ``nic_outlier``: a NIC is congested
@@ -36,21 +44,90 @@ Scores = dict[str, tuple[float, dict[str, Any]]]
 # that below 20x, real congestion is orders of magnitude above).
 
 
-def _peer_stats(values: list[float]) -> tuple[float, float]:
+def _peer_stats(values: list[float] | np.ndarray) -> tuple[float, float]:
     arr = np.asarray(values, dtype=float)
     med = median(arr)
     return med, 1.4826 * median(np.abs(arr - med))
 
 
-def _gauge_z(dev: Device, peers: list[Device], name: str, floor: float
+class Peers:
+    """A device's peers as the scores read them: per name, the peers' values as one float
+    array (``reasons`` / ``rates``: 0 where a peer has none; ``gauges``: the peers that
+    have it), and the order statistics taken of them, each once (``memo``): they do not
+    depend on the peers' order, so the same numbers as from a list of ``Device``s, in
+    whatever order. ``of_table``: the GPUs of a ``GpuTable`` by row, read as columns (issue
+    31: at 131,072 GPUs each root cause walked every GPU's dicts a dozen times)."""
+
+    def __init__(self, devs: list[Any]) -> None:
+        self.devs = devs
+        self.table: GpuTable | None = None
+        self.rows = np.zeros(0, dtype=np.int64)
+        self.memo: dict[tuple[str, str], Any] = {}
+
+    @classmethod
+    def of_table(cls, table: GpuTable, rows: np.ndarray) -> Peers:
+        p = cls([])
+        p.table, p.rows = table, rows
+        return p
+
+    def __len__(self) -> int:
+        return len(self.devs) if self.table is None else int(self.rows.size)
+
+    def _column(self, part: str, name: str) -> np.ndarray:
+        """Part ``part`` (``gauges``, ``rates``, ``reasons``) of every peer for ``name``:
+        NaN where a peer has none."""
+        t = self.table
+        if t is None:
+            return np.array([getattr(p, part).get(name, np.nan) for p in self.devs],
+                            dtype=float)
+        names = {"gauges": GPU_GAUGES, "rates": GPU_COUNTERS, "reasons": REASON_NAMES}[part]
+        if name not in names:
+            return np.full(self.rows.size, np.nan)
+        return getattr(t, part)[self.rows, names.index(name)]
+
+    def typical_reason(self, group: str) -> float:
+        """The middle (upper) of the peers' shares of ``group`` (0 where none), 0 for none."""
+        key = ("reason", group)
+        if key not in self.memo:
+            col = self._column("reasons", group)
+            theirs = np.sort(np.where(np.isnan(col), 0.0, col))
+            self.memo[key] = float(theirs[theirs.size // 2]) if theirs.size else 0.0
+        return cast(float, self.memo[key])
+
+    def gauge(self, name: str) -> tuple[int, float, float]:
+        """(how many peers have gauge ``name``, their median, their MAD spread)."""
+        key = ("gauge", name)
+        if key not in self.memo:
+            col = self._column("gauges", name)
+            vals = col[~np.isnan(col)]
+            self.memo[key] = (vals.size, *_peer_stats(vals)) if vals.size >= 2 \
+                else (vals.size, 0.0, 0.0)
+        return cast(tuple[int, float, float], self.memo[key])
+
+    def rate_p25(self, name: str) -> float:
+        """``lower_quartile`` of the peers' rates of ``name`` (0 where none)."""
+        key = ("rate", name)
+        if key not in self.memo:
+            col = self._column("rates", name)
+            vals = np.where(np.isnan(col), 0.0, col)
+            self.memo[key] = float(np.sort(vals)[(vals.size - 1) // 4]) if vals.size else 0.0
+        return cast(float, self.memo[key])
+
+
+def _peers(peers: list[Any] | Peers) -> Peers:
+    return peers if isinstance(peers, Peers) else Peers(peers)
+
+
+def _gauge_z(dev: Device, peers: list[Device] | Peers, name: str, floor: float
              ) -> tuple[float, dict[str, Any]] | None:
     """Robust z of a gauge vs the peers (spread floored at ``floor``, 2 %, of the median:
     ``CauseConfig.gauge_floor``)."""
     x = dev.gauges.get(name)
-    vals = [p.gauges[name] for p in peers if name in p.gauges]
-    if x is None or len(vals) < 2:
+    if x is None:
         return None
-    med, mad = _peer_stats(vals)
+    count, med, mad = _peers(peers).gauge(name)
+    if count < 2:
+        return None
     scale = max(mad, floor * abs(med), 1e-9)
     info = {"value": round(x, 3), "peer_median": round(med, 3),
             "own_past": round(dev.first.get(name, x), 3)}
@@ -70,7 +147,7 @@ def lower_quartiles(rows: np.ndarray) -> np.ndarray:
     return np.sort(rows, axis=1)[:, (rows.shape[1] - 1) // 4]
 
 
-def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
+def rate_ratio(dev: Device, peers: list[Device] | Peers, names: tuple[str, ...],
                agree: int = 1, floor_per_s: float = 0.0, share: float | None = None
                ) -> tuple[float, dict]:
     """How many times the peers' typical rate the device's counters grow: the
@@ -81,12 +158,13 @@ def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
     device's own rate (``CauseConfig.ref_floor``)."""
     share = CauseConfig().ref_floor if share is None else share
     ratios, ev = [], {}
+    peers = _peers(peers)
     for name in names:
         r = dev.rates.get(name, 0.0)
         if r <= 0:
             continue
         # The peers' lower quartile: clean even when half the peers share the fault.
-        ref = lower_quartile([p.rates.get(name, 0.0) for p in peers])
+        ref = peers.rate_p25(name)
         ratio = r / max(ref, share * r, floor_per_s)
         ratios.append(ratio)
         ev[name] = {"rate_per_s": round(r, 3), "peer_p25": round(ref, 3), "ratio": round(ratio, 1)}
@@ -94,16 +172,16 @@ def rate_ratio(dev: Device, peers: list[Device], names: tuple[str, ...],
     return (ratios[agree - 1] if len(ratios) >= agree else 0.0), ev
 
 
-def gpu_scores(dev: Device, peers: list[Device], c: CauseConfig | None = None) -> Scores:
+def gpu_scores(dev: Device, peers: list[Device] | Peers, c: CauseConfig | None = None
+               ) -> Scores:
     c = c or CauseConfig()
     out: Scores = {}
+    peers = _peers(peers)
 
     def throttled(group: str) -> bool:
         """A clock-event reason held on most recent samples here, on few peers'."""
         mine = dev.reasons.get(group, 0.0)
-        theirs = sorted(p.reasons.get(group, 0.0) for p in peers)
-        typical = theirs[len(theirs) // 2] if theirs else 0.0
-        return mine >= c.reason_share and typical < c.reason_peer_max
+        return mine >= c.reason_share and peers.typical_reason(group) < c.reason_peer_max
     if throttled("thermal"):
         out["gpu_thermal"] = (c.reason_score, {"thermal_reason_share": round(dev.reasons["thermal"], 2)})
     if throttled("power"):
@@ -166,10 +244,12 @@ def host_scores(dev: Device, peers: list[Device], c: CauseConfig | None = None) 
     return out
 
 
-def nic_scores(devs: list[Device], peers: list[Device], c: CauseConfig | None = None) -> Scores:
+def nic_scores(devs: list[Device], peers: list[Device] | Peers, c: CauseConfig | None = None
+               ) -> Scores:
     c = c or CauseConfig()
     bar = c.nic_outlier
     out: Scores = {}
+    peers = _peers(peers)       # each statistic of the peers once, for all of ``devs``
     for dev in devs:
         ratio, ev = rate_ratio(dev, peers, CONGESTION, c.nic_agree, share=c.ref_floor)
         if ratio >= bar and ratio / bar > out.get("nic_congestion", (0.0, {}))[0]:
@@ -201,7 +281,17 @@ def attribute(fault: str, store: TelemetryStore, hosts: list[str], gpus: list[tu
         scores["input_stall"] = (c.input_stall_score * data_share,
                                  {"data_share_of_excess": round(data_share, 2)})
     if fault in ("slow_rank", "slow_host"):
-        peers_g = [d for (h, i), d in store.gpus.items() if h in job_hosts and (h, i) not in gpus]
+        everyone = store.gpus
+        table = getattr(store, "table", None)
+        peers_g: list[Any] | Peers
+        if isinstance(table, GpuTable) and len(table.rows) == len(everyone):
+            # the GPUs as the table's rows: their statistics read from its columns
+            peers_g = Peers.of_table(table, np.fromiter(
+                (r for k, r in table.rows.items() if k[0] in job_hosts and k not in gpus),
+                dtype=np.int64))
+        else:
+            peers_g = [d for (h, i), d in everyone.items()
+                       if h in job_hosts and (h, i) not in gpus]
         per_gpu = [(key, gpu_scores(store.gpus[key], peers_g, c)) for key in gpus
                    if key in store.gpus]
         # A host-wide fault must show on at least half of the host's GPUs.
