@@ -48,7 +48,7 @@ class Incident:
 
     __slots__ = ("event", "absent", "age", "causes", "emitted", "lost_s", "lost_ts", "where",
                  "recheck", "last_rel", "steps", "seconds", "rule", "signals", "returns",
-                 "cost_sent", "gap", "level", "level_n")
+                 "cost_sent", "gap", "level", "level_n", "cost_level")
 
     def __init__(self, event: dict[str, Any]) -> None:
         self.event = event
@@ -72,6 +72,7 @@ class Incident:
         self.gap = 0              # the longest absence it came back after (its flapping)
         self.level = 0.0          # its mean step excess (fraction) over its slowed steps
         self.level_n = 0
+        self.cost_level = 0.0     # and the job's mean slowdown (%) over them
 
 
 def _period(ends: list[float], n: int) -> float:
@@ -116,6 +117,11 @@ class IncidentTracker:
         self.ends: dict[str, list[float]] = {}
         # (job, culprit) -> its gap to its peers when first recorded as steady imbalance
         self.steady_gap: dict[tuple[str, str], float] = {}
+        # (job, culprit) -> its last incident resolved (resolved ts, mean step excess, mean
+        # job slowdown %): a rule still remembering that episode (an onset before that
+        # resolve) reopens nothing on a step that would have counted as faded in it (noise
+        # about a recovered culprit, not a return)
+        self.faded: dict[tuple[str, str], tuple[float, float, float]] = {}
 
     def cfg(self, job_id: str) -> PolicyConfig:
         return self.policy_for(job_id) if self.policy_for is not None else self.policy
@@ -216,18 +222,23 @@ class IncidentTracker:
             inc = self.open.get(k)
             rel = self._step_rel(f, cfg.lag_max)
             slowed = f.confirmed and rel >= cfg.open_min_pct / 100.0
+            x = rel if f.step_rel is None else f.step_rel
+            pct = round(float(f.slowdown_pct), 2)
             if inc is None and (not slowed or f.own_pct < cfg.open_min_pct
                                 or (f.fault == "slow_link" and cause == "unknown"
-                                    and f.slowdown_pct < cfg.open_min_pct)):
+                                    and f.slowdown_pct < cfg.open_min_pct)
+                                or self._remembered(k, f, x, pct, cfg)):
                 continue
             seen.add(k)
             # its rule's score of this very step is under the bar and its excess a small
             # share of the episode's: the rule's memory (a CUSUM, a smoothed excess)
-            # confirms it, the link itself is back
-            faded = (inc is not None and f.step_z is not None and f.step_rel is not None
-                     and inc.level_n >= cfg.page_steps and f.step_z < cfg.present_z
-                     and f.step_rel < cfg.fade_ratio * inc.level)
-            pct = round(float(f.slowdown_pct), 2)
+            # confirms it, the link itself is back (a rule without a score of the step:
+            # its excess alone, a small share of the episode's, is a culprit back within
+            # noise of its peers); or what it costs the job this step is a small share of
+            # what the episode cost per step (a link's transfers still stand out now and
+            # then, the job no longer waits for them)
+            faded = (inc is not None and inc.level_n >= cfg.page_steps
+                     and self._fading(f, x, pct, inc.level, inc.cost_level, cfg))
             fresh = inc is None
             if inc is None:
                 inc = self._open(job_id, key, f, cause, ts, pct)
@@ -261,9 +272,10 @@ class IncidentTracker:
                 # run's maximum) or slow under open_min_pct: neither slowed nor back
             inc.signals |= rules
             inc.last_rel = rel
-            if slowed and not faded and f.step_rel is not None:
+            if slowed and not faded:
                 inc.level_n += 1
-                inc.level += (f.step_rel - inc.level) / inc.level_n
+                inc.level += (x - inc.level) / inc.level_n
+                inc.cost_level += (pct - inc.cost_level) / inc.level_n
             in_step = not any(e > float(f.onset_ts) for e in ends) if sub else False
             if self._fill(job_id, key, inc, f, cause, action, why, rc_ev, pct, ts, cfg,
                           gap, in_step) or fresh:
@@ -279,15 +291,37 @@ class IncidentTracker:
                        else cfg.resolve_steps, cfg.resolve_max_steps)
             if inc.absent >= need:
                 del self.open[k]
+                if inc.level_n >= cfg.page_steps:
+                    self.faded[k] = (ts, inc.level, inc.cost_level)
                 ev = dict(inc.event, ts=ts, status="resolved", resolved_ts=ts)
                 self._unexplained(job_id, inc, ev)
                 out.append(ev)
         return out
 
+    @staticmethod
+    def _fading(f: Finding, x: float, pct: float, level: float, cost_level: float,
+                cfg: PolicyConfig) -> bool:
+        """Whether a step of the culprit (step excess ``x``, job slowdown ``pct``) is a
+        small share of an episode's (mean excess ``level``, mean slowdown ``cost_level``)."""
+        return (((f.step_z is None or f.step_z < cfg.present_z)
+                 and x < cfg.fade_ratio * level) or pct < cfg.fade_ratio * cost_level)
+
+    def _remembered(self, k: tuple[str, str], f: Finding, x: float, pct: float,
+                    cfg: PolicyConfig) -> bool:
+        """Whether ``f`` is its rule's memory of an episode resolved as faded (an onset
+        before that resolve), on a step that would have counted as faded in it: no new
+        incident."""
+        past = self.faded.get(k)
+        return (past is not None and float(f.onset_ts) < past[0]
+                and self._fading(f, x, pct, past[1], past[2], cfg))
+
+    @staticmethod
+    def _iid(job_id: str, key: str, f: Finding) -> str:
+        return f"{job_id}:{f.fault}:{key.split(':', 1)[1]}:{f.onset_step}"
+
     def _open(self, job_id: str, key: str, f: Finding, cause: str, ts: float,
               pct: float) -> Incident:
-        culprit = key.split(":", 1)[1]
-        iid = f"{job_id}:{f.fault}:{culprit}:{f.onset_step}"
+        iid = self._iid(job_id, key, f)
         again = self.reopened.get(iid)
         self.reopened[iid] = (again or 0) + 1
         if again:          # same culprit and onset, after a resolve: a new incident
@@ -385,6 +419,8 @@ class IncidentTracker:
                     and i[len(prefix):].split(":", 1)[0] in FAULTS]:
             del self.reopened[iid]
         self.ends.pop(job_id, None)
+        for k in [k for k in self.faded if k[0] == job_id]:
+            del self.faded[k]
         return out
 
     def _fill(self, job_id: str, key: str, inc: Incident, f: Finding, cause: str,
@@ -405,6 +441,10 @@ class IncidentTracker:
             lost_s = self._link_lost(inc, f, ts)
         world = f.world or int(f.evidence.get("world_size") or 0)
         gpu_h = 0.0
+        before = (ev.get("evidence") or {}).get("lost_s")
+        if lost_s is not None and before is not None:
+            # what the episode cost so far never shrinks, whichever rule prices it now
+            lost_s = max(lost_s, float(before))
         if lost_s is not None:
             extra["lost_s"] = round(lost_s, 3)
             if world:

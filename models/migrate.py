@@ -10,7 +10,9 @@ incidents count persistence, the detector a ``DetectionConfig``), 9 columnar ran
 (issue 31: a job's ranks are one ``RankTable`` of arrays, not an object per rank), 10 an
 incident's longest absence and mean step excess (issue 30: a flapping culprit resolves
 past its own gaps, a link once its step excess faded), 11 NIC ports as one table (issue
-31: ``models.telemetry.NicTable`` of arrays, not a ``Device`` per port).
+31: ``models.telemetry.NicTable`` of arrays, not a ``Device`` per port), 12 the episodes
+resolved as faded and an incident's mean job slowdown (issue 30: a rule's memory of a
+recovered culprit reopens nothing; a culprit the job no longer waits for resolves).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from failslow.models.peers import KeyedValues
 from failslow.models.ranks import EW_STATS, FLOATS, INTS, KIND_CODE, RankTable
 from failslow.models.settings import DetectionConfig
 
-STATE_VERSION = 11
+STATE_VERSION = 12
 
 # Defaults of fields added to slotted objects during version 7's life.
 INCIDENT_SLOTS: dict[str, Callable[[], Any]] = {
@@ -172,5 +174,13 @@ def _from_10(state: dict[str, Any]) -> None:
         store.load_nics(old)
 
 
+def _from_11(state: dict[str, Any]) -> None:
+    tracker = state["tracker"]
+    tracker.__dict__.setdefault("faded", {})
+    for inc in [*tracker.open.values(), *(i for _, i in tracker.unexplained.values())]:
+        # an old episode's cost per step unknown: its mean excess alone decides
+        _slots(inc, {"cost_level": float})
+
+
 STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7, 8: _from_8, 9: _from_9,
-                                                      10: _from_10}
+                                                      10: _from_10, 11: _from_11}

@@ -38,7 +38,10 @@ class PolicyConfig:
     step, where the rule keeps one: a link's transfer cost) counts toward resolving an open
     incident, whatever the rule's memory of the episode still confirms, when its excess
     that step is also under ``fade_ratio`` of the incident's mean excess over its slowed
-    steps, once it has ``page_steps`` of them (a marginal culprit stays near its level: it is not fading); ``imbalance_ratio`` and
+    steps, once it has ``page_steps`` of them (a marginal culprit stays near its level: it is not fading), or
+    when the job's slowdown for it that step is under ``fade_ratio`` of the incident's mean
+    slowdown per slowed step (the job no longer waits for it); a rule's memory of an
+    episode resolved so (an onset before the resolve) reopens nothing on such a step; ``imbalance_ratio`` and
     ``imbalance_points``: a culprit recorded as steady imbalance pages only once its
     gap is both this many times and this many points (fraction) above the recorded
     one; ``cost_update_ratio``: an open incident's cost is re-sent once it grew by this

@@ -154,11 +154,13 @@ def test_a_flapping_culprit_resolves_past_its_own_gaps_not_a_fixed_wait():
     assert len(resolved) == 1 and resolved[0]["ts"] - last_slowed == 6
 
 
-def link(own: float, step_z: float | None, step_rel: float | None = None) -> Finding:
+def link(own: float, step_z: float | None, step_rel: float | None = None,
+         job_pct: float = 8.0) -> Finding:
     """A slow_link finding of a rule whose memory reads ``own`` (its smoothed excess) and
-    whose score of this very step is ``step_z`` sigmas and ``step_rel``."""
+    whose score of this very step is ``step_z`` sigmas and ``step_rel``; the job is
+    ``job_pct`` slower for it."""
     return Finding(key="slow_link:h0", fault="slow_link", confirmed=True, onset_ts=9.5,
-                   onset_step=9, slowdown_pct=8.0, own_pct=100.0 * own, host="h0",
+                   onset_step=9, slowdown_pct=job_pct, own_pct=100.0 * own, host="h0",
                    peer_host="h1", rule="p2p-steps", step_z=step_z,
                    step_rel=own if step_rel is None else step_rel,
                    evidence={"transfer_rel_slowdown": own})
@@ -192,6 +194,67 @@ def test_a_marginal_link_near_its_own_level_is_not_fading():
     out = run(tr, steps, t0=16.0)
     assert out and len({e["incident_id"] for e in out}) == 1
     assert all(e["status"] == "open" for e in out)
+
+
+@pytest.mark.parametrize("level,noise,resolves", [(0.26, (0.054, 0.03, 0.052, 0.022), True),
+                                                  (0.07, (0.054, 0.08, 0.06, 0.075), False)])
+def test_a_rank_back_within_noise_of_its_peers_resolves(level, noise, resolves):
+    """A rank 26 % slow for 10 steps, then 2-5 % from its peers (their noise; its rule,
+    with no score of the step, still confirms it): those steps are a small share
+    (``fade_ratio``) of the episode's and count toward resolving. A marginal rank 7 %
+    slow, whose steps stay near that level, stays open."""
+    tr = IncidentTracker()
+    run(tr, [None] * 6)
+    out = run(tr, [rank(level)] * 10, t0=16.0)
+    assert out[-1]["status"] == "open"
+    after = run(tr, [rank(r) for r in noise * 3], t0=26.0)
+    resolved = [e for e in after if e["status"] == "resolved"]
+    if resolves:
+        assert resolved and resolved[0]["ts"] - 26.0 == PolicyConfig().resolve_steps - 1
+        assert len({e["incident_id"] for e in out + after}) == 1   # and nothing reopens
+    else:
+        assert not resolved
+
+
+def test_a_link_the_job_no_longer_waits_for_resolves():
+    """Its transfers still stand out now and then (20 sigmas, half their old excess), but
+    the job is 0.8 % slower for it, a small share of the 8 % the episode cost per step."""
+    tr = IncidentTracker()
+    run(tr, [None] * 6)
+    run(tr, [link(0.8, 20.0)] * 10, t0=16.0)
+    after = run(tr, [link(0.6, 20.0, 0.4, job_pct=0.8)] * 8, t0=26.0)
+    resolved = [e for e in after if e["status"] == "resolved"]
+    assert resolved and resolved[0]["ts"] - 26.0 == PolicyConfig().resolve_steps - 1
+    assert len({e["incident_id"] for e in after}) == 1
+
+
+def test_a_rule_remembering_a_resolved_episode_reopens_only_on_a_return():
+    """After an incident resolved as faded, a finding whose onset is before that resolve
+    is its rule's memory of the episode: noise about the culprit opens nothing, a return
+    to a sizeable share of the episode's excess opens a new incident, and so does a new
+    episode (an onset after the resolve)."""
+    tr = IncidentTracker()
+    run(tr, [None] * 6)
+    run(tr, [rank(0.26)] * 10, t0=16.0)
+    out = run(tr, [rank(0.01)] * 6, t0=26.0)
+    assert [e["status"] for e in out][-1] == "resolved"
+    assert run(tr, [rank(0.054)] * 3, t0=32.0) == []
+    again = run(tr, [rank(0.3)], t0=35.0)
+    assert again and again[0]["status"] == "open" and again[0]["incident_id"].endswith(".1")
+    tr2 = IncidentTracker()
+    run(tr2, [None] * 6)
+    run(tr2, [rank(0.26)] * 10 + [rank(0.01)] * 6, t0=16.0)
+    new = run(tr2, [rank(0.06, onset_ts=32.5)], t0=33.0)
+    assert new and new[0]["status"] == "open"
+
+
+def test_the_cost_lost_so_far_never_shrinks_whichever_rule_prices_it():
+    tr = IncidentTracker()
+    run(tr, [None] * 6)
+    out = run(tr, [rank(0.3, lost_s=60.0 * (k + 1)) for k in range(8)]
+              + [rank(0.3, lost_s=30.0, rule="step-own-past")] * 8, t0=16.0)
+    lost = [e["gpu_hours_lost"] for e in out]
+    assert lost == sorted(lost) and lost[-1] == round(16 * 480.0 / 3600.0, 6)
 
 
 def test_cost_stays_current_with_bounded_updates_that_never_page_again():
