@@ -389,7 +389,7 @@ def refine_with_nics(f: Finding, slow_members: Sequence[tuple[int, ...]], store:
     got = memo.get(hosts) if memo is not None else None
     if got is None:
         nics = {k: d for k, d in store.nics.items() if k[0] in hosts}
-        got = (nics, outlier_nics(nics, c) if len(nics) >= c.nics_min else [])
+        got = (nics, outlier_nics(nics, c, store) if len(nics) >= c.nics_min else [])
         if memo is not None:
             memo[hosts] = got
     nics, bad = got
@@ -429,19 +429,23 @@ def _median(xs: list[float]) -> float:
 _OUTLIER_NAMES = CONGESTION + NIC_ERRORS   # outlier_nics' counters, in its rows' order
 
 
-def outlier_nics(nics: dict[tuple[str, str, int], Any],
-                 c: CauseConfig | None = None) -> list[tuple[str, str]]:
+def outlier_nics(nics: dict[tuple[str, str, int], Any], c: CauseConfig | None = None,
+                 store: TelemetryStore | None = None) -> list[tuple[str, str]]:
     """(host, nic) of the ports whose congestion or error counters grow at least
     ``c.nic_outlier`` times the ports' lower quartile (at least ``c.ref_floor`` of their
     own rate), on ``c.nic_agree`` counters.
     The quartile is taken once per counter over all ports (one port more or
     less in the reference does not move a quartile). One numpy pass over a
-    (counter x port) matrix of rates."""
+    (counter x port) matrix of rates: read from ``store``'s table of ports when given
+    (``nics`` are its), else from each port's ``rates``."""
     if not nics:
         return []
     c = c or CauseConfig()
-    devs = [d.rates for d in nics.values()]
-    rates = np.array([[r.get(name, 0.0) for r in devs] for name in _OUTLIER_NAMES])
+    if store is not None:
+        rates = store.nic_rates(list(nics), _OUTLIER_NAMES)
+    else:
+        devs = [d.rates for d in nics.values()]
+        rates = np.array([[r.get(name, 0.0) for r in devs] for name in _OUTLIER_NAMES])
     refs = lower_quartiles(rates)
     hit = (rates > 0) & (rates >= c.nic_outlier * np.maximum(refs[:, None],
                                                              c.ref_floor * rates))

@@ -103,6 +103,7 @@ _INTS = frozenset((int,))
 _INT_NONE = frozenset((int, type(None)))
 # what a round of NIC samples reads of each (``TelemetryStore._nic_round``), in this order
 _NIC_FIELDS = ("ts", "speed_gbps", "state", *NIC_COUNTERS)
+_NIC_INDEX = {name: j for j, name in enumerate(NIC_COUNTERS)}
 
 
 class GpuTable:
@@ -911,6 +912,19 @@ class TelemetryStore:
         if dev is None:
             dev = self.hosts[ev["host"]] = Device()
         dev.observe(ev, HOST_GAUGES, (), self.p)
+
+    def nic_rates(self, keys: list[tuple[str, str, int]], names: tuple[str, ...]
+                  ) -> np.ndarray:
+        """The smoothed rates of ports ``keys`` (held ones) for the counters ``names``: a
+        row per name, a column per port, 0.0 where a port has none (what
+        ``[[nics[k].rates.get(name, 0.0) for k in keys] for name in names]`` reads), taken
+        from the table at once."""
+        if self._nic_pending:
+            self.flush_nics()
+        t = self.nic_table
+        rows = list(map(t.rows.__getitem__, keys))
+        r = t.rates[np.ix_(rows, [_NIC_INDEX[name] for name in names])].T
+        return np.ascontiguousarray(np.where(np.isnan(r), 0.0, r))
 
     def nics_of(self, host: str) -> list[Any]:
         return [d for (h, _, _), d in self.nics.items() if h == host]

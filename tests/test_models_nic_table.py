@@ -125,3 +125,21 @@ def test_held_samples_survive_a_snapshot_and_forgotten_ports_start_afresh():
     st.nics = {k: d for k, d in st.nics.items() if k[1] != "mlx5_1"}
     assert sorted(k[1] for k in st.nics) == ["mlx5_0", "mlx5_2"]
     assert all(d.n == 6 for d in st.nics.values())
+
+
+def test_the_readers_accessor_reads_what_the_ports_views_read():
+    from failslow.models.links import _OUTLIER_NAMES, outlier_nics
+
+    rng = random.Random(11)
+    st = TelemetryStore()
+    for rnd in _samples(rng, 8):
+        for e in rnd:
+            st.observe_nic(e)
+    st.observe_nic_batch(to_batch([dict(e, ts=T0 + 20, rx_drops_total=10**12)
+                                   for e in _samples(random.Random(1), 1)[0]
+                                   if e["host"] == "h1"]))
+    keys = [k for k in st.nics if k[1] != "mlx5_1"]
+    got = st.nic_rates(keys, _OUTLIER_NAMES)
+    assert got.tolist() == [[st.nics[k].rates.get(n, 0.0) for k in keys] for n in _OUTLIER_NAMES]
+    nics = dict(st.nics)
+    assert outlier_nics(nics, None, st) == outlier_nics(nics)
