@@ -217,8 +217,23 @@ class CommRows:
         entry, whether it is a send/recv. Computed once, for all rows."""
         if self._sums is None:
             isp = list(map(KIND.__contains__, self.op))
-            self._sums = (self._row_sums(None), self._row_sums(isp) if True in isp
-                          else [0.0] * self.n, isp)
+            if len(self.blocked) < 1024:
+                # one pass for both (numpy's fixed cost is more than a host's entries cost)
+                at, values = self.at, self.blocked
+                every, p2p = [], []
+                for i in range(self.n):
+                    acc = accp = 0.0
+                    for j in range(at[i], at[i + 1]):
+                        x = values[j]
+                        acc += x
+                        if isp[j]:
+                            accp += x
+                    every.append(acc)
+                    p2p.append(accp)
+                self._sums = (every, p2p, isp)
+            else:
+                self._sums = (self._row_sums(None), self._row_sums(isp) if True in isp
+                              else [0.0] * self.n, isp)
         return self._sums
 
     def _row_sums(self, keep: list[bool] | None) -> list[float]:

@@ -196,9 +196,16 @@ class P2PMonitor:
         ``add_comm`` takes one; the rows where a pair was confirmed. ``stop``: return after
         the first such row (the caller judges it before the rest)."""
         at, ranks, ops, peers, sizes = c.at, c.rank, c.op, c.peer, c.size
+        min_s, nbytes, cnt, tss, w0s, ends = c.min_s, c.nbytes, c.cnt, c.ts, c.w0, c.end
         mid: float | None = None      # the job's recent step time, for ``_window``
         ask = True
         done = []
+        pending, wstart = self.pending, self.wstart
+        alpha = self.cfg.p2p.window_alpha
+        lw = self.cfg.substep.long_windows
+        per_step: int | None = None
+        per: dict[tuple[int, int], list[float]] = {}
+        inf = math.inf
         for i in range(lo, hi):
             rank = ranks[i]
             step = steps[i]
@@ -209,24 +216,58 @@ class P2PMonitor:
                     peer = peers[j]
                     if peer is not None:
                         seen = True
-                        self._take(step, rank, int(peer), op, c.min_s[j], c.nbytes[j],
-                                   c.cnt[j])
+                        # ``_take``, inline (a send/recv entry of nearly every row)
+                        peer = int(peer)
+                        nb, n = nbytes[j], cnt[j]
+                        if peer == rank or nb <= 0 or n <= 0:
+                            continue
+                        pair = (rank, peer) if rank < peer else (peer, rank)
+                        if per_step != step:
+                            got = pending.get(step)
+                            if got is None:
+                                got = pending[step] = {}
+                            per, per_step = got, step
+                        a = per.get(pair)
+                        if a is None:
+                            a = per[pair] = [inf, inf, 0.0, 0]
+                        d = 0 if (op == "send") == (rank < peer) else 1
+                        secs = min_s[j]
+                        cost = secs / (nb / n) if secs > 0 else inf
+                        if cost < a[d]:
+                            a[d] = cost
+                        if op == "send":
+                            a[2] += nb
+                        a[3] += n
                     elif sizes[j] == 2:
                         seen = True
-                        self._orphan(step, c.group[j], rank, op, c.min_s[j], c.nbytes[j],
-                                     c.cnt[j])
+                        self._orphan(step, c.group[j], rank, op, min_s[j], nbytes[j], cnt[j])
+                        per_step = None
+            # ``_window_time`` (the producers' window, the rank's step start), inline
+            ts, w0 = float(tss[i]), float(w0s[i])
+            st = wstart.get(rank)
+            new_st = st is None or st[0] != step
+            wn = self.window_s
+            if not ends[i] and ts > w0:
+                wn = ts - w0 if not wn else (1.0 - alpha) * wn + alpha * (ts - w0)
             if seen:
                 self.hosts[rank] = c.host[i]
                 if ask:       # the median of the last mid_steps (5), once per call
                     recent = sorted(d for _, d in self.hist[-self.cfg.p2p.mid_steps:])
                     mid = recent[len(recent) // 2] if recent else None
                     ask = False
-                if self._window(c, i, step, mid):
-                    done.append(i)
-                    if stop:
-                        return done
-            else:
-                self._window_time(rank, c.ts[i], c.w0[i], c.end[i], step)
+                w = wn or 1.0
+                elapsed = ts - (w0 if st is None or new_st else st[1])
+                if not (elapsed < lw * w and (mid is None or mid < lw * w)):
+                    # inside a long step: ``_window`` (which learns the window itself)
+                    if self._window(c, i, step, mid):
+                        done.append(i)
+                        if stop:
+                            return done
+                    continue
+            # a short step (``_window`` would stop at its first test), or no send/recv
+            if new_st:
+                wstart[rank] = (step, w0)
+            self.window_s = wn
         return done
 
     # -- inside a long step: window by window -------------------------------------------

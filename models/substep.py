@@ -154,17 +154,18 @@ class SubStep:
         min_ops, long_w = self.cfg.substep.min_ops, self.cfg.substep.long_windows
         wa = self.cfg.substep.window_alpha
         done = []
+        first = self.first_step
         for i in range(lo, hi):
             r = ranks[i]
             ts = tss[i]
             w0 = w0s[i]
             step = steps[i]
-            if self.first_step is None or step < self.first_step:
-                self.first_step = step
+            if first is None or step < first:
+                self.first_step = first = step
             st = starts.get(r)
             if st is None or st[0] != step:
                 starts[r] = st = (step, w0)
-            end = bool(ends[i])
+            end = ends[i]               # read as ``not end``: None counts as False
             if not end and ts > w0:
                 # The producers' window, learned from windows a step end did not cut short.
                 self.window_s = ts - w0 if not self.window_s \
@@ -177,29 +178,29 @@ class SubStep:
             a, b = at[i], at[i + 1]
             if a == b or span < 0:
                 continue
-            blocked_all = ball_r[i]
-            p2p = p2p_r[i]
-            out = []
-            elapsed = ts - st[1]
+            out = None
             for j in range(a, b):
+                if isp[j]:
+                    continue
                 size = sizes[j]
                 n = cnts[j]
-                if isp[j] or size < 2 or n <= 0:
+                if size < 2 or n <= 0:
                     continue
                 group = groups_c[j]
                 bj = blocked[j]
                 g = groups.get(group)
                 if g is None:
                     g = groups[group] = GroupTicks(size, self.cfg)
-                ball = blocked_all
+                ball = ball_r[i]
                 pend = g.pend
-                seen = g.seen.get(r)
+                gseen = g.seen
+                seen = gseen.get(r)
                 if seen is None or seen[0] != step:
                     # The first op of a step waits for the members' different starts
                     # (the last step's other groups), not for their work: in every
                     # member's first window of the group in a step, its longest op is
                     # left out.
-                    seen = g.seen[r] = (step, int(not end), seen[1] if seen is not None else 0)
+                    seen = gseen[r] = (step, int(not end), seen[1] if seen is not None else 0)
                     q = pend.pop(r, None)      # and what was left of its last step
                     if q is not None and q[1] >= min_ops:
                         g.ready -= 1
@@ -209,10 +210,11 @@ class SubStep:
                     if n <= 0:
                         continue
                 else:
-                    seen = g.seen[r] = (step, seen[1] + (not end), seen[2])
+                    seen = gseen[r] = (step, seen[1] + (not end), seen[2])
                 p = pend.get(r)
                 if p is None:
-                    pend[r] = [bj, float(n), span, ball, float(max(seen[1], seen[2])), p2p]
+                    pend[r] = [bj, float(n), span, ball,
+                               float(seen[2] if seen[2] > seen[1] else seen[1]), p2p_r[i]]
                     if n >= min_ops:
                         g.ready += 1
                 else:
@@ -221,13 +223,15 @@ class SubStep:
                     p[1] += n
                     p[2] += span
                     p[3] += ball
-                    p[5] += p2p
-                    p[4] = max(seen[1], seen[2])
+                    p[5] += p2p_r[i]
+                    p[4] = seen[2] if seen[2] > seen[1] else seen[1]      # max()
                     if was < min_ops <= p[1]:
                         g.ready += 1
                 # every member has sent a window since the last tick, each with min_ops ops
                 if g.ready >= g.size and g.ready == len(pend):
-                    g.long = elapsed >= long_w * (self.window_s or 1.0)
+                    g.long = ts - st[1] >= long_w * (self.window_s or 1.0)
+                    if out is None:
+                        out = []
                     out.append(self._tick(group, g, ts, step, not end))
             if out:
                 done.append((i, out))
@@ -270,12 +274,17 @@ class SubStep:
         # two steps', that ``models.job`` weighs with the member's last step at short steps.
         obs = g.obs
         if closed and (not obs or obs[-1][0] < step):
-            obs.append((step, ts, {m: (max((x - min(w, max(x, 0.0))) / ref_work, -fast),
-                                       float(x * p[1] / max(p[2], 1e-9)))
-                                   for m, x, w, p in zip(members, late, waited, pend,
-                                                         strict=True)}))
+            # max() and min() written out, the same values (each returns its first argument
+            # unless the second is strictly beyond it): a tick of every group, every step
+            now: dict[int, tuple[float, float]] = {}
+            for m, x, wt, p in zip(members, late, waited, pend, strict=True):
+                y = 0.0 if x < 0.0 else x                        # max(x, 0.0)
+                v = (x - (y if y < wt else wt)) / ref_work       # min(wt, y)
+                now[m] = (-fast if v < -fast else v,             # max(v, -fast)
+                          float(x * p[1] / (1e-9 if p[2] < 1e-9 else p[2])))
+            obs.append((step, ts, now))
             g.obs = obs[-2:]
-        if min(p[4] for p in pend) < sp.min_spread:
+        if min([p[4] for p in pend]) < sp.min_spread:
             # A group whose ops come in a burst (gradient buckets at the step's end: in one
             # or two windows a step), or a short step (one window closed on time): no
             # value for the windowed test.
