@@ -187,8 +187,6 @@ def worker_child(trace: str, partitions: int, profile: bool) -> None:
     from failslow.streams.snapshots import SnapshotStore
 
     cfg = WorkerConfig(bootstrap="unused:1", topics=Topics())
-    if os.environ.get("WCOST_SHARD_RANKS"):   # --shard-ranks: a large job's shape, smaller
-        cfg.shard_ranks = int(os.environ["WCOST_SHARD_RANKS"])
     sinks = {name: _Topic() for name in ("job", "incidents", "dead", "hostmap")}
     metrics = Metrics()
     out = Outputs(metrics, partitions=partitions, **sinks)
@@ -282,8 +280,8 @@ def main() -> None:
                     help="also run the worker path under cProfile and print its N "
                          "functions of most own CPU time")
     ap.add_argument("--shard-ranks", type=int, default=0,
-                    help="the worker's --shard-ranks (default: its own, 4,096): e.g. 1,024 "
-                         "gives a 4,096-rank job the four shards of a 16,384-rank one")
+                    help="FAILSLOW_SHARD_RANKS for detect and the worker (default: theirs, "
+                         "4,096): 1,024 gives a 4,096-rank job a 16,384-rank one's 4 shards")
     ap.add_argument("--trace-dir", default=None,
                     help="keep the batched traces here and reuse them when present")
     ap.add_argument("--worker-child", nargs=3, metavar=("TRACE", "PARTS", "PROFILE"),
@@ -295,8 +293,8 @@ def main() -> None:
         return
     rows = []
     me = str(Path(__file__).resolve())
-    if args.shard_ranks:
-        os.environ["WCOST_SHARD_RANKS"] = str(args.shard_ranks)
+    if args.shard_ranks:   # for detect and the worker alike (models/shard.py)
+        os.environ["FAILSLOW_SHARD_RANKS"] = str(args.shard_ranks)
     with tempfile.TemporaryDirectory(prefix="failslow-wcost-") as tmp:
         for ranks in args.ranks:
             keep = Path(args.trace_dir) if args.trace_dir else None
