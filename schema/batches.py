@@ -37,10 +37,11 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
-from failslow.schema.events import NESTED, OPS_MAX, SPECS, VERSION, SchemaError
-from failslow.schema.fast import all_valid, columns_ok
+from failslow.schema.events import MINIMA, NESTED, OPS_MAX, ORDERED, SPECS, VERSION, SchemaError
+from failslow.schema.fast import _ordered, all_valid, column_check, columns_ok
 
 
 @dataclass(frozen=True)
@@ -425,6 +426,148 @@ def _valid(obj: dict[str, Any]) -> bool:
     if nabsent and not _absent_ok(nabsent, cols, total):
         return False
     return columns_ok(name, cols, total, nabsent)
+
+
+def valid_many(objs: list[dict[str, Any]]) -> bool:
+    """True only when every batch of ``objs`` passes ``valid``: the batches of each kind
+    checked together, a field at a time over all of them (the field's values of every
+    batch joined, then one type set, one min and max: a value passes in its batch exactly
+    when in the joined values). A chunk of a trace holds a hundred batches of a kind and
+    a C-level pass per column of each was most of their validation. False: some batch
+    may be wrong (``valid`` then checks each)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for o in objs:
+        by.setdefault(o["kind"], []).append(o)
+    try:
+        return all(_valid_many(kind, group) for kind, group in by.items())
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return False
+
+
+_EMPTY: dict[str, Any] = {}
+_LIST_ONLY = frozenset((list,))
+_INT_ONLY = frozenset((int,))
+_NONE = type(None)
+_REQUIRED = {name: frozenset(f for f, t in spec[0].items() if t not in NESTED)
+             for name, spec in (*SPECS.items(), *NESTED.items())}
+_CHECKS = {repr(t): column_check(t) for spec in (*SPECS.values(), *NESTED.values())
+           for part in spec for t in part.values() if t not in NESTED}
+
+
+def _valid_many(kind: str, objs: list[dict[str, Any]]) -> bool:
+    bk = BATCH_KINDS[kind]
+    ns = []
+    for o in objs:           # the layout, batch by batch (``_valid``'s checks)
+        v = o.get("v")
+        if type(v) is not int or v != VERSION:
+            return False
+        keys = o.get(bk.row_key)
+        if type(keys) is not list or not 0 < len(keys) <= ROWS_MAX:
+            return False
+        n = len(keys)
+        ns.append(n)
+        for name in bk.shared:
+            if type(o.get(name)) is not str:
+                return False
+        extra = o.keys() - _KNOWN[kind]
+        if extra and not _extra_ok(o, extra, n):
+            return False
+        absent = o.get(ABSENT, _EMPTY)
+        if type(absent) is not dict or absent and not (
+                _absent_ok(absent, o, n) and absent.keys().isdisjoint(_REQUIRED[bk.row_kind])):
+            return False
+    if not _columns_many(bk.row_kind, objs, ns):
+        return False
+    if bk.nested is None:
+        return True
+    name = bk.nested
+    subs, totals = [], []
+    for o, n in zip(objs, ns, strict=True):
+        cols = o.get(name)
+        lens = o.get(f"{name}_len")
+        if type(cols) is not dict:
+            return False
+        if type(lens) is int:
+            if not 0 <= lens <= OPS_MAX:
+                return False
+            total = lens * n
+        elif type(lens) is list and len(lens) == n and set(map(type, lens)) == _INT_ONLY \
+                and min(lens) >= 0 and max(lens) <= OPS_MAX:
+            total = sum(lens)
+        else:
+            return False
+        if total == 0:
+            nscalar = _NESTED_SCALAR[name]
+            if not all(not value if type(value) is list else field in nscalar
+                       for field, value in cols.items()):
+                return False
+            continue
+        extra = cols.keys() - _KNOWN[name]
+        if extra and not _extra_ok(cols, extra, total):
+            return False
+        nabsent = o.get(f"{name}_{ABSENT}", _EMPTY)
+        if type(nabsent) is not dict or nabsent and not (
+                _absent_ok(nabsent, cols, total) and nabsent.keys().isdisjoint(_REQUIRED[name])):
+            return False
+        subs.append(cols)
+        totals.append(total)
+    return not subs or _columns_many(name, subs, totals)
+
+
+def _columns_many(rules: str, dicts: list[dict[str, Any]], ns: list[int]) -> bool:
+    """``schema.fast.columns_ok(rules, d, n, ...)`` of every ``d`` of ``dicts`` (``ns``: its
+    rows), a field at a time over all of them (the absent maps are the caller's)."""
+    spec = SPECS[rules] if rules in SPECS else NESTED[rules]
+    lows = MINIMA.get(rules, {})
+    gets = [d.get for d in dicts]
+    for fields, opt in ((spec[0], False), (spec[1], True)):
+        for name, ftype in fields.items():
+            if ftype in NESTED:
+                continue
+            vals: list[Any] = [g(name) for g in gets]
+            kinds = set(map(type, vals))
+            x: list[Any]
+            if ftype in _LIST_TYPES:      # a column, or (optional) missing: not null
+                cols = []
+                for v, d, n in zip(vals, dicts, ns, strict=True):
+                    if type(v) is list:
+                        if len(v) != n:
+                            return False
+                        cols.append(v)
+                    elif v is not None or name in d or not opt:
+                        return False
+                x = list(chain.from_iterable(cols))
+            elif kinds == _LIST_ONLY:
+                if list(map(len, vals)) != ns:
+                    return False
+                x = list(chain.from_iterable(vals))
+            elif list not in kinds:       # one value for all rows (None: no value)
+                x = vals
+            else:
+                x = []
+                for v, n in zip(vals, ns, strict=True):
+                    if type(v) is list:
+                        if len(v) != n:
+                            return False
+                        x += v
+                    else:
+                        x.append(v)
+            t = set(map(type, x))
+            if _NONE in t:
+                if not opt:
+                    return False
+                t.discard(_NONE)
+                x = [y for y in x if y is not None]
+            if t and not _CHECKS[repr(ftype)](x, t):
+                return False
+            low = lows.get(name)
+            if low is not None and t and min(x) < low:
+                return False
+    for lo, hi in ORDERED.get(rules, ()):
+        for d, n in zip(dicts, ns, strict=True):
+            if not _ordered(d.get(lo), d.get(hi), n):
+                return False
+    return True
 
 
 def _extra_ok(cols: dict[str, Any], extra: set[str], n: int) -> bool:

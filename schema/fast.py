@@ -217,6 +217,17 @@ def _compile_columns(rules: str, spec):
     return scope["columns_ok"]
 
 
+def column_check(ftype):
+    """``check(x, t)``: True when the values ``x`` of a column (no None among them), whose
+    types are ``t`` (a set, not empty), pass the contract type ``ftype``: what
+    ``columns_ok`` checks of one column, for checks that join columns
+    (``schema.batches.valid_many``)."""
+    scope: dict = {"NUM": frozenset((int, float)), "ints_ok": ints_ok, "nums_ok": nums_ok,
+                   "NONE": _NONE, "FLOAT": _FLOAT, "NUMT": _NUMT, "INT": _INT, "LIST": _LIST,
+                   "ONE": _ONE, "ints_in": _ints_in}
+    return eval(f"lambda x, t: {_list_ok(ftype)}", scope)  # noqa: S307 - from SPECS only
+
+
 _COLUMNS = {name: _compile_columns(name, spec)
             for name, spec in (*SPECS.items(), *NESTED.items())}
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from failslow.schema.batches import expand, expand_checked, take, to_batch, valid
+from failslow.schema.batches import expand, expand_checked, take, to_batch, valid, valid_many
 from failslow.simulator import SCENARIOS, simulate
 
 BAD_VALUES = [None, "x", True, -1, 0, -0.5, 2**70, 2**40, 1e300, [], [1], [None], {},
@@ -81,3 +81,23 @@ def test_a_bad_batch_is_refused_with_one_line_naming_the_field():
     assert not valid(gpu)
     rows, errors = expand_checked(gpu)
     assert rows == [] and errors == ["gpu_batch.temp_c: 1 values for 4 rows"]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_batches_checked_together_pass_exactly_when_each_passes(seed):
+    """``valid_many``: a chunk's batches checked a field at a time over all of them pass
+    only when every one passes ``valid`` (and here, whenever they do)."""
+    rng = random.Random(seed)
+    good = _batches()
+    assert valid_many([copy.deepcopy(b) for b in good for _ in range(3)])
+    passed = failed = 0
+    for b in good:
+        for m in _mutants(b, rng, 300):
+            group = [copy.deepcopy(x) for x in rng.sample(good, 2)] + [m]
+            rng.shuffle(group)
+            each = all(valid(o) for o in group)
+            assert valid_many(group) == each, m
+            assert valid_many([m]) == valid(m), m
+            passed += each
+            failed += not each
+    assert passed and failed

@@ -41,7 +41,7 @@ from failslow.models.pipeline import Detector
 from failslow.models.settings import DetectionConfig
 from failslow.models.shard import ShardedDetector
 from failslow.schema import SchemaError, validate
-from failslow.schema.batches import BATCH_KINDS, expand_checked, is_batch, valid
+from failslow.schema.batches import BATCH_KINDS, expand_checked, is_batch, valid, valid_many
 from failslow.schema.fast import all_valid
 
 loads = orjson.loads
@@ -202,7 +202,10 @@ def _all_valid(batch: list) -> bool:
     if kinds.isdisjoint(BATCH_KINDS):
         return all_valid(batch)
     plain = [o for o in batch if o["kind"] not in BATCH_KINDS]
-    return all_valid(plain) and all(valid(o) for o in batch if o["kind"] in BATCH_KINDS)
+    batches = [o for o in batch if o["kind"] in BATCH_KINDS]
+    # the chunk's batches of a kind checked together (``valid_many``); where that does not
+    # pass, each alone as ever
+    return all_valid(plain) and (valid_many(batches) or all(map(valid, batches)))
 
 
 def _chunks(lines, src: int, warn, counts: Counts) -> Iterator[list[dict]]:
