@@ -496,9 +496,11 @@ class P2PMonitor:
                 st = self.pairs[p] = PairState(cfg.p2p.cost_window)
             sts.append(st)
             b = st.cost
-            if b.n >= cfg.warm_steps and b.median > 0:
-                ratio[i] = cost[i] / b.median
-                own[i] = b.sigma / b.median
+            # its median read once (a rolling quantile's ``get`` a read)
+            m = b.median if b.n >= cfg.warm_steps else 0.0
+            if m > 0:
+                ratio[i] = cost[i] / m
+                own[i] = b.sigma / m
                 warm[i] = True
         # Against its own past, normalized by the other pairs' same ratio.
         rel_o = np.zeros(n)
