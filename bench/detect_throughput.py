@@ -76,6 +76,8 @@ def baseline_detect(rev: str):
     detect = module("baseline_detect", "failslow/commands/detect.py")
     detect.all_valid = fast.all_valid
     detect.valid, detect.expand_checked = batches.valid, batches.expand_checked
+    if hasattr(batches, "valid_many"):      # REV's chunk-wide batch validation (5e385fb on)
+        detect.valid_many = batches.valid_many
     return detect.detect_lines
 
 
