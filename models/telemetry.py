@@ -492,6 +492,37 @@ class NicView:
         return int(t.n[t.rows[self.key]])
 
 
+def _round_columns(rnd: list[tuple[dict[str, Any], list[Any]]], fields: tuple[str, ...],
+                   kind: str, unit: str) -> tuple[list[Any], list[list[Any]]]:
+    """A round's device keys and its values a column per field: a lone sample's values, a
+    batch's columns as they are (its ``absent`` entries read as None), a value it writes
+    once repeated; ValueError for a batch column of the wrong length."""
+    keys: list[Any] = []
+    cols: list[list[Any]] = [[] for _ in fields]
+    for it, its in rnd:
+        keys += its
+        get = it.get
+        if it["kind"] != kind:          # a lone sample
+            for c, x in zip(cols, map(get, fields), strict=True):
+                c.append(x)
+            continue
+        k = len(its)
+        absent = get("absent")
+        for c, v, name in zip(cols, map(get, fields), fields, strict=True):
+            if type(v) is not list:
+                c += [v] * k
+                continue
+            if len(v) != k:
+                raise ValueError(f"{kind}.{name}: {len(v)} values for {k} {unit}")
+            gone = absent.get(name) if absent else None
+            if gone:
+                v = list(v)
+                for i in gone:
+                    v[i] = None
+            c += v
+    return keys, cols
+
+
 def _is_batch(item: dict[str, Any]) -> bool:
     return item["kind"] == "gpu_batch"
 
@@ -737,31 +768,8 @@ class TelemetryStore:
         """One numpy step over samples of distinct GPUs: their values gathered a column per
         field over the round (a lone sample's values, a batch's columns as they are, a value
         it writes once repeated), each column made an array at once."""
-        keys: list[tuple[str, int]] = []
-        cols: list[list[Any]] = [[] for _ in _ROUND_FIELDS]
+        keys, cols = _round_columns(rnd, _ROUND_FIELDS, "gpu_batch", "GPUs")
         ts, reasons, xids = cols[0], cols[-2], cols[-1]
-        for it, its in rnd:
-            keys += its
-            get = it.get
-            if not _is_batch(it):
-                ts.append(it["ts"])
-                for c, x in zip(cols[1:], map(get, _ROUND_FIELDS[1:]), strict=True):
-                    c.append(x)
-                continue
-            k = len(its)
-            absent = get("absent")
-            for c, v, name in zip(cols, map(get, _ROUND_FIELDS), _ROUND_FIELDS, strict=True):
-                if type(v) is not list:
-                    c += [v] * k
-                    continue
-                if len(v) != k:
-                    raise ValueError(f"gpu_batch.{name}: {len(v)} values for {k} GPUs")
-                gone = absent.get(name) if absent else None
-                if gone:
-                    v = list(v)
-                    for i in gone:
-                        v[i] = None
-                c += v
         if not set(map(type, ts)) <= _NUMBER:
             raise TypeError("a sample's ts is not a number")
         rows = self._rows(keys)
@@ -860,29 +868,7 @@ class TelemetryStore:
         """One numpy step over samples of distinct ports: their values gathered a column
         per field over the round (a batch's columns as they are, a value it writes once
         repeated), each column made an array at once."""
-        keys: list[tuple[str, str, int]] = []
-        cols: list[list[Any]] = [[] for _ in _NIC_FIELDS]
-        for it, its in rnd:
-            keys += its
-            get = it.get
-            if it["kind"] == "nic":
-                for c, x in zip(cols, map(get, _NIC_FIELDS), strict=True):
-                    c.append(x)
-                continue
-            k = len(its)
-            absent = get("absent")
-            for c, v, name in zip(cols, map(get, _NIC_FIELDS), _NIC_FIELDS, strict=True):
-                if type(v) is not list:
-                    c += [v] * k
-                    continue
-                if len(v) != k:
-                    raise ValueError(f"nic_batch.{name}: {len(v)} values for {k} ports")
-                gone = absent.get(name) if absent else None
-                if gone:
-                    v = list(v)
-                    for i in gone:
-                        v[i] = None
-                c += v
+        keys, cols = _round_columns(rnd, _NIC_FIELDS, "nic_batch", "ports")
         ts, speed, state, *counters = cols
         if not set(map(type, ts)) <= _NUMBER:
             raise TypeError("a sample's ts is not a number")
