@@ -248,23 +248,54 @@ class GpuTable:
         self.ver += 1
 
 
-class GpuView:
+class _TableView:
+    """One device's row of a table as a ``Device`` reads it: dicts of the values it has
+    (``gauges``, ``first``, ``rates``, ``last``, ...: ``_PARTS``), each made when read and
+    kept until the table changes (``_make``)."""
+
+    __slots__ = ("store", "key", "_ver", "_dicts")
+    _PARTS: tuple[Any, ...] = ()
+
+    def __init__(self, store: TelemetryStore, key: tuple[Any, ...]) -> None:
+        self.store = store
+        self.key = key
+        self._ver = -1
+        self._dicts: list[dict[str, Any] | None] = [None] * len(self._PARTS)
+
+    @property
+    def table(self) -> Any:
+        raise NotImplementedError
+
+    def _make(self, t: Any, i: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _get(self, i: int) -> dict[str, Any]:
+        t = self.table
+        if self._ver != t.ver:
+            self._dicts = [None] * len(self._PARTS)
+            self._ver = t.ver
+        d = self._dicts[i]
+        if d is None:
+            d = self._dicts[i] = self._make(t, i)
+        return d
+
+    gauges = property(lambda self: self._get(0))
+    first = property(lambda self: self._get(1))
+    rates = property(lambda self: self._get(2))
+    last = property(lambda self: self._get(3))
+
+
+class GpuView(_TableView):
     """One GPU of the ``GpuTable`` as a ``Device`` reads (``gauges``, ``first``, ``rates``,
     ``last``, ``reasons``: dicts of the values it has; ``xids``, ``last_ts``, ``n``,
     ``down``), for the readers of a few devices (``models.rootcause``, ``models.links``,
     ``models.incidents``). A dict is made when read and kept until the table changes;
     samples the store holds back are applied first."""
 
-    __slots__ = ("store", "key", "_ver", "_dicts")
+    __slots__ = ()
     down = False
     _PARTS = (("gauges", GPU_GAUGES), ("first", GPU_GAUGES), ("rates", GPU_COUNTERS),
               ("last", GPU_COUNTERS), ("reasons", _REASON_NAMES))
-
-    def __init__(self, store: TelemetryStore, key: tuple[str, int]) -> None:
-        self.store = store
-        self.key = key
-        self._ver = -1
-        self._dicts: list[dict[str, float] | None] = [None] * 5
 
     @property
     def table(self) -> GpuTable:
@@ -273,22 +304,11 @@ class GpuView:
             st.flush()
         return st.table
 
-    def _get(self, i: int) -> dict[str, float]:
-        t = self.table
-        if self._ver != t.ver:
-            self._dicts = [None] * 5
-            self._ver = t.ver
-        d = self._dicts[i]
-        if d is None:
-            attr, names = self._PARTS[i]
-            values = getattr(t, attr)[t.rows[self.key]].tolist()
-            d = self._dicts[i] = {k: x for k, x in zip(names, values, strict=True) if x == x}
-        return d
+    def _make(self, t: GpuTable, i: int) -> dict[str, Any]:
+        attr, names = self._PARTS[i]
+        values = getattr(t, attr)[t.rows[self.key]].tolist()
+        return {k: x for k, x in zip(names, values, strict=True) if x == x}
 
-    gauges = property(lambda self: self._get(0))
-    first = property(lambda self: self._get(1))
-    rates = property(lambda self: self._get(2))
-    last = property(lambda self: self._get(3))
     reasons = property(lambda self: self._get(4))
 
     @property
@@ -426,23 +446,17 @@ class NicTable:
         self.ver += 1
 
 
-class NicView:
+class NicView(_TableView):
     """One NIC port of the ``NicTable`` as a ``Device`` reads (``gauges``, ``first``,
     ``rates``, ``last``: dicts of the values it has; ``down``, ``last_ts``, ``n``), for the
     readers of a job's ports (``models.rootcause``, ``models.links``). A dict is made when
     read and kept until the table changes; samples the store holds back are applied
     first."""
 
-    __slots__ = ("store", "key", "_ver", "_dicts")
+    __slots__ = ()
     _PARTS = ("gauges", "first", "rates", "last")     # the dicts it makes, in this order
     xids: tuple[int, ...] = ()
     reasons: dict[str, float] = {}
-
-    def __init__(self, store: TelemetryStore, key: tuple[str, str, int]) -> None:
-        self.store = store
-        self.key = key
-        self._ver = -1
-        self._dicts: list[dict[str, Any] | None] = [None] * len(self._PARTS)
 
     @property
     def table(self) -> NicTable:
@@ -451,30 +465,16 @@ class NicView:
             st.flush_nics()
         return st.nic_table
 
-    def _get(self, i: int) -> dict[str, Any]:
-        t = self.table
-        if self._ver != t.ver:
-            self._dicts = [None] * len(self._PARTS)
-            self._ver = t.ver
-        d = self._dicts[i]
-        if d is None:
-            r = t.rows[self.key]
-            if i < 2:
-                x = float((t.speed if i == 0 else t.first)[r])
-                d = {"speed_gbps": x} if x == x else {}
-            elif i == 2:
-                d = {k: x for k, x in zip(NIC_COUNTERS, t.rates[r].tolist(), strict=True)
-                     if x == x}
-            else:
-                d = {k: x for k, x, h in zip(NIC_COUNTERS, t.last[r].tolist(),
-                                             t.has[r].tolist(), strict=True) if h}
-            self._dicts[i] = d
-        return d
-
-    gauges = property(lambda self: self._get(0))
-    first = property(lambda self: self._get(1))
-    rates = property(lambda self: self._get(2))
-    last = property(lambda self: self._get(3))
+    def _make(self, t: NicTable, i: int) -> dict[str, Any]:
+        r = t.rows[self.key]
+        if i < 2:
+            x = float((t.speed if i == 0 else t.first)[r])
+            return {"speed_gbps": x} if x == x else {}
+        if i == 2:
+            return {k: x for k, x in zip(NIC_COUNTERS, t.rates[r].tolist(), strict=True)
+                    if x == x}
+        return {k: x for k, x, h in zip(NIC_COUNTERS, t.last[r].tolist(),
+                                        t.has[r].tolist(), strict=True) if h}
 
     @property
     def down(self) -> bool:
