@@ -14,7 +14,9 @@ False
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import le
+from typing import Any
 
 from failslow.schema.events import (
     I32_MAX,
@@ -100,7 +102,7 @@ def nums_ok(xs: list) -> bool:
     return all(type(x) is float or (type(x) is int and INT_MIN <= x <= INT_MAX) for x in xs)
 
 
-def _compile_all():
+def _compile_all() -> Any:
     """``all_valid(objs)``: True when every object decoded by orjson certainly
     passes ``schema.validate``. One generated function with the SPECS table
     inlined (the way dataclasses builds ``__init__``): no Python call per
@@ -217,7 +219,7 @@ def _compile_columns(rules: str, spec):
     return scope["columns_ok"]
 
 
-def column_check(ftype):
+def column_check(ftype: Any) -> Callable[[list, set], bool]:
     """``check(x, t)``: True when the values ``x`` of a column (no None among them), whose
     types are ``t`` (a set, not empty), pass the contract type ``ftype``: what
     ``columns_ok`` checks of one column, for checks that join columns
