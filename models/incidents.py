@@ -315,13 +315,10 @@ class IncidentTracker:
         return (past is not None and float(f.onset_ts) < past[0]
                 and self._fading(f, x, pct, past[1], past[2], cfg))
 
-    @staticmethod
-    def _iid(job_id: str, key: str, f: Finding) -> str:
-        return f"{job_id}:{f.fault}:{key.split(':', 1)[1]}:{f.onset_step}"
-
     def _open(self, job_id: str, key: str, f: Finding, cause: str, ts: float,
               pct: float) -> Incident:
-        iid = self._iid(job_id, key, f)
+        culprit = key.split(":", 1)[1]
+        iid = f"{job_id}:{f.fault}:{culprit}:{f.onset_step}"
         again = self.reopened.get(iid)
         self.reopened[iid] = (again or 0) + 1
         if again:          # same culprit and onset, after a resolve: a new incident

@@ -10,6 +10,7 @@ attribution (``models.rootcause``) reads this state; it never reads events.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from itertools import chain, repeat
 from typing import Any
@@ -248,13 +249,15 @@ class GpuTable:
         self.ver += 1
 
 
-class _TableView:
+class _TableView(ABC):
     """One device's row of a table as a ``Device`` reads it: dicts of the values it has
     (``gauges``, ``first``, ``rates``, ``last``, ...: ``_PARTS``), each made when read and
     kept until the table changes (``_make``)."""
 
     __slots__ = ("store", "key", "_ver", "_dicts")
     _PARTS: tuple[Any, ...] = ()
+    # the store's flag of samples held back, the method applying them, and the table
+    _FROM = ("_pending", "flush", "table")
 
     def __init__(self, store: TelemetryStore, key: tuple[Any, ...]) -> None:
         self.store = store
@@ -264,10 +267,16 @@ class _TableView:
 
     @property
     def table(self) -> Any:
-        raise NotImplementedError
+        """The table, once the samples the store holds back are applied."""
+        st = self.store
+        held, apply, table = self._FROM
+        if getattr(st, held):
+            getattr(st, apply)()
+        return getattr(st, table)
 
+    @abstractmethod
     def _make(self, t: Any, i: int) -> dict[str, Any]:
-        raise NotImplementedError
+        """Part ``i`` of ``_PARTS`` read from row ``t.rows[self.key]``."""
 
     def _get(self, i: int) -> dict[str, Any]:
         t = self.table
@@ -296,13 +305,6 @@ class GpuView(_TableView):
     down = False
     _PARTS = (("gauges", GPU_GAUGES), ("first", GPU_GAUGES), ("rates", GPU_COUNTERS),
               ("last", GPU_COUNTERS), ("reasons", _REASON_NAMES))
-
-    @property
-    def table(self) -> GpuTable:
-        st = self.store
-        if st._pending:
-            st.flush()
-        return st.table
 
     def _make(self, t: GpuTable, i: int) -> dict[str, Any]:
         attr, names = self._PARTS[i]
@@ -458,12 +460,7 @@ class NicView(_TableView):
     xids: tuple[int, ...] = ()
     reasons: dict[str, float] = {}
 
-    @property
-    def table(self) -> NicTable:
-        st = self.store
-        if st._nic_pending:
-            st.flush_nics()
-        return st.nic_table
+    _FROM = ("_nic_pending", "flush_nics", "nic_table")
 
     def _make(self, t: NicTable, i: int) -> dict[str, Any]:
         r = t.rows[self.key]
