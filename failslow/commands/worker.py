@@ -13,6 +13,7 @@ held back (one line per kind a minute) and counted in
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import logging
 from typing import Any
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--jitter must be >= 0")
     if args.internal_retention_h <= 0:
         raise ConfigError("--internal-retention-h must be > 0")
+    # a crash in native code (a Kafka client, a codec) says where it was, on stderr
+    faulthandler.enable()
     if not 1 <= args.fetch_wait_ms <= 10_000:
         raise ConfigError("--fetch-wait-ms must be between 1 and 10000")
     if not 0 <= args.telemetry_delay < args.lateness:
