@@ -50,27 +50,31 @@ ROBUST_MAD = 1.4826          # MAD of normal noise -> its sigma (a property of t
 
 
 def _rowmedian(w: np.ndarray) -> np.ndarray:
-    """Median of each row, NaN ignored (NaN for a row of NaN); numpy's plain median
-    where no value is missing (several times faster than nanmedian).
+    """Median of each row, NaN ignored (NaN for a row of NaN): ``np.median`` where no
+    value is missing (the middle value, or the mean of the two middle ones).
 
     With values missing: the rows sorted (NaN last), the mean of the two middle values
     of each row's count (the middle one twice for an odd count), what ``np.nanmedian``
     computes for rows this short (a masked sort, then (low + high) / 2), without its
     masked arrays and warnings: ~10x faster at 1,024 ranks."""
     missing = np.isnan(w)
-    if not missing.any():
+    if not w.shape[1]:
         return np.median(w, axis=1)
+    # Rows sorted whole (NaN last): numpy sorts a few dozen values a row several times
+    # faster than its median's partition (1,024 x 32: ~0.1 vs ~0.9 ms) and the order
+    # statistics are the same values, so the medians are identical bit for bit.
+    s = np.sort(w, axis=1)
+    if not missing.any():
+        k = w.shape[1] // 2
+        return s[:, k].copy() if w.shape[1] % 2 else (s[:, k - 1] + s[:, k]) / 2.0
     cnt = w.shape[1] - missing.sum(axis=1)
     hi = cnt // 2
     lo = np.where(cnt % 2 == 1, hi, hi - 1)
     rows = np.arange(w.shape[0])
     if cnt.size and cnt[0] > 0 and (cnt == cnt[0]).all():
         # Every row holds as many values (the usual case: ranks get their values at the
-        # same steps): the two order statistics by a partition, NaN as +inf (last).
-        k = sorted({int(lo[0]), int(hi[0])})
-        s = np.partition(np.where(missing, np.inf, w), k, axis=1)
+        # same steps): the two order statistics are the same columns of every row.
         return (s[:, lo[0]] + s[:, hi[0]]) / 2.0
-    s = np.sort(w, axis=1)
     med = (s[rows, np.maximum(lo, 0)] + s[rows, np.minimum(hi, w.shape[1] - 1)]) / 2.0
     med[cnt == 0] = np.nan
     return med
