@@ -379,12 +379,13 @@ class JobState(Attribution):
                 continue
             before = obs[-2][2]
             for m, (rel, share) in obs[-1][2].items():
+                was = before.get(m, (0.0, 0.0))[0]
+                if was < floor or rel < max(floor, cfg.far_fade_ratio * was):
+                    continue        # the two ticks first: most members stop here, cheaply
                 st = self.ranks.get(m)
                 seen = self.sub_seen.get(m)
-                was = before.get(m, (0.0, 0.0))[0]
                 if (st is None or st.kind is not None or (seen is not None and seen[0] >= s)
-                        or st.cusum < cfg.z_min or st.rel < cfg.far_rel or st.z < cfg.far_step_z
-                        or was < floor or rel < max(floor, cfg.far_fade_ratio * was)):
+                        or st.cusum < cfg.z_min or st.rel < cfg.far_rel or st.z < cfg.far_step_z):
                     continue
                 host = self.rank_host.get(m)
                 if any(h == host and r != m and (o := self.ranks.get(r)) is not None
