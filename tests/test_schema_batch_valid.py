@@ -5,6 +5,7 @@ simulator and ``to_batch`` write; the batch consumers take whole only what it pa
 from __future__ import annotations
 
 import copy
+import math
 import random
 
 import pytest
@@ -101,3 +102,32 @@ def test_batches_checked_together_pass_exactly_when_each_passes(seed):
             passed += each
             failed += not each
     assert passed and failed
+
+
+LONG_BAD = [math.nan, math.inf, -math.inf, -0.0, 0.0, 2**63, 2**63 - 1, -(2**63), -(2**63) - 1,
+            2**64 - 1, 2**31, -(2**31) - 1, True, 1.0e10, 9.99e9, -1e-300, 1, 3.5, None, "x"]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_long_joined_columns_give_the_verdicts_of_min_and_max(seed, monkeypatch):
+    """A chunk's joined columns of a few hundred values are bounded by numpy
+    (``schema.batches._lo_hi``): the same verdicts as ``min()`` / ``max()`` of the lists,
+    NaN, infinities, -0.0, ints beyond 64 bits and bools included."""
+    from failslow.schema import batches
+
+    rng = random.Random(seed)
+    good = _batches()
+    for _ in range(150):
+        group = [copy.deepcopy(b) for b in good for _ in range(40)]
+        for _ in range(rng.randrange(1, 3)):
+            m = rng.choice(group)
+            where = m["ops"] if "ops" in m and rng.random() < 0.5 else m
+            name = rng.choice(sorted(k for k in where if type(where[k]) is list
+                                     and k not in ("kind", "absent")))
+            col = where[name]
+            if col and type(col[0]) is not list:
+                col[rng.randrange(len(col))] = rng.choice(LONG_BAD)
+        fast = valid_many(group)
+        with monkeypatch.context() as mp:
+            mp.setattr(batches, "_NP_MIN", 10**9)        # min() and max() only
+            assert valid_many(group) == fast
