@@ -454,14 +454,19 @@ class Detector:
         if c.n == 1:        # one rank's window (the per-rank kind)
             s = c.step[0]
             steps = [int(s) if s is not None else last.get(c.rank[0], -1) + 1]
+            one = False
         else:
-            steps = [int(s) if s is not None else last.get(r, -1) + 1
-                     for s, r in zip(c.step, c.rank, strict=True)]
+            s0 = c.step[0]
+            one = type(s0) is int and c.step.count(s0) == c.n   # a batch of one step
+            steps = [cast(int, s0)] * c.n if one else [
+                int(s) if s is not None else last.get(r, -1) + 1
+                for s, r in zip(c.step, c.rank, strict=True)]
         done = job.evaluated
         known = job.rank_host
         out = []
-        if hi - lo == 1 or not all(steps[i] > done and c.rank[i] in known
-                                   for i in range(lo, hi)):
+        if hi - lo == 1 or not (
+                (steps[lo] > done if one else all(steps[i] > done for i in range(lo, hi)))
+                and all(map(known.__contains__, c.rank[lo:hi]))):
             # one row at a time: a window too late for its step, or a rank's first
             for i in range(lo, hi):
                 job.comm_full = []

@@ -249,7 +249,8 @@ class SubStep:
         g.pend = {}
         g.ready = 0
         per_op = [p[0] / p[1] for p in pend]
-        work = [max(p[2] - p[3], 0.0) / p[1] for p in pend]
+        # max(d, 0.0) written out (d unless 0.0 is strictly above it: the same value)
+        work = [(0.0 if (d := p[2] - p[3]) < 0.0 else d) / p[1] for p in pend]
         ref_work = _median(work)
         sp = cfg.substep
         fast = cfg.evidence.fast_max
@@ -260,7 +261,7 @@ class SubStep:
         # A member that waited longer than its peers for a pipeline neighbour (send/recv)
         # arrives that much later at this group's ops: it waited, it is not slow.
         mid5 = _median([p[5] for p in pend])
-        waited = [max(p[5] - mid5, 0.0) / p[1] for p in pend]
+        waited = [(0.0 if (d := p[5] - mid5) < 0.0 else d) / p[1] for p in pend]
         mid = _median(per_op)
         if len(pend) == 2:
             # Two members compare with each other (a median of two is their mean: half
