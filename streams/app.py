@@ -94,7 +94,8 @@ def build_app(cfg: WorkerConfig) -> faust.App:
                   partitions=nparts,
                   actions=sends.track(app.topic(t.for_kind("action"), value_serializer="raw")))
     hostmap = HostMap()
-    reader = HostMapReader(cfg.bootstrap, cfg.internal("hostmap"), nparts, hostmap)
+    reader = HostMapReader(cfg.bootstrap, cfg.internal("hostmap"), nparts, hostmap,
+                           fetch_wait_ms=cfg.fetch_wait_ms)
     router = RouteStage(cfg, nparts, out, metrics, hostmap)
     stage = JobStage(cfg, nparts, out, metrics, hostmap,
                      SnapshotStore(cfg.bootstrap, cfg.internal("snapshots"),

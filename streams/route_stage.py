@@ -11,20 +11,20 @@ no partition sees a job's early telemetry late.
 
 from __future__ import annotations
 
+import asyncio
 import math
-import os
 import threading
 import time
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition as AioPartition
 
-from failslow.schema import decode_lenient
+from failslow.schema import decode_lenient, kafka_security
 from failslow.schema.batches import expand_checked, is_batch
-from failslow.schema.kafka_security import reader_conf
 from failslow.schema.limits import too_large
-from failslow.streams import quiet
 from failslow.streams.config import WorkerConfig
 from failslow.streams.metrics import Metrics
 from failslow.streams.outputs import Outputs
@@ -39,27 +39,65 @@ from failslow.streams.sharding import event_shard, shard_partition, shard_parts
 
 
 class HostMapReader(threading.Thread):
-    """Reads every partition of the host-map topic from the start, for as long as it runs."""
+    """Reads every partition of the host-map topic from the start, for as long as it runs.
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, hostmap: HostMap) -> None:
+    With aiokafka (faust's client), on its own event loop in this thread, not with a
+    librdkafka consumer: librdkafka 2.16.0 (confluent-kafka 2.16.1) kills the process
+    (SIGSEGV in its own thread, which blocks every signal, so faulthandler prints
+    nothing) when a topic it is fetching is deleted and created again on Tansu: the
+    KIP-951 leader update it makes of the Fetch (v16) answer has neither topic id nor
+    name (core dump: id 0, name NULL) and ``rd_kafka_metadata_update_op`` looks the NULL
+    name up (``strcmp``). Reproduced 4/4 without a broker restart (a reader, the topic
+    deleted and created). The worker's topic watch recreates this topic after a broker
+    restart lost it (Tansu auto-creates it first, with its own partition count), so the
+    worker died of SIGSEGV instead of exiting 70 (the CI failure of
+    tests/test_streams_broker_faults.py, ~1 run in 20). aiokafka fetches by name (Fetch
+    <= v11): a recreated topic is read from its start again."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, hostmap: HostMap,
+                 fetch_wait_ms: int) -> None:
         super().__init__(name="failslow-hostmap", daemon=True)
-        self._consumer = Consumer(reader_conf(
-            bootstrap, f"failslow-hostmap-{os.getpid()}-{id(self)}",
-            {"logger": quiet.RDKAFKA_LOG}))
-        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.partitions = partitions
         self.hostmap = hostmap
+        # the worker's --fetch-wait-ms: Tansu holds every fetch this long, so it is the
+        # latency of an announcement, and each fetch costs Python time here (idle, 32
+        # partitions: ~18 / 11 / 5 ms CPU a second at 50 / 100 / 500 ms; librdkafka's
+        # reader took ~3.6 at 50)
+        self.fetch_wait_ms = fetch_wait_ms
+        self.read = 0                       # entries read (for tests)
         self._stop = threading.Event()
 
     def run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                for m in self._consumer.consume(num_messages=500, timeout=0.1):
-                    value = m.value()
-                    if m.error() is None and value:
-                        entry = orjson.loads(value)
-                        self.hostmap.add(entry["host"], entry["partition"], time.time())
-        finally:
-            self._consumer.close()
+        asyncio.run(self._read())
+
+    async def _read(self) -> None:
+        while not self._stop.is_set():
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                auto_offset_reset="earliest", fetch_max_wait_ms=self.fetch_wait_ms,
+                **kafka_security.current().aiokafka())
+            try:
+                await consumer.start()
+            except KafkaError:   # no broker yet: try again (a worker starts with one)
+                await consumer.stop()
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                tps = [AioPartition(self.topic, p) for p in range(self.partitions)]
+                consumer.assign(tps)
+                await consumer.seek_to_beginning(*tps)
+                while not self._stop.is_set():
+                    got = await consumer.getmany(timeout_ms=100, max_records=500)
+                    for msgs in got.values():
+                        for m in msgs:
+                            if m.value:
+                                entry = orjson.loads(m.value)
+                                self.hostmap.add(entry["host"], entry["partition"], time.time())
+                                self.read += 1
+            finally:
+                await consumer.stop()
 
     def stop(self) -> None:
         self._stop.set()

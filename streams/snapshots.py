@@ -25,6 +25,7 @@ job topic is simply not acked past the previous one.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import time
@@ -34,8 +35,12 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition as AioPartition
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from failslow.schema import kafka_security
 from failslow.schema.errors import FailslowError
 from failslow.schema.kafka_security import client_conf, reader_conf
 from failslow.streams.quiet import RDKAFKA_LOG
@@ -74,7 +79,93 @@ class SnapshotError(FailslowError):
     """A snapshot could not be written to the broker."""
 
 
-def _reader(bootstrap: str) -> Consumer:
+class _Record:
+    """An aiokafka record with the calls of a confluent-kafka message ``scan``'s callers make."""
+
+    __slots__ = ("_r",)
+
+    def __init__(self, record: Any) -> None:
+        self._r = record
+
+    def value(self) -> bytes | None:
+        return self._r.value  # type: ignore[no-any-return]
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return list(self._r.headers or ())
+
+    def offset(self) -> int:
+        return int(self._r.offset)
+
+    def error(self) -> Any:
+        return None  # aiokafka raises a fetch's errors or retries them; none reaches here
+
+
+class _Reader:
+    """A partition reader for ``scan``, with the calls of a confluent-kafka consumer it
+    makes (``assign``, ``consume``, ``close``), on aiokafka and a private event loop in
+    the calling thread (a take-over thread: it has no loop of its own).
+
+    Not librdkafka: it kills the process (SIGSEGV in its own thread) when a topic it is
+    fetching is deleted and created again on Tansu (``route_stage.HostMapReader`` says how;
+    a scan while the topic was recreated: 4 of 4 runs). The worker scans the snapshot and
+    incident topics when partitions are assigned, which after a broker restart is when
+    its topic watch recreates the internal topics. aiokafka fetches by topic name."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._tp: Any = None
+        self._consumer: Any = None
+        try:
+            self._consumer = self._loop.run_until_complete(self._start(bootstrap))
+        except KafkaError:
+            self._consumer = None  # no broker: every poll is empty (as librdkafka's were)
+
+    @staticmethod
+    async def _start(bootstrap: str) -> Any:
+        # "latest" as librdkafka's default: a start past the end reads nothing
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+            auto_offset_reset="latest", fetch_max_wait_ms=50,
+            **kafka_security.current().aiokafka())
+        try:
+            await consumer.start()
+        except KafkaError:
+            await consumer.stop()
+            raise
+        return consumer
+
+    def assign(self, parts: list[TopicPartition]) -> None:
+        (tp,) = parts
+        self._tp = AioPartition(tp.topic, tp.partition)
+        if self._consumer is not None:
+            self._loop.run_until_complete(self._assign(max(0, tp.offset)))
+
+    async def _assign(self, offset: int) -> None:  # aiokafka wants its loop running
+        self._consumer.assign([self._tp])
+        self._consumer.seek(self._tp, offset)
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Record]:
+        if self._consumer is None:
+            time.sleep(timeout)
+            return []
+        got = self._loop.run_until_complete(self._consumer.getmany(
+            self._tp, timeout_ms=int(timeout * 1000), max_records=num_messages))
+        return [_Record(r) for r in got.get(self._tp, ())]
+
+    def close(self) -> None:
+        try:
+            if self._consumer is not None:
+                self._loop.run_until_complete(self._consumer.stop())
+        finally:
+            self._loop.close()
+
+
+def _reader(bootstrap: str) -> _Reader:
+    return _Reader(bootstrap)
+
+
+def _offsets_reader(bootstrap: str) -> Consumer:
+    # librdkafka for ListOffsets only (no fetch: not the path that crashes, see _Reader)
     return Consumer(reader_conf(bootstrap, f"failslow-restore-{uuid.uuid4().hex}", {
         "session.timeout.ms": 6000, "enable.partition.eof": False, "logger": RDKAFKA_LOG}))
 
@@ -115,7 +206,7 @@ def scan(bootstrap: str, topic: str, partition: int, start: int = 0,
 
 def high_offset(bootstrap: str, topic: str, partition: int) -> int | None:
     """The high watermark of one partition, or None when the broker does not answer."""
-    consumer = _reader(bootstrap)
+    consumer = _offsets_reader(bootstrap)
     try:
         _, hi = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5.0)
         return int(hi)
