@@ -66,41 +66,38 @@ class HostMapReader(threading.Thread):
         # partitions: ~18 / 11 / 5 ms CPU a second at 50 / 100 / 500 ms; librdkafka's
         # reader took ~3.6 at 50)
         self.fetch_wait_ms = fetch_wait_ms
-        self.read = 0                       # entries read (for tests)
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # not _stop: Thread.join() calls its own _stop()
 
     def run(self) -> None:
         asyncio.run(self._read())
 
     async def _read(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
                 auto_offset_reset="earliest", fetch_max_wait_ms=self.fetch_wait_ms,
                 **kafka_security.current().aiokafka())
             try:
                 await consumer.start()
-            except KafkaError:   # no broker yet: try again (a worker starts with one)
-                await consumer.stop()
-                await asyncio.sleep(1.0)
-                continue
-            try:
                 tps = [AioPartition(self.topic, p) for p in range(self.partitions)]
                 consumer.assign(tps)
                 await consumer.seek_to_beginning(*tps)
-                while not self._stop.is_set():
+                while not self._stopping.is_set():
                     got = await consumer.getmany(timeout_ms=100, max_records=500)
                     for msgs in got.values():
                         for m in msgs:
                             if m.value:
                                 entry = orjson.loads(m.value)
                                 self.hostmap.add(entry["host"], entry["partition"], time.time())
-                                self.read += 1
+            except KafkaError:
+                # no broker yet, or an error aiokafka does not retry: read it all again
+                # (adding an entry twice is harmless)
+                await asyncio.sleep(1.0)
             finally:
                 await consumer.stop()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
 
 def job_from_value(value: bytes | None) -> str | None:

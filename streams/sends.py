@@ -256,7 +256,7 @@ class TopicWatch(threading.Thread):
                                 extra={"logger": quiet.RDKAFKA_LOG})
         self.frozen = False         # a loss was noticed: no commit goes out any more
         self.checks = 0
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # not _stop: Thread.join() calls its own _stop()
         self._admin: AdminClient | None = None
         self._lock = threading.Lock()
         self._check_lock = threading.Lock()   # the thread and a commit's check: one at a time
@@ -406,7 +406,7 @@ class TopicWatch(threading.Thread):
 
     def run(self) -> None:
         warned = False
-        while not self._stop.wait(self.interval_s):
+        while not self._stopping.wait(self.interval_s):
             try:
                 found = self.check()
             except Exception as exc:  # not a verdict on the topics: say so once, go on
@@ -414,7 +414,7 @@ class TopicWatch(threading.Thread):
                     log.warning("the topics check failed (%r); it goes on", exc)
                     warned = True
                 continue
-            if found is None or self._stop.is_set():
+            if found is None or self._stopping.is_set():
                 continue
             loop = self._loop
             if loop is not None and loop.is_running():
@@ -426,4 +426,4 @@ class TopicWatch(threading.Thread):
             self._report(found[0])  # the loop did not (it is blocked, or there is none)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
