@@ -7,6 +7,8 @@ a snapshot is found by its chunks' ids even when another one's chunks sit betwee
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
 import time
 import zlib
 from types import SimpleNamespace
@@ -298,7 +300,6 @@ def test_the_host_map_reader_survives_its_topic_deleted_and_created_again(tmp_pa
     2.16.0: a KIP-951 leader update with no topic id or name; 4 of 4 runs of this test):
     the worker exited -11 instead of 70. The reader, in a child process so that a crash
     cannot take pytest with it, keeps running and reads the new topic."""
-    import subprocess
     import sys
 
     from confluent_kafka import Producer
@@ -344,3 +345,40 @@ def test_the_host_map_reader_survives_its_topic_deleted_and_created_again(tmp_pa
     err = (tmp_path / "r.log").read_text(errors="replace")[-3000:]
     assert code is None, f"the reader died ({code}): {err}"
     assert learnt, err
+
+
+@pytest.mark.integration
+def test_a_worker_whose_host_map_topic_is_recreated_exits_70_not_sigsegv(tmp_path) -> None:
+    """The whole worker, its host-map topic deleted and created again under it (what its
+    own topic watch does after a broker restart, or an operator): it notices, says so
+    and exits 70. With a librdkafka host-map reader it died of SIGSEGV (3 of 3 runs)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    b = start_broker(free_port(), log_path=tmp_path / "tansu.log")
+    topics = Topics("hmre.")
+    log = tmp_path / "worker.log"
+    worker: WorkerProcess | None = None
+    name = "hmre.internal.hostmap"
+    try:
+        create_topics(b.bootstrap, topics)
+        worker = WorkerProcess(b.bootstrap, topics, group="hmre.g", log_path=log)
+        publish(b, topics, scenario_events("gpu_thermal_30", "a"))
+        assert wait_for_incidents(b.bootstrap, topics, 1, timeout=90, settle=2.0)
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        parts = len(admin.list_topics(name, timeout=10).topics[name].partitions)
+        for fut in admin.delete_topics([name], operation_timeout=10).values():
+            fut.result()
+        time.sleep(0.3)
+        with contextlib.suppress(Exception):   # the worker's watch may have made it first
+            admin.create_topics([NewTopic(name, parts, 1)])[name].result()
+        try:
+            code = worker.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        if worker is not None:
+            worker.stop()
+        b.stop(1)
+    text = log.read_text(errors="replace")
+    assert code == 70, text[-3000:]
+    assert "the broker lost the worker's topics" in text
