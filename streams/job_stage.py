@@ -38,6 +38,7 @@ from failslow.schema.batches import BATCH_KINDS, expand, is_batch
 from failslow.schema.batches import valid as batch_valid
 from failslow.schema.fast import all_valid
 from failslow.streams.config import WorkerConfig
+from failslow.streams.gcwork import settle
 from failslow.streams.limits import InputLimits
 from failslow.streams.metrics import Metrics
 from failslow.streams.ordering import HOLD_LATENESS
@@ -303,6 +304,7 @@ class JobStage:
                 metrics.latency.observe(self.behind)
         if run and flags is not None:
             self.ingest_run(state, run, flags[1], offset, now, seen, sends)
+        settle()   # issue 31: what the message left is frozen (streams.gcwork)
         return sends
 
     def ingest_run(self, state: JobPartition, run: list[tuple], placed: bool, offset: int,
@@ -385,6 +387,7 @@ class JobStage:
         before = dict(state.counts)
         out = state.tick(now, busy)
         self.count(state, before)
+        settle()
         return out
 
     def gauges(self, states: list[JobPartition]) -> None:
@@ -424,7 +427,9 @@ class JobStage:
         snap = state.snapshot()
         state.prune()
         blob = self.store.encode(snap)
-        return snap, blob, t0, time.monotonic() - t0
+        took = time.monotonic() - t0
+        settle()
+        return snap, blob, t0, took
 
     # -- rebalances --------------------------------------------------------------------------
 

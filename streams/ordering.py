@@ -297,6 +297,18 @@ class EventOrder:
         if rk in TELEMETRY_KINDS:
             self._topic_seen[rk] = now
             tel_hw = self._tel_hw
+            host = ev.get("host")
+            if type(host) is str and fields == ("host",):
+                # issue 31: one host's samples are one watermark source: its newest row
+                # at once (the same high-water mark, and arrival, as row by row)
+                src, t = srcs[0], max(ts)
+                last = tel_hw.get(src)
+                if last is None or t > last:
+                    tel_hw[src] = t
+                    if last is None:
+                        self._arrived.add((rk, host))
+                        self._dirty = True
+                return self._place(ev, ts, self.delay, skip_ts, samples, False)
             for src, t, host in zip(srcs, ts, column(ev, "host", n), strict=True):
                 last = tel_hw.get(src)
                 if last is None or t > last:

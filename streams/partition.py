@@ -41,7 +41,8 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from operator import itemgetter
+from itertools import repeat
+from operator import gt, itemgetter
 from typing import Any
 
 import orjson
@@ -74,6 +75,8 @@ _MARK = {
 _MARK_FIELDS = {"step": ("ts", "step"), "collective": ("ts", "seq"),
                 "comm": ("ts", "window_start_ts"), "gpu": ("ts",), "nic": ("ts",),
                 "host": ("ts",)}
+# Below every position of a source with no mark yet: a ts, or a (ts, ...) tuple
+_LOW = (-math.inf, (-math.inf,))
 
 
 def source_mark(ev: dict) -> tuple[tuple, Any]:
@@ -326,13 +329,21 @@ class JobPartition:
         pos = column(ev, "ts", n) if len(at) == 1 else list(
             zip(*(column(ev, f, n) for f in at), strict=True))
         marks = self._marks
+        # issue 31: a batch with one row per source (a host's batch, nearly all) compared
+        # with its marks in C-level passes; a source twice in it takes the loop below
+        new: dict[tuple, Any] = dict(zip(srcs, pos, strict=True))
+        fresh = len(new) == n and all(map(gt, pos, map(marks.get, srcs,
+                                                       repeat(_LOW[len(at) > 1]))))
         if rk == "comm":
-            new: dict[tuple, Any] = {}
-            for src, p in zip(srcs, pos, strict=True):
-                last = new.get(src) or marks.get(src)
-                if last is not None and p <= last:
-                    return None
-                new[src] = p
+            if not fresh:
+                if len(new) == n:
+                    return None     # a row at or below its rank's mark
+                new = {}
+                for src, p in zip(srcs, pos, strict=True):   # a rank twice in the batch
+                    last = new.get(src) or marks.get(src)
+                    if last is not None and p <= last:
+                        return None
+                    new[src] = p
             marks.update(new)
             cache: list = []
             at_mark = self._at_mark
@@ -341,6 +352,9 @@ class JobPartition:
             if self._at_mark_restored:
                 for src in srcs:
                     self._at_mark_restored.pop(src, None)
+            return [ev]
+        if fresh:
+            marks.update(new)
             return [ev]
         idxs = []
         for i, (src, p) in enumerate(zip(srcs, pos, strict=True)):
