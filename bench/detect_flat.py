@@ -7,7 +7,7 @@ localization and the incident's evidence all run: the incident events are counte
 trace is what the host agents publish (``schema.batches.batch_trace``), streamed to a file
 as it is simulated (a 131,072-rank trace never sits in memory), then read by a child
 process running the CLI's own ``detect_lines``: process CPU time, best of ``--repeat``, and
-the child's peak RSS. Rank-steps are the trace's judged steps (``step`` rows, batched or
+the child's own peak RSS (VmHWM). Rank-steps are the trace's judged steps (``step`` rows, batched or
 not).
 
     .venv/bin/python bench/detect_flat.py [--ranks 1024 4096 16384 131072] [--steps 12]
@@ -38,7 +38,8 @@ from failslow.simulator.batching import batch_events  # noqa: E402
 from failslow.simulator.spec import FaultSpec, JobSpec, Scenario  # noqa: E402
 
 CHILD = """
-import os, resource, sys, threading, time
+import os, sys, threading, time
+import orjson
 from failslow.commands.detect import detect_lines
 from failslow.models.pipeline import Detector
 limit_kb = int(float(sys.argv[3]) * 2**20)
@@ -63,7 +64,14 @@ for _ in range(int(sys.argv[2])):
     detect_lines(f, Detector(), out.append, lambda no, why: None)
     t = time.process_time() - c0
     best, n = (t if best is None else min(best, t)), len(out)
-print(best, n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+if sys.argv[4]:
+    with open(sys.argv[4], "wb") as o:
+        o.writelines(orjson.dumps(x, option=orjson.OPT_SORT_KEYS) + b"\\n" for x in out)
+# the child's own peak (VmHWM): getrusage's ru_maxrss also counts the parent's peak before
+# the exec (the parent that simulated a 131,072-rank trace: 10.4 GB read as detect's)
+with open("/proc/self/status") as st:
+    hwm_kb = next(int(x.split()[1]) for x in st if x.startswith("VmHWM:"))
+print(best, n, hwm_kb)
 """
 
 
@@ -110,6 +118,9 @@ def main() -> int:
                     help="keep the traces here (and reuse one already there) instead of a temporary folder")
     ap.add_argument("--root", default=str(ROOT),
                     help="the source tree whose detect runs (e.g. an older commit's export, for a before/after)")
+    ap.add_argument("--incidents-dir", default="",
+                    help="write each size's incident events here (flat_RANKS.incidents.jsonl, "
+                    "keys sorted): a before/after of a change compares them")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "detect_flat.json"))
     args = ap.parse_args()
@@ -128,8 +139,10 @@ def main() -> int:
                 if keep is not None:
                     counts.write_text(json.dumps([lines, rank_steps, sim_cpu]))
             load = [round(x, 1) for x in os.getloadavg()]
+            incs = str(Path(args.incidents_dir) / f"{sc.name}.incidents.jsonl") \
+                if args.incidents_dir else ""
             out = subprocess.run([sys.executable, "-c", CHILD, str(path), str(args.repeat),
-                                  str(args.rss_limit_gib)],
+                                  str(args.rss_limit_gib), incs],
                                  env={**os.environ, "PYTHONPATH": args.root}, cwd=args.root,
                                  check=True, capture_output=True, text=True).stdout
             size = path.stat().st_size

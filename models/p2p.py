@@ -61,10 +61,13 @@ from failslow.models.comm import CommRows
 from failslow.models.config import JobConfig
 from failslow.models.cusum import capped_increment, cusum_update
 from failslow.models.findings import Finding
-from failslow.models.peers import KeyedValues, lower_half_ref, surely_within
+from failslow.models.peers import KeyedValues, lower_half_ref
 from failslow.models.stats import RollingMedian, median
 
 P2P_OPS = frozenset(("send", "recv"))
+# ``_quartile_low``'s sorted copy of a size class is taken again once the values set since
+# pass 1 / SNAP_STALE of its bound's place (a cache: the bound only skips lower_half_ref)
+SNAP_STALE = 8
 # Thresholds: ``P2PConfig`` (``[rules.p2p]``: noise_floor, peers_min, size_bucket,
 # warm_min), ``CostConfig`` (history_steps, base_steps, base_min_steps) and
 # ``SubstepConfig.long_windows`` (a step of at least that many windows is long).
@@ -98,6 +101,10 @@ class P2PMonitor:
     # per size class, a lower bound of ``wcls``'s values (``_window``); a class default:
     # a cache, rebuilt after a restore from a snapshot taken before it existed
     _low: dict[float, float] | None = None
+    # per size class whose ``_low`` is its smallest value exactly, the key holding it
+    # (issue 31: an observation the bound cannot tell then needs no scan of the class);
+    # never pickled: after a restore every bound is made exact again when it cannot tell
+    _lowkey: dict[float, Any] | None = None
     # per size class, a sorted copy of ``wcls``'s values as they were (``_quartile_low``),
     # and how many values had been set (``_sets``) when it was taken; never pickled
     _snap: dict[float, tuple[KeyedValues, np.ndarray, int]] | None = None
@@ -331,8 +338,13 @@ class P2PMonitor:
             # direction for each entry was half of a 1,024-rank job's detect time); the
             # order of ``same`` does not matter (lower_half_ref sorts)
             by_cls = self.wcls
+            exact = self._lowkey
+            if exact is None:
+                exact = self._lowkey = {}
             if prev is not None and prev[1] != cls:
                 by_cls[prev[1]].discard(key)
+                if exact.get(prev[1]) == key:
+                    del exact[prev[1]]          # its class's smallest value left it
             row = by_cls.get(cls)
             if row is None:
                 row = by_cls[cls] = KeyedValues()
@@ -345,18 +357,27 @@ class P2PMonitor:
             # ``surely_within`` only skips work (an observation it passes is never slow),
             # so a lower bound of the class's smallest value does as well as the value:
             # kept per class, lowered by each observation, made exact when it cannot tell
+            # (and known exact while the key holding it is not raised: ``_lowkey``)
             lows = self._low
             if lows is None:
                 lows = self._low = {}
             low = lows.get(cls)
             if low is None or obs < low:
+                if low is not None:
+                    exact[cls] = key            # below every other value: the smallest
                 low = lows[cls] = obs if low is not None else float(same.min())
+            elif obs > low and exact.get(cls) == key:
+                del exact[cls]                  # the smallest value rose: a bound again
             unsure = len(same) >= cfg.p2p.peers_min and not (
                 low > 0 and obs < (1.0 + cfg.far_rel) * low * (1.0 - 1e-9))
-            if unsure:
-                lows[cls] = float(same.min())     # the bound could not tell: exact again
-            if unsure and not surely_within(obs, same, cfg.far_rel) \
-                    and not self._quartile_low(cls, row, obs):
+            if unsure and cls not in exact:
+                # the bound could not tell: exact again, and tested as ``surely_within``
+                # tests the smallest value (an exact bound that could not tell: neither can it)
+                at_min = int(same.argmin())
+                low = lows[cls] = float(same[at_min])
+                exact[cls] = row.keys[at_min]
+                unsure = not (low > 0 and obs < (1.0 + cfg.far_rel) * low * (1.0 - 1e-9))
+            if unsure and not self._quartile_low(cls, row, obs):
                 ref, sig = lower_half_ref(np.array(same))
                 if ref > 0:
                     rel = obs / ref - 1.0
@@ -398,34 +419,31 @@ class P2PMonitor:
         raises it), so the copy's ``(j - I)``-th smallest bounds it from below: a bound near
         the lower quartile, not the smallest value (issue 31: with thousands of pipeline
         directions in a class, an observation half again above the fastest one is common,
-        and each took a partial sort of them all). The copy is taken again when the bound
-        cannot tell (or has no place left), so an observation is let through only by a
-        bound from the values as they are."""
+        and each took a partial sort of them all). The copy is taken again once ``I`` passes
+        ``j / SNAP_STALE`` (the bound stays within an eighth of ``j`` places), not when the bound
+        cannot tell: those are nearly all slow observations (503 of 522 at 16,384 ranks),
+        whose reference ``lower_half_ref`` then takes anyway, and a sort of the class for
+        each cost more than that reference (at 131,072 ranks: 229,376 directions, 11 ms a
+        sort, 3 ms a partition)."""
         d = len(row)
         j = (max(1, (d + 1) // 2) - 1) // 2
         snaps = self._snap
         if snaps is None:
             snaps = self._snap = {}
         snap = snaps.get(cls)
-        fresh = snap is None or snap[0] is not row or self._sets - snap[2] > j
-        if fresh:
+        if snap is None or snap[0] is not row or self._sets - snap[2] > j // SNAP_STALE:
             snap = snaps[cls] = (row, np.sort(row.array()), self._sets)
-        while True:
-            assert snap is not None
-            k = j - (self._sets - snap[2])
-            if 0 <= k < snap[1].size:
-                low = float(snap[1][k])
-                if low > 0 and obs < (1.0 + self.cfg.far_rel) * low * (1.0 - 1e-9):
-                    return True
-            if fresh:
-                return False
-            fresh = True
-            snap = snaps[cls] = (row, np.sort(row.array()), self._sets)
+        k = j - (self._sets - snap[2])
+        if 0 <= k < snap[1].size:
+            low = float(snap[1][k])
+            return low > 0 and obs < (1.0 + self.cfg.far_rel) * low * (1.0 - 1e-9)
+        return False
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_snap", None)        # a cache (``_quartile_low``): made again
         state.pop("_sets", None)
+        state.pop("_lowkey", None)      # a cache (``_window``): exact again when needed
         return state
 
     def _window_finding(self, pair: tuple[int, int]) -> Finding:

@@ -326,10 +326,16 @@ class Detector:
                 self._failed(exc)
         self._queued += queued
         if self._queued > TELEMETRY_QUEUE_CAP:
+            # every host's older half, applied together (each host's in ts order, as
+            # ``_release`` does): a numpy step per round over them all, not a round per
+            # host (issue 31: a 131,072-rank job's 16,384 hosts fill the cap in seconds)
+            older: list[dict[str, Any]] = []
             for q in tq.values():
                 q.sort(key=_qts)
-                self._apply(q[:len(q) // 2])
-                del q[:len(q) // 2]
+                half = len(q) // 2
+                older += q[:half]
+                del q[:half]
+            self._apply(older)
             self._queued = sum(map(len, tq.values()))
         return out
 
@@ -625,13 +631,16 @@ class Detector:
         if job is not None:
             # telemetry queued for hosts no other job runs on would wait for ever
             others = {h for j in self.jobs.values() for h in j.rank_host.values()}
+            left: list[dict[str, Any]] = []     # every host's, applied together
             for h in set(job.rank_host.values()) - others:
                 q = self._tq.pop(h, None)
                 if q:
                     q.sort(key=_qts)
-                    self._apply(q)
+                    left += q
                     self._queued -= len(q)
                 self._cut.pop(h, None)
+            if left:
+                self._apply(left)
         self.jobs_ended += 1
         log.info("job_end job=%s last_ts=%.3f incidents_resolved=%d", job_id, last,
                  len(resolved))

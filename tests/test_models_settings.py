@@ -210,6 +210,9 @@ NOT_THRESHOLDS = {
     # deployment sizing from FAILSLOW_SHARD_RANKS: how a job is split over workers
     "shard": {"SHARD_RANKS"},
     "pipeline": {"TELEMETRY_QUEUE_CAP"},   # memory bound of the telemetry queue
+    # how stale P2PMonitor._quartile_low's sorted copy may grow (a cache: its bound only
+    # skips lower_half_ref, which decides)
+    "p2p": {"SNAP_STALE"},
     # rank-0 steps between two looks for ended jobs (forget_s decides which have ended)
     "actions": {"PRUNE_EVERY"},
     # a step event's fields read per rank and the value of one that is absent (wire format)
