@@ -106,3 +106,45 @@ def test_peer_statistics_from_the_table_equal_those_from_the_views():
     cause, ev = attribute("slow_rank", store, ["h1"], [("h1", 3)], job, 0.0, None, c)
     assert cause == "gpu_thermal"
     assert ev["gpu_thermal"]["gpu"] == "h1:3"
+
+
+def _nic_store(bad: set[tuple[int, int]]) -> TelemetryStore:
+    """4 hosts x 8 NICs (mlx5_k serves GPU k), 4 samples a second apart; the ports in
+    ``bad`` (host, nic) grow their pause and CNP counters 1,000x faster than the others."""
+    store = TelemetryStore()
+    for t in range(4):
+        for h in range(4):
+            for k in range(8):
+                fast = 1000 if (h, k) in bad else 1
+                store.observe_nic({"kind": "nic", "ts": float(t), "host": f"h{h}",
+                                   "nic": f"mlx5_{k}", "port": 1,
+                                   "tx_bytes_total": 10**9 * t, "rx_bytes_total": 10**9 * t,
+                                   "rx_pause_total": 50 * t * fast,
+                                   "cnp_sent_total": 40 * t * fast,
+                                   "ecn_marked_total": 30 * t * fast})
+    return store
+
+
+def test_nic_refinement_found_once_a_step_aims_each_finding_as_alone():
+    # refine_with_nics keeps the job's hosts, ports, outliers and GPU slots in the step's
+    # memo (each a pass over every rank or port of the job): a finding judged with the
+    # memo other findings filled is aimed as one judged alone.
+    from failslow.models.incidents import Finding
+    from failslow.models.links import refine_with_nics
+
+    rank_host = {r: f"h{r // 8}" for r in range(32)}
+    rank_gpu = {r: r % 8 for r in range(32)}
+    for bad in ({(2, k) for k in range(6)}, {(1, 3), (3, 3)}, {(0, 5)}, set()):
+        store = _nic_store(bad)
+        cases = [(Finding(key=f"slow_link:g{i}", fault="slow_link", confirmed=True,
+                          onset_ts=0.0, onset_step=0, slowdown_pct=10.0, host=f"h{i}",
+                          hosts=[f"h{i}"]), members)
+                 for i, members in enumerate([[(16, 17)], [(11, 27)], [(5, 13), (11, 27)],
+                                              [(21, 29)], [(5, 13)]])]
+        alone = [refine_with_nics(f, m, store, rank_host, rank_gpu) for f, m in cases]
+        memo: dict = {}
+        shared = [refine_with_nics(f, m, store, rank_host, rank_gpu, memo) for f, m in cases]
+        assert [(g.key, g.host, g.peer_rank, d) for g, d in shared] == \
+            [(g.key, g.host, g.peer_rank, d) for g, d in alone]
+        if bad:
+            assert any(d for _, d in alone)      # the NICs decided some finding
