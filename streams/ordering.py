@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Iterable
 from heapq import heappop, heappush
 from itertools import compress, repeat
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -301,15 +302,10 @@ class EventOrder:
             if type(host) is str and fields == ("host",):
                 # issue 31: one host's samples are one watermark source: its newest row
                 # at once (the same high-water mark, and arrival, as row by row)
-                src, t = srcs[0], max(ts)
-                last = tel_hw.get(src)
-                if last is None or t > last:
-                    tel_hw[src] = t
-                    if last is None:
-                        self._arrived.add((rk, host))
-                        self._dirty = True
-                return self._place(ev, ts, self.delay, skip_ts, samples, False)
-            for src, t, host in zip(srcs, ts, column(ev, "host", n), strict=True):
+                marks: Iterable[tuple[Any, float, Any]] = ((srcs[0], max(ts), host),)
+            else:
+                marks = zip(srcs, ts, column(ev, "host", n), strict=True)
+            for src, t, host in marks:
                 last = tel_hw.get(src)
                 if last is None or t > last:
                     tel_hw[src] = t
