@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from failslow.config import add_connection_flags, flag_sets
 from failslow.errors import FailslowError
@@ -57,6 +58,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    process = argv is None           # the process's own command line, not a call in-process
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
@@ -66,12 +68,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except FailslowError as exc:
+        from failslow.schema.kafka_security import KafkaAuthError
         from failslow.secrets import scrub
 
         print(f"failslow {args.command}: {scrub(str(exc))}", file=sys.stderr)
+        if process and isinstance(exc, KafkaAuthError):
+            _leave(2)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit now, without the interpreter's teardown: after a refused SASL login the
+    clients' librdkafka threads are still retrying it and calling back into Python, and a
+    callback into an interpreter being torn down killed ``failslow notify`` with SIGSEGV
+    after its one line (once in CI). Nothing is left to write: the command has failed."""
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
