@@ -40,23 +40,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-import numpy as np
-
-from failslow.schema.events import (
-    I32_MAX,
-    I32_MIN,
-    INT_MAX,
-    INT_MIN,
-    MINIMA,
-    NESTED,
-    OPS_MAX,
-    ORDERED,
-    SPECS,
-    TIME_MAX,
-    TIME_MIN,
-    VERSION,
-    SchemaError,
-)
+from failslow.schema.events import MINIMA, NESTED, OPS_MAX, ORDERED, SPECS, VERSION, SchemaError
 from failslow.schema.fast import _ordered, all_valid, column_check, columns_ok
 
 
@@ -466,9 +450,11 @@ _INT_ONLY = frozenset((int,))
 _NONE = type(None)
 _REQUIRED = {name: frozenset(f for f, t in spec[0].items() if t not in NESTED)
              for name, spec in (*SPECS.items(), *NESTED.items())}
-_CHECKS: dict[str, Callable[[list, Any], bool]] = {
-    repr(t): column_check(t) for spec in (*SPECS.values(), *NESTED.values())
-    for part in spec for t in part.values() if t not in NESTED}
+# (contract type, MINIMA bound) -> the check of a joined column (``schema.fast``)
+_CHECKS: dict[tuple[str, Any], Callable[[list, Any], bool]] = {
+    (repr(t), MINIMA.get(rules, {}).get(name)): column_check(t, MINIMA.get(rules, {}).get(name))
+    for rules, spec in (*SPECS.items(), *NESTED.items())
+    for part in spec for name, t in part.items() if t not in NESTED}
 
 
 def _valid_many(kind: str, objs: list[dict[str, Any]]) -> bool:
@@ -548,51 +534,6 @@ def _types(x: list[Any], common: type) -> frozenset[type] | set[type]:
     return set(tl)
 
 
-# Contract types checked by their bounds: (types allowed, least, most, most included)
-_RANGED: dict[str, tuple[frozenset[type], Any, Any, bool]] = {
-    "int": (frozenset((int,)), INT_MIN, INT_MAX, True),
-    "i32": (frozenset((int,)), I32_MIN, I32_MAX, True),
-    "time": (frozenset((int, float)), TIME_MIN, TIME_MAX, False)}
-# From this many values a joined column's min and max are taken by numpy (one C pass to
-# an array, then two over it: ~40 % less than min() and max() of the list)
-_NP_MIN = 128
-
-
-def _column_ok(ftype: Any, low: Any, x: list[Any], t: frozenset[type] | set[type]) -> bool:
-    """``_CHECKS[repr(ftype)](x, t)`` and, with a lower bound ``low``, ``min(x) >= low``:
-    ``x`` the joined values of a column (no None), ``t`` their types (not empty)."""
-    ranged = _RANGED.get(ftype) if type(ftype) is str else None
-    if ranged is None:
-        if not _CHECKS[repr(ftype)](x, t):
-            return False
-        return low is None or not _lo_hi(x, t)[0] < low
-    types, least, most, incl = ranged
-    if not t <= types:
-        return False
-    lo, hi = _lo_hi(x, t)
-    return least <= lo and (hi <= most if incl else hi < most) and (low is None or not lo < low)
-
-
-def _lo_hi(x: list[Any], t: frozenset[type] | set[type]) -> tuple[Any, Any]:
-    """``(min(x), max(x))``: by numpy for a long column of only floats or only ints (an
-    int beyond 64 bits, or a NaN, which orjson never gives but a caller's dict may hold
-    and min() treats by position, goes to min() and max())."""
-    if len(x) >= _NP_MIN and len(t) == 1:
-        if float in t:
-            a = np.fromiter(x, np.float64, len(x))
-            lo, hi = a.min(), a.max()
-            if lo == lo and hi == hi:       # not NaN
-                return float(lo), float(hi)
-        elif int in t:
-            try:
-                a = np.fromiter(x, np.int64, len(x))
-            except OverflowError:
-                pass
-            else:
-                return int(a.min()), int(a.max())
-    return min(x), max(x)
-
-
 def _columns_many(rules: str, dicts: list[dict[str, Any]], ns: list[int]) -> bool:
     """``schema.fast.columns_ok(rules, d, n, ...)`` of every ``d`` of ``dicts`` (``ns``: its
     rows), a field at a time over all of them (the absent maps are the caller's)."""
@@ -637,7 +578,7 @@ def _columns_many(rules: str, dicts: list[dict[str, Any]], ns: list[int]) -> boo
                     return False
                 t = t - {_NONE}
                 x = [y for y in x if y is not None]
-            if t and not _column_ok(ftype, lows.get(name), x, t):
+            if t and not _CHECKS[repr(ftype), lows.get(name)](x, t):
                 return False
     for lo, hi in ORDERED.get(rules, ()):
         for d, n in zip(dicts, ns, strict=True):

@@ -111,9 +111,9 @@ LONG_BAD = [math.nan, math.inf, -math.inf, -0.0, 0.0, 2**63, 2**63 - 1, -(2**63)
 @pytest.mark.parametrize("seed", range(2))
 def test_long_joined_columns_give_the_verdicts_of_min_and_max(seed, monkeypatch):
     """A chunk's joined columns of a few hundred values are bounded by numpy
-    (``schema.batches._lo_hi``): the same verdicts as ``min()`` / ``max()`` of the lists,
+    (``schema.fast.lo_hi``): the same verdicts as ``min()`` / ``max()`` of the lists,
     NaN, infinities, -0.0, ints beyond 64 bits and bools included."""
-    from failslow.schema import batches
+    from failslow.schema import fast as schema_fast
 
     rng = random.Random(seed)
     good = _batches()
@@ -129,5 +129,5 @@ def test_long_joined_columns_give_the_verdicts_of_min_and_max(seed, monkeypatch)
                 col[rng.randrange(len(col))] = rng.choice(LONG_BAD)
         fast = valid_many(group)
         with monkeypatch.context() as mp:
-            mp.setattr(batches, "_NP_MIN", 10**9)        # min() and max() only
+            mp.setattr(schema_fast, "_NP_MIN", 10**9)        # min() and max() only
             assert valid_many(group) == fast
