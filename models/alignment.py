@@ -123,22 +123,29 @@ def transfer(c: Collective, offset: dict[int, float] | None = None) -> float:
     ``offset`` (rank -> its host clock's offset, seconds), on a common clock."""
     last_start = float("-inf")
     end = float("inf")
-    get = offset.get if offset else None
-    for r, st, d in c[HEAD:]:
-        if get is not None:
+    if offset:
+        get = offset.get
+        for r, st, d in c[HEAD:]:
             st -= get(r, 0.0)
-        e = st + d
-        if e < end:
-            end = e
-        if st > last_start:
-            last_start = st
+            e = st + d
+            if e < end:
+                end = e
+            if st > last_start:
+                last_start = st
+    else:
+        for _, st, d in c[HEAD:]:
+            e = st + d
+            if e < end:
+                end = e
+            if st > last_start:
+                last_start = st
     t = end - last_start
     return t if t > 0.0 else 0.0
 
 
 def member_ranks(c: Collective) -> tuple[int, ...]:
     """The sorted ranks of a collective."""
-    return tuple(sorted(m[0] for m in c[HEAD:]))
+    return tuple(sorted([m[0] for m in c[HEAD:]]))
 
 
 P2P_OPS = frozenset(("send", "recv", "isend", "irecv", "p2p"))

@@ -193,7 +193,16 @@ class Windows:
             if memo is not None:
                 memo["rho"] = rho
         lag = np.arange(1, n)
-        out = 1.0 + 2.0 * ((1.0 - lag / n) * rho[:, None] ** lag).sum(axis=1)
+        if memo is None:
+            power = rho[:, None] ** lag
+        else:
+            # rho ** k for every lag of the longest window, once: each test's window takes
+            # its first n - 1 (the same powers, element by element)
+            power = memo.get("power")
+            if power is None or power.shape[1] < n - 1:
+                power = memo["power"] = rho[:, None] ** np.arange(1, max(n, self.width))
+            power = power[:, :n - 1]
+        out = 1.0 + 2.0 * ((1.0 - lag / n) * power).sum(axis=1)
         if memo is not None:
             memo["inflation", n] = out
         return out
@@ -288,8 +297,13 @@ class Windows:
         cnt = ok.sum(axis=1)
         if not w.size:
             return cnt, np.zeros(rows.size), sigma
-        med = _rowmedian(w)
-        mad = ROBUST_MAD * _rowmedian(np.abs(w - med[:, None]))
+        memo = self._memo(rows, False) if n == self.width else None
+        got = memo.get("row_mad") if memo is not None else None
+        if got is not None:
+            med, mad = got[0], ROBUST_MAD * got[1]
+        else:
+            med = _rowmedian(w)
+            mad = ROBUST_MAD * _rowmedian(np.abs(w - med[:, None]))
         med = np.nan_to_num(med)
         mad = np.nan_to_num(mad)
         # The job's usual spread now (``_mad_pool``): ranks doing the same work share
@@ -329,8 +343,17 @@ class Windows:
         full = cnt >= self.p.min_fill * self.width
         if full.sum() < self.p.pool_min_ranks:
             return 0.0
-        w = w[full]
-        mad = _rowmedian(np.abs(w - _rowmedian(w)[:, None]))
+        memo = self._memo(rows, False)
+        if memo is None:
+            w = w[full]
+            mad = _rowmedian(np.abs(w - _rowmedian(w)[:, None]))
+        else:
+            # every row's median and MAD over the whole window, which ``robust_stats``
+            # takes again this step (a row's are its own: the same bits in any subset)
+            med = _rowmedian(w)
+            mad_all = _rowmedian(np.abs(w - med[:, None]))
+            memo["row_mad"] = (med, mad_all)
+            mad = mad_all[full]
         return float(ROBUST_MAD * np.median(mad))
 
     def test(self, rows: np.ndarray, sigma: np.ndarray, delta: float, z_crit: float,

@@ -125,6 +125,7 @@ class _GroupStep:
 
     ranks: tuple[int, ...]
     p2p: bool                   # a send/recv pair, not a collective of the whole group
+    hosts: set[Any]             # its members' hosts (two or more, all known)
     transfer_s: float = 0.0     # summed over the step's transfers
     costs: list[float] = field(default_factory=list)   # seconds per byte, per transfer
 
@@ -193,13 +194,13 @@ class LinkMonitor:
                 if group in local:
                     continue
                 ranks = member_ranks(c)
-                hosts = {rank_host.get(r) for r in ranks}
+                hosts = set(map(rank_host.get, ranks))
                 # Sends and receives of a group larger than a pair (a pipeline group) are
                 # several links at once: ``models.p2p`` judges them per rank pair.
                 if len(hosts) < 2 or None in hosts or c[OP] in P2P and len(ranks) != 2:
                     local.add(group)
                     continue
-                a = agg[group] = _GroupStep(ranks, c[OP] in P2P)
+                a = agg[group] = _GroupStep(ranks, c[OP] in P2P, hosts)
             t = transfer(c, offset)
             a.transfer_s += t
             a.costs.append(t / nbytes)
@@ -291,8 +292,9 @@ class LinkMonitor:
         rank_groups: dict[int, set[str]] = {r: set() for r in ends}
         for side, names in ((0, slow), (1, healthy)):
             for g in names:
-                ranks = agg[g].ranks
-                for h in {rank_host[r] for r in ranks}:
+                a = agg[g]
+                ranks = a.ranks
+                for h in a.hosts:
                     hits = host_hits.get(h)
                     if hits is None:
                         hits = host_hits[h] = [0, 0]

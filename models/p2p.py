@@ -494,8 +494,14 @@ class P2PMonitor:
         host = {**self.hosts, **rank_host}
         # A pair's cost: the slower direction's shortest op (a direction whose ops took no
         # measurable time, an eager send, tells nothing).
-        costs = {p: max(c for c in v[:2] if math.isfinite(c)) for p, v in data.items()
-                 if math.isfinite(min(v[0], v[1]))}
+        costs: dict[tuple[int, int], float] = {}
+        isfinite = math.isfinite
+        for p, v in data.items():
+            c0, c1 = v[0], v[1]
+            if isfinite(min(c0, c1)):
+                # max(c for c in (c0, c1) if isfinite(c)), without a generator per pair
+                f0, f1 = isfinite(c0), isfinite(c1)
+                costs[p] = (c1 if c1 > c0 else c0) if f0 and f1 else c0 if f0 else c1
         names = sorted(p for p in costs
                        if host.get(p[0]) is not None and host.get(p[1]) is not None
                        and host[p[0]] != host[p[1]])
@@ -503,23 +509,29 @@ class P2PMonitor:
             return self._with_windows(self._close(s, job_s, ts, set(), world, rank_host))
         n = len(names)
         cost = np.array([costs[p] for p in names])
+        cost_l = cost.tolist()
         size = np.array([data[p][2] / max(data[p][3] / 2, 1.0) for p in names])
         sts = []
-        ratio = np.zeros(n)
-        own = np.zeros(n)
-        warm = np.zeros(n, dtype=bool)
+        # per pair in Python floats (the same IEEE values as numpy's), then arrays
+        ratio_l = [0.0] * n
+        own_l = [0.0] * n
+        warm_l = [False] * n
+        pairs, warm_steps = self.pairs, cfg.warm_steps
         for i, p in enumerate(names):
-            st = self.pairs.get(p)
+            st = pairs.get(p)
             if st is None:
-                st = self.pairs[p] = PairState(cfg.p2p.cost_window)
+                st = pairs[p] = PairState(cfg.p2p.cost_window)
             sts.append(st)
             b = st.cost
             # its median read once (a rolling quantile's ``get`` a read)
-            m = b.median if b.n >= cfg.warm_steps else 0.0
+            m = b.median if b.n >= warm_steps else 0.0
             if m > 0:
-                ratio[i] = cost[i] / m
-                own[i] = b.sigma / m
-                warm[i] = True
+                ratio_l[i] = cost_l[i] / m
+                own_l[i] = b.sigma / m
+                warm_l[i] = True
+        ratio = np.array(ratio_l)
+        own = np.array(own_l)
+        warm = np.array(warm_l, dtype=bool)
         # Against its own past, normalized by the other pairs' same ratio.
         rel_o = np.zeros(n)
         z_o = np.zeros(n)
@@ -555,20 +567,24 @@ class P2PMonitor:
         # each pair's noise sigmas this step, by the reference it stands out against
         step_z = np.maximum(z_o, np.where(rel_p >= cfg.far_rel, z_p, 0.0))
         start = ts - job_s
+        inc_l, size_l, weak_l, rel_l = inc.tolist(), size.tolist(), weak.tolist(), rel.tolist()
+        a = cfg.p2p.pair_alpha
+        confirm_z = cfg.confirm_z
         for i, p in enumerate(names):
             st = sts[i]
-            if inc[i] > 0 and st.cusum == 0.0 and not st.active:
+            x = inc_l[i]
+            if x > 0 and st.cusum == 0.0 and not st.active:
                 st.onset_ts, st.onset_step = start, s
-            st.cusum = cusum_update(st.cusum, float(inc[i]), cfg)
-            st.streak = st.streak + 1 if st.cusum >= cfg.confirm_z else 0
-            sz = float(size[i])
-            a = cfg.p2p.pair_alpha
+            st.cusum = cusum_update(st.cusum, x, cfg)
+            st.streak = st.streak + 1 if st.cusum >= confirm_z else 0
+            sz = size_l[i]
             st.size = sz if st.size == 0.0 else (1.0 - a) * st.size + a * sz
-            if not weak[i] and st.cusum == 0.0:
-                st.cost.update(float(cost[i]))
-            if weak[i] and (st.cusum > 0 or st.active):
-                r = float(rel[i])
-                extra = float(cost[i]) * data[p][2] * r / (1.0 + r)
+            w = weak_l[i]
+            if not w and st.cusum == 0.0:
+                st.cost.update(cost_l[i])
+            if w and (st.cusum > 0 or st.active):
+                r = rel_l[i]
+                extra = cost_l[i] * data[p][2] * r / (1.0 + r)
                 fresh = st.rel == 0.0
                 st.rel = r if fresh else (1.0 - a) * st.rel + a * r
                 st.extra_s = extra if fresh else (1.0 - a) * st.extra_s + a * extra
