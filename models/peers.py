@@ -79,6 +79,60 @@ def _lower_half_ref(values: np.ndarray) -> tuple[float, float]:
     return q25 + 0.6745 * sigma, sigma
 
 
+def sorted_lower_half_ref(s: np.ndarray) -> tuple[float, float]:
+    """``lower_half_ref`` of values already sorted ascending (finite, at least one): the
+    same numbers, read off by position in O(log n) (issue 31: a size class of 229,376
+    pipeline directions partitioned for each reference). The lower quartile is the lower
+    half's middle; the deviations from it are two sorted runs (the values under it, the
+    nearest first, and the rest: ``|x - q25|`` is ``q25 - x`` exactly under it), whose
+    middle is found by bisection, the same float subtractions as ``np.abs(low - q25)``."""
+    k = max(1, (s.size + 1) // 2)
+    m = k // 2
+    q25 = float(s[m]) if k % 2 else 0.5 * (float(s[m - 1]) + float(s[m]))
+    p = int(s[:k].searchsorted(q25, "left"))     # s[:p] < q25 <= s[p:k]
+    ny = k - p
+
+    def kth(r: int) -> float:
+        """The ``r``-th smallest (0-based) of the k deviations."""
+        lo, hi = max(0, r + 1 - ny), min(r + 1, p)
+        while lo < hi:
+            i = (lo + hi) // 2
+            if q25 - float(s[p - 1 - i]) < float(s[p + r - i]) - q25:
+                lo = i + 1
+            else:
+                hi = i
+        a = q25 - float(s[p - lo]) if lo > 0 else -np.inf
+        b = float(s[p + r - lo]) - q25 if r >= lo else -np.inf
+        return a if a > b else b
+
+    mad = kth(m) if k % 2 else 0.5 * (kth(m - 1) + kth(m))
+    sigma = mad / LOWER_HALF_MAD
+    return q25 + 0.6745 * sigma, sigma
+
+
+def sorted_update(s: np.ndarray, added: list[float], removed: list[float]) -> np.ndarray:
+    """``s`` (sorted, finite) with the values ``added`` put in and then one of each of
+    the values ``removed`` taken out (each there by then): a new sorted array, the sort of
+    the values it now holds in a few passes over them, not a sort of them all."""
+    if added:
+        a = np.sort(np.array(added, dtype=float))
+        at = s.searchsorted(a, "right") + np.arange(a.size)     # their places in the merge
+        out = np.empty(s.size + a.size)
+        out[at] = a
+        keep = np.ones(out.size, dtype=bool)
+        keep[at] = False
+        out[keep] = s
+        s = out
+    if removed:
+        r = np.sort(np.array(removed, dtype=float))
+        # a value removed twice: its first places in turn
+        at = s.searchsorted(r, "left") + (np.arange(r.size) - r.searchsorted(r, "left"))
+        keep = np.ones(s.size, dtype=bool)
+        keep[at] = False
+        s = s[keep]
+    return s
+
+
 class KeyedValues:
     """The latest value of each key as one float array, in no particular order: for
     statistics that sort anyway (``lower_half_ref``) over many keys updated one at a time

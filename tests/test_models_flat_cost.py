@@ -5,6 +5,8 @@ growing with the job give the same answers as the full computation.
   class lets an observation through without ``lower_half_ref`` only where that reference
   would find it within ``far_rel``, however stale its sorted copy is; and it decides most
   healthy observations (else it saves nothing).
+- ``P2PMonitor._reference``: ``lower_half_ref`` of a size class read by position off its
+  sorted copy, kept up with the values set since, equals the partitioned one to the bit.
 - ``models.rootcause.Peers``: the peers' statistics read from the ``GpuTable``'s columns
   are the ones read from each GPU's view (the scores equal to the last bit).
 """
@@ -17,7 +19,7 @@ import numpy as np
 
 from failslow.models.config import CauseConfig, JobConfig
 from failslow.models.p2p import P2PMonitor
-from failslow.models.peers import KeyedValues, lower_half_ref
+from failslow.models.peers import KeyedValues, lower_half_ref, sorted_lower_half_ref
 from failslow.models.rootcause import Peers, attribute, gpu_scores
 from failslow.models.telemetry import TelemetryStore
 
@@ -32,16 +34,22 @@ def test_quartile_bound_never_passes_a_slow_observation():
         row.set(k, rng.lognormvariate(0.0, 0.3))
         mon._sets += 1
     passed = healthy = by_min = 0
+    value = dict(zip(keys, row.array().tolist(), strict=True))
     for i in range(6000):
         k = keys[rng.randrange(len(keys))]
         if i % 97 == 0:
-            row.discard(k)          # a direction moving to another size class
+            if k in value:          # a direction moving to another size class
+                row.discard(k)
+                mon._note(None, 0.0, (value.pop(k), 0.0))
             continue
         # mostly healthy values, some far above the class, many near the bar
         x = rng.choice((rng.lognormvariate(0.0, 0.3), rng.uniform(1.2, 2.6),
                         rng.uniform(2.0, 6.0)))
-        row.set(k, x)
+        row.set(k, x)               # as ``_window`` sets a value
         mon._sets += 1
+        mon._note(0.0, x, (value[k], 0.0) if k in value else None)
+        value[k] = x
+        assert np.array_equal(mon._sorted(0.0, row), np.sort(row.array()))
         ref, _ = lower_half_ref(row.array().copy())
         ok = mon._quartile_low(0.0, row, x)
         if ok:
@@ -66,6 +74,41 @@ def test_quartile_bound_follows_a_class_that_was_replaced():
         mon._sets += 1
     assert not mon._quartile_low(0.0, new, 12.0 * (1.0 + mon.cfg.far_rel))
     assert mon._quartile_low(0.0, new, 12.0)
+
+
+def test_a_reference_by_position_in_the_sorted_values_equals_the_partitioned_one():
+    # P2PMonitor._reference: lower_half_ref of a class read off its sorted copy, kept up by
+    # the values set and taken out since (sorted_update), to the last bit; ties included
+    rng = np.random.default_rng(11)
+    for i in range(3000):
+        n = int(rng.integers(1, 900))
+        v = rng.lognormal(size=n, sigma=0.4)
+        if i % 3 == 0:
+            v = np.round(v, 1)
+        assert sorted_lower_half_ref(np.sort(v)) == lower_half_ref(v.copy()), (i, n)
+    mon = P2PMonitor(JobConfig())
+    row, value = KeyedValues(), {}
+    for step in range(4000):
+        k = int(rng.integers(0, 700))
+        if step % 13 == 0 and k in value:
+            row.discard(k)
+            mon._note(None, 0.0, (value.pop(k), 0.0))
+        else:
+            x = float(np.round(rng.lognormal(sigma=0.4), 2))
+            row.set(k, x)
+            mon._note(0.0, x, (value[k], 0.0) if k in value else None)
+            value[k] = x
+        if step % 7 == 0 and len(row):
+            assert mon._reference(0.0, row) == lower_half_ref(np.array(row.array()))
+    assert np.array_equal(mon._sorted(0.0, row), np.sort(np.array(list(value.values()))))
+    k = next(iter(value))           # a class holding NaN: as lower_half_ref takes it
+    row.set(k, float("nan"))
+    mon._note(0.0, float("nan"), (value[k], 0.0))
+    got, want = mon._reference(0.0, row), lower_half_ref(np.array(row.array()))
+    assert np.array_equal(got, want, equal_nan=True)
+    row.set(k, 1.0)
+    mon._note(0.0, 1.0, (float("nan"), 0.0))
+    assert mon._reference(0.0, row) == lower_half_ref(np.array(row.array()))
 
 
 def _store(hosts: int, seed: int) -> TelemetryStore:
