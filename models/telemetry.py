@@ -133,6 +133,10 @@ class GpuTable:
     def index(self, keys: list[tuple[str, int]]) -> tuple[list[int], list[tuple[str, int]]]:
         """The rows of ``keys``, and the keys that got a new row."""
         rows = self.rows
+        try:
+            return list(map(rows.__getitem__, keys)), []    # every key known (nearly always)
+        except KeyError:
+            pass
         new = [k for k in dict.fromkeys(keys) if k not in rows]
         if new:
             m = len(new)
@@ -358,6 +362,10 @@ class NicTable:
     def index(self, keys: list[tuple[str, str, int]]) -> tuple[list[int], list]:
         """The rows of ``keys``, and the keys that got a new row."""
         rows = self.rows
+        try:
+            return list(map(rows.__getitem__, keys)), []    # every key known (nearly always)
+        except KeyError:
+            pass
         new = [k for k in dict.fromkeys(keys) if k not in rows]
         if new:
             m = len(new)
@@ -546,6 +554,8 @@ class TelemetryStore:
         self.nic_table = NicTable()
         self._nics: dict[tuple[str, str, int], NicView] = {}
         self._nic_pending: list[dict[str, Any]] = []
+        self._nic_keys: dict[str, tuple[list, list, list[tuple[str, str, int]]]] = {}
+        self._gpu_keys: dict[str, tuple[list, list[tuple[str, int]]]] = {}
         self.hosts: dict[str, Device] = {}
         self.gpu_rank: dict[tuple[str, int], int] = {}   # from gpu samples that name a rank
 
@@ -578,12 +588,14 @@ class TelemetryStore:
             for k in keys:
                 del self._nics[k]
             self.nic_table.drop(set(keys))
+            self._nic_keys = {}
 
     def _drop(self, keys: list[tuple[str, int]]) -> None:
         if keys:
             for k in keys:
                 del self._gpus[k]
             self.table.drop(set(keys))
+            self._gpu_keys = {}
 
     def __getstate__(self) -> dict[str, Any]:
         if self._pending:
@@ -592,6 +604,8 @@ class TelemetryStore:
             self.flush_nics()
         state = dict(self.__dict__)
         del state["_gpus"], state["_nics"]   # views: made again from the tables
+        state.pop("_nic_keys", None)         # caches (``flush_nics``, ``_keys``)
+        state.pop("_gpu_keys", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -606,6 +620,8 @@ class TelemetryStore:
         if "nic_table" not in state:       # from before the NIC table: migrate.py's
             self.nic_table = NicTable()    # _from_10 fills it from the old Devices
         self._nic_pending = []
+        self._nic_keys = {}
+        self._gpu_keys = {}
         self._nics = {k: NicView(self, k) for k in self.nic_table.rows}
 
     def load_nics(self, old: dict[tuple[str, str, int], Device]) -> None:
@@ -698,11 +714,21 @@ class TelemetryStore:
                                                                          strict=True)
                                              if r is not None)
                     else:
-                        self.gpu_rank.update(zip(zip(repeat(h), gpus, strict=False), ranks,
-                                                 strict=True))
+                        self.gpu_rank.update(zip(self._keys(h, gpus), ranks, strict=True))
             elif it.get("rank") is not None:
                 self.gpu_rank[(it["host"], it["gpu"])] = it["rank"]
         self._pending += items
+
+    def _keys(self, h: str, gpus: list) -> list[tuple[str, int]]:
+        """The keys ``(h, gpu)`` of a batch's ``gpus``: those of the host's last batch
+        again where its GPUs are the same (issue 31: the same tuples, not made anew, found
+        at once in the tables' dicts)."""
+        was = self._gpu_keys.get(h)
+        if was is not None and was[0] == gpus:
+            return was[1]
+        keys = [(h, g) for g in gpus]
+        self._gpu_keys[h] = (gpus, keys)
+        return keys
 
     def flush(self) -> int:
         """Apply the GPU samples held back, in rounds, each a numpy step over GPUs that
@@ -715,7 +741,7 @@ class TelemetryStore:
         for it in items:
             h = it["host"]
             if _is_batch(it):
-                keys = [(h, g) for g in it["gpu"]]
+                keys = self._keys(h, it["gpu"])
                 if len(set(keys)) != len(keys):      # a GPU twice: its rows as events
                     from failslow.schema.batches import expand
                     for ev in expand(it):
@@ -809,6 +835,10 @@ class TelemetryStore:
         rounds: list[list[tuple[dict[str, Any], list]]] = []
         done: dict[Any, int] = {}
         seen: list[tuple[Any, ...]] = []    # the ports in the order first sampled
+        # per host, the ports of its last batch and their keys, all rows of the table
+        # (issue 31: the same tuples again, not made, checked and looked up anew)
+        known = self._nic_keys
+        learnt = []
         for it in items:
             h = it["host"]
             if it["kind"] == "nic_batch":
@@ -816,19 +846,29 @@ class TelemetryStore:
                 nics = it["nic"]
                 if type(ports) is not list:
                     ports = [ports] * len(nics)
+                gone = (it.get("absent") or {}).get("port")
+                if not gone:
+                    was = known.get(h)
+                    if was is not None and was[0] == nics and was[1] == ports:
+                        self._place(rounds, done, it, was[2])
+                        continue
                 keys = list(zip(repeat(h), nics, ports))
-                if len(set(keys)) != len(keys) or (it.get("absent") or {}).get("port"):
+                if len(set(keys)) != len(keys) or gone:
                     from failslow.schema.batches import expand
                     for ev in expand(it):           # a port twice: its rows as events
                         key = (h, ev["nic"], ev.get("port"))
                         seen.append(key)
                         self._place(rounds, done, ev, [key])
                     continue
+                learnt.append((h, nics, ports, keys))
             else:
                 keys = [(h, it["nic"], it["port"])]
             seen += keys
             self._place(rounds, done, it, keys)
-        self._nic_rows(seen)      # (a round may hold a later sample of a new port)
+        if seen:
+            self._nic_rows(seen)  # (a round may hold a later sample of a new port)
+        for h, nics, ports, keys in learnt:
+            known[h] = (nics, ports, keys)
         bad = 0
         for rnd in rounds:
             try:

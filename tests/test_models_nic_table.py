@@ -127,6 +127,35 @@ def test_held_samples_survive_a_snapshot_and_forgotten_ports_start_afresh():
     assert all(d.n == 6 for d in st.nics.values())
 
 
+def test_ports_dropped_and_sampled_again_by_the_same_batches_start_afresh():
+    # flush_nics keeps each host's port keys from its last batch (issue 31): a batch like
+    # the last one after its ports were dropped makes their rows again
+    rounds = _samples(random.Random(5), 8)
+    st = TelemetryStore()
+    for k, rnd in enumerate(rounds):
+        if k == 4:
+            st.nics = {key: d for key, d in st.nics.items() if key[0] != "h1"}
+            assert {key[0] for key in st.nics} == {"h0"}
+        for h in ("h0", "h1"):
+            st.observe_nic_batch(to_batch([e for e in rnd if e["host"] == h]))
+        assert st.nics
+    ref = _reference([[e for e in rnd if e["host"] == "h0" or k >= 4]
+                      for k, rnd in enumerate(rounds)], st.p)
+    assert sorted(_state(st.nics)) == sorted(_state(ref))
+    # new ports take their rows in the order first sampled, a batch like the host's last
+    # one among them once its ports were dropped
+    st.nics = {key: d for key, d in st.nics.items() if key[0] != "h1"}
+    last = rounds[-1]
+    h1 = [dict(e, ts=e["ts"] + 10) for e in last if e["host"] == "h1"]
+    h0 = [dict(e, ts=e["ts"] + 10) for e in last if e["host"] == "h0"]
+    h0.append(dict(h0[0], nic="mlx5_9"))
+    st.observe_nic_batch(to_batch(h1))
+    st.observe_nic_batch(to_batch(h0))
+    new = [key for key in st.nics if key[0] == "h1" or key[1] == "mlx5_9"]
+    assert new == [(e["host"], e["nic"], e["port"]) for e in h1] + [("h0", "mlx5_9", 1)]
+    assert sorted(st.nic_table.rows.values()) == list(range(len(st.nics)))
+
+
 def test_the_readers_accessor_reads_what_the_ports_views_read():
     from failslow.models.links import _OUTLIER_NAMES, outlier_nics
 
