@@ -91,6 +91,9 @@ class Windows:
     _rows_key: Any = None      # the step's rows (``begin``): the memos hold for them only
     _vm: dict | None = None    # memo of what depends on the values
     _mm: dict | None = None    # memo of what depends on the learned moments
+    # the ranks of the last ``rows_for`` and their rows (a step's ranks come again and
+    # again: one list comparison, not a lookup per rank); never pickled
+    _last: tuple[list[int], np.ndarray] | None = None
 
     # What a Windows unpickled from before its settings were stored ran with.
     p: EvidenceConfig = EvidenceConfig()
@@ -107,6 +110,9 @@ class Windows:
 
     def rows_for(self, ranks: list[int]) -> np.ndarray:
         """Row index of each rank, adding rows for ranks seen for the first time."""
+        last = self._last
+        if last is not None and type(ranks) is list and last[0] == ranks:
+            return last[1].copy()       # the ranks of the last call (rows are never taken out)
         new = [r for r in ranks if r not in self.rows]
         if new:
             for r in new:
@@ -114,11 +120,13 @@ class Windows:
             grow = np.full((len(self.rows) - self.vals.shape[0], self.width), np.nan)
             self.vals = np.vstack([self.vals, grow])
             self.mom = np.vstack([self.mom, np.zeros((grow.shape[0], 5))])
-        return np.fromiter((self.rows[r] for r in ranks), dtype=np.int64, count=len(ranks))
+        out = np.fromiter(map(self.rows.__getitem__, ranks), dtype=np.int64, count=len(ranks))
+        self._last = (list(ranks), out.copy())
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        for name in ("_rows_key", "_vm", "_mm"):
+        for name in ("_rows_key", "_vm", "_mm", "_last"):
             d.pop(name, None)
         return d
 
@@ -527,7 +535,9 @@ class RankEvidence:
     def judge(self, ranks: list[int], rel: np.ndarray, z: np.ndarray, rel2: np.ndarray,
               z2: np.ndarray, sig2: np.ndarray, peers: np.ndarray, warm: np.ndarray,
               early: bool, recent: np.ndarray, job_s: float, floor: float,
-              clean: np.ndarray) -> Verdict:
+              clean: np.ndarray, need: np.ndarray | None = None) -> Verdict:
+        """This step's evidence of each of ``ranks``. ``need``: the rows whose ``present``
+        and ``imb_present`` are read (the others' are False), else every row's."""
         cfg = self.cfg
         p = cfg.evidence
         k = cfg.z_min / 2
@@ -599,8 +609,20 @@ class RankEvidence:
         learn = calm > p.noise_delay
         self.peer.learn(rows, learn)
         self.own.learn(rows, learn)
-        own_present = self.own.present(rows, sig2, lo)
-        present = own_present | self.peer.present(rows, sig_p, far)
+        if need is None:
+            present = self.own.present(rows, sig2, lo) | self.peer.present(rows, sig_p, far)
+            imb_present = self.peer.present(rows, sig_p, cfg.min_rel)
+        else:
+            # Only the rows whose "still there" is read (``need``: an open finding or
+            # imbalance); a row's tests are its own, so theirs are the same values.
+            present = np.zeros(rows.size, dtype=bool)
+            imb_present = np.zeros(rows.size, dtype=bool)
+            at = np.flatnonzero(need)
+            if at.size:
+                r_at, sp_at = rows[at], sig_p[at]
+                present[at] = self.own.present(r_at, np.broadcast_to(sig2, rows.shape)[at], lo) \
+                    | self.peer.present(r_at, sp_at, far)
+                imb_present[at] = self.peer.present(r_at, sp_at, cfg.min_rel)
         confirmed = ok_s | ok_f
         back = np.zeros(rows.size, dtype=np.int64)
         for i in np.flatnonzero(confirmed | (inc > 0)):
@@ -620,7 +642,7 @@ class RankEvidence:
                        suspect=suspect,
                        back=back, warm=warm,
                        imbalance=ok_i & share(m_i) & warm & ~confirmed & (own32 < p.mean_floor * lo),
-                       imb_present=self.peer.present(rows, sig_p, cfg.min_rel),
+                       imb_present=imb_present,
                        peer_mean=m_i, peer_n=n_i, mean=mean,
                        z=np.where(ok_s | ~ok_f, z_s, z_f), n=np.where(ok_s | ~ok_f, n_s, n_f))
 
@@ -662,7 +684,13 @@ class WaitedFor:
         self.other = np.zeros((0, self.width), dtype=bool)   # another rank had a finding
         self.job = np.full(self.width, np.nan)
 
+    # as ``Windows._last``; never pickled
+    _last: tuple[list[int], np.ndarray] | None = None
+
     def rows_for(self, ranks: list[int]) -> np.ndarray:
+        last = self._last
+        if last is not None and type(ranks) is list and last[0] == ranks:
+            return last[1].copy()
         new = [r for r in ranks if r not in self.rows]
         if new:
             for r in new:
@@ -671,7 +699,14 @@ class WaitedFor:
             self.top = np.vstack([self.top, np.full((k, self.width), np.nan)])
             self.lag = np.vstack([self.lag, np.zeros((k, self.width))])
             self.other = np.vstack([self.other, np.zeros((k, self.width), dtype=bool)])
-        return np.fromiter((self.rows[r] for r in ranks), dtype=np.int64, count=len(ranks))
+        out = np.fromiter(map(self.rows.__getitem__, ranks), dtype=np.int64, count=len(ranks))
+        self._last = (list(ranks), out.copy())
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d.pop("_last", None)
+        return d
 
     def push(self, rows: np.ndarray, top: np.ndarray, lag: np.ndarray, other: np.ndarray,
              job_s: float) -> None:

@@ -596,10 +596,12 @@ class JobState(Attribution):
         clean = self.ranks.kind[sl] == 0
         if not warm.any():
             self.sig_stable = np.full(n, max(cfg.ranks.noise_floor, self.noise.mean))
+        # "still there" is read only for a rank with an open finding or imbalance
+        # (``_judge_ranks``: a rank confirmed this step is there; ``_imbalance``)
         return self.evidence.judge(ranks, rel, z, rel2, z2, self.sig_stable, peers,
                                    warm & ~early, early_peers,
                                    recent, job_s, max(cfg.ranks.noise_floor, self.noise.mean),
-                                   clean)
+                                   clean, ~clean | self.ranks.imb[sl])
 
     def _waited(self, ev_: Any, ranks: list[int], sl: np.ndarray,
                 colls: list[Collective], job_s: float) -> None:
