@@ -34,7 +34,7 @@ import orjson
 from failslow.models.acting import acting_hooks
 from failslow.models.shard import ShardedDetector
 from failslow.schema import decode_lenient
-from failslow.schema.batches import BATCH_KINDS, expand, is_batch
+from failslow.schema.batches import BATCH_KINDS, expand, is_batch, valid_many
 from failslow.schema.batches import valid as batch_valid
 from failslow.schema.fast import all_valid
 from failslow.streams.config import WorkerConfig
@@ -82,6 +82,57 @@ def decode_value(value: bytes | None, kinds: frozenset[str] | None = None
         if rows is not None:
             return rows, []
     return decode_lenient(value or b"", kinds)
+
+
+def decode_values(values: list[tuple[bytes | None, frozenset[str] | None]]
+                  ) -> list[tuple[list[dict], list[str]]]:
+    """``decode_value`` of each (value, kinds) of a pack at once (issue 31): when every
+    value decodes to events of its kinds, the plain ones all pass ``all_valid`` and the
+    batches ``valid_many`` (every batch of a kind in the pack checked together, a column
+    at a time over all of them: one host's batch a message, a pack holds hundreds), each
+    value's events as ``decode_value`` gives them; otherwise each value alone
+    (``decode_value``: errors named, a bad batch's valid rows kept)."""
+    try:
+        out = _decoded_together(values)
+    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+        out = None
+    return out if out is not None else [decode_value(v, k) for v, k in values]
+
+
+def _decoded_together(values: list[tuple[bytes | None, frozenset[str] | None]]
+                      ) -> list[tuple[list[dict], list[str]]] | None:
+    loads, batch_kinds, whole = orjson.loads, BATCH_KINDS, WHOLE_KINDS
+    got: list[tuple[list, bool]] = []
+    plain: list[dict] = []
+    batches: list[dict] = []
+    for value, kinds in values:
+        obj = loads(value or b"")
+        items = obj if type(obj) is list else [obj]
+        if not items:
+            return None
+        cut = False             # a batch of a kind the Detector does not take whole
+        for o in items:
+            kind = o["kind"]    # not a dict, or no kind: TypeError / KeyError
+            if type(kind) is not str:
+                return None
+            bk = batch_kinds.get(kind)
+            if bk is None:
+                plain.append(o)
+            else:
+                batches.append(o)
+                if kind not in whole:
+                    cut = True
+                kind = bk.row_kind
+            if kinds is not None and kind not in kinds:
+                return None
+        got.append((items, cut))
+    if not all_valid(plain) or (batches and not (valid_many(batches)
+                                                 or all(map(batch_valid, batches)))):
+        return None
+    return [((items if not cut else
+              [r for o in items for r in (expand(o) if o["kind"] in batch_kinds
+                                          and o["kind"] not in whole else (o,))]), [])
+            for items, cut in got]
 
 
 def _batch_rows(items: list[Any], kinds: frozenset[str] | None) -> list[dict] | None:
@@ -281,15 +332,24 @@ class JobStage:
         # per input message, ~1,700 a judged step of a 1,024-rank job
         run: list[tuple] = []      # (src, key, report, events) of the parts of the run
         flags: tuple[bool, bool] | None = None
-        for src, ts0, report, key, raw, placed in unpack(value):
-            if (not report and key and src != self.steps_topic
-                    and self.foreign(state, key, p, now)):
+        parts = unpack(value)
+        steps_topic = self.steps_topic
+        # issue 31: the parts that are no copy of a host's telemetry sent to every
+        # partition decoded and checked together (``decode_values``); a copy is decoded
+        # where it comes, once ``foreign`` (which the parts before it may change) keeps it
+        mine = [i for i, (src, _, report, key, _, _) in enumerate(parts)
+                if report or not key or src == steps_topic]
+        decoded = dict(zip(mine, decode_values([(parts[i][4], kinds_of(parts[i][0]))
+                                                for i in mine]), strict=True))
+        for i, (src, ts0, report, key, raw, placed) in enumerate(parts):
+            got = decoded.get(i)
+            if got is None and key and self.foreign(state, key, p, now):
                 continue
             want = self.src_kind.get(src)
             if not placed and key and want in _TELEMETRY:
                 # sent to every partition before its host was placed; placed here by now?
                 placed = p in self.hostmap.partitions(key.decode("utf-8", "replace"), now)
-            events, errors = decode_value(raw, kinds_of(src))
+            events, errors = got if got is not None else decode_value(raw, kinds_of(src))
             if errors and report:
                 sends.append(("dead", "; ".join(errors), src, key, raw))
             if report:  # count a message sent to several partitions once

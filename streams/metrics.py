@@ -110,6 +110,20 @@ class Metrics:
                 lag = self._lag_of[topic] = self.lag.labels(topic)
             lag.set(max(0.0, now - kafka_ts))
 
+    def seen_many(self, topic: str, count: int, kafka_ts: float | None, now: float) -> None:
+        """``count`` messages from ``topic`` taken at ``now``, the last of them (that had
+        one) with Kafka timestamp ``kafka_ts``: the counts and the lag ``seen`` leaves
+        after each of them, in one update (issue 31: two locked updates an input message)."""
+        child = self._messages_of.get(topic)
+        if child is None:
+            child = self._messages_of[topic] = self.messages.labels(topic)
+        child.inc(count)
+        if kafka_ts:
+            lag = self._lag_of.get(topic)
+            if lag is None:
+                lag = self._lag_of[topic] = self.lag.labels(topic)
+            lag.set(max(0.0, now - kafka_ts))
+
     def events_of(self, topic: str) -> Any:
         """``events.labels(topic)``, looked up once per topic."""
         child = self._events_of.get(topic)

@@ -151,6 +151,10 @@ class EventOrder:
         self._unsent: set[tuple[str, str]] = set()       # (kind, host) that never came
         self._awaiting = False      # some (kind, host) is awaited
         self._tel_bound = math.inf  # steps up to here have the samples they need
+        # ``_telemetry_bound``'s view of the job hosts and telemetry sources, rebuilt when
+        # either's keys may have changed (``_dirty``): which sources are a job host's, the
+        # hosts in order, each such source's host's place among them
+        self._bound_keys: tuple[np.ndarray, bool, list[str], np.ndarray] | None = None
         # job host -> least (arrival wall time - ts) of its step events, in this window and
         # the previous one (``OFFSET_WINDOW_S``): its clock's offset plus the fastest delivery
         self._step_lag: dict[str, float] = {}
@@ -460,13 +464,14 @@ class EventOrder:
             hw = self._hw
             self._dirty = True
         live = self.jitter_s > 0 and self._live(now)
-        if self._dirty or live:
+        dirty = self._dirty
+        if dirty or live:
             # A live stream refreshes the bound at every recompute (it holds the steps
             # that long); a backlog only when a source or job host is new, or every 0.5 s.
-            if self._dirty:
+            if dirty:
                 self._awaiting = self._awaited(now)
             self._dirty = False
-            self._tel_bound = self._telemetry_bound(now, live)
+            self._tel_bound = self._telemetry_bound(now, live, dirty)
         if self._awaiting:
             return self.wm
         wm = min(hw.values()) if hw else self._ref
@@ -482,7 +487,7 @@ class EventOrder:
                 wm = max(wm, min(max(ready), bound))
         return min(wm, bound)
 
-    def _telemetry_bound(self, now: float, live: bool) -> float:
+    def _telemetry_bound(self, now: float, live: bool, keys_changed: bool = True) -> float:
         """Steps up to this ts have the device samples they need: the job hosts' oldest
         newest sample, plus the delay. In a live stream a host whose clock is behind
         would hold every step by its offset (its newest sample is always that old): its
@@ -492,27 +497,36 @@ class EventOrder:
         samples from the collector: a host whose samples merely arrive late still holds
         the steps."""
         # issue 31: in arrays (this ran at every recompute of a live stream, in Python
-        # over every job host and telemetry source); the same floats, the same minimum
+        # over every job host and telemetry source); the same floats, the same minimum.
+        # Which sources are a job host's, and where their host is in ``names``, change
+        # only with the keys of the two dicts: a source or job host is added (``_dirty``
+        # is set then) or dropped (``_drop_stalled``, which sets it): reused otherwise,
+        # the values read in the same (insertion) order
         hosts, tel_hw = self._job_hosts, self._tel_hw
-        of = list(map(_HOST_OF, tel_hw))      # a telemetry source's host
-        here = np.fromiter(map(hosts.__contains__, of), bool, len(of))
-        if not here.any():
+        keys = self._bound_keys
+        if (keys_changed or keys is None or len(keys[0]) != len(tel_hw)
+                or len(keys[2]) != len(hosts)):
+            of = list(map(_HOST_OF, tel_hw))      # a telemetry source's host
+            here = np.fromiter(map(hosts.__contains__, of), bool, len(of))
+            names = list(hosts)
+            index = dict(zip(names, range(len(names)), strict=True))
+            at = np.fromiter(map(index.__getitem__, compress(of, here)), np.intp)
+            keys = self._bound_keys = (here, bool(here.any()), names, at)
+        here, any_here, names, at = keys
+        if not any_here:
             return math.inf
-        tel = np.fromiter(tel_hw.values(), float, len(of))[here]
+        tel = np.fromiter(tel_hw.values(), float, len(here))[here]
         if not live:
             return float(tel.min()) + self.delay
         if now - self._lag_wall >= OFFSET_WINDOW_S:
             self._step_lag_prev, self._step_lag, self._lag_wall = self._step_lag, {}, now
         cur, prev = self._step_lag, self._step_lag_prev
-        names = list(hosts)
         inf = repeat(math.inf)
         lag = np.minimum(np.fromiter(map(cur.get, names, inf), float, len(names)),
                          np.fromiter(map(prev.get, names, inf), float, len(names)))
         known = lag < math.inf
         usual = float(np.median(lag[known])) if known.any() else 0.0
         behind = np.where(known, np.maximum(lag - usual, 0.0), 0.0)
-        index = dict(zip(names, range(len(names)), strict=True))
-        at = np.fromiter(map(index.__getitem__, compress(of, here)), np.intp, len(tel))
         return float((tel + behind[at]).min()) + self.delay
 
     def _live(self, now: float) -> bool:

@@ -139,9 +139,17 @@ class RouteStage:
                                   if now - t <= self.hostmap.ttl_s}
             for host, p in fresh:
                 await self.out.announce_host(host, p)
+        seen: dict[str, list] = {}   # topic -> [messages, last Kafka timestamp]
         for msg in messages:
-            self.metrics.seen(msg.topic, msg.timestamp, now)
+            got = seen.get(msg.topic)
+            if got is None:
+                got = seen[msg.topic] = [0, None]
+            got[0] += 1
+            if msg.timestamp:
+                got[1] = msg.timestamp
             await self.route_one(msg, now, packs)
+        for topic, (count, kafka_ts) in seen.items():
+            self.metrics.seen_many(topic, count, kafka_ts, now)
         await self.out.forward(packs)
 
     def learn_hosts(self, value: bytes | None, job: str, now: float) -> None:
