@@ -97,10 +97,16 @@ def lags(colls: list[Collective]) -> dict[int, float]:
     """Arrival lag (seconds) per rank over complete collectives: at each, the
     last member to start is charged its lead over the second-to-last."""
     late: dict[int, float] = {}
+    neg = float("-inf")
     for c in colls:
-        if len(c) <= HEAD + 1:
+        k = len(c)
+        if k <= HEAD + 1:
             continue
-        last_rank, lead = last_lead(c)
+        if k == HEAD + 2 and (s0 := c[HEAD][1]) > neg and (s1 := c[HEAD + 1][1]) > neg:
+            # two members (a send/recv pair, most of a pipeline's): last_lead written out
+            last_rank, lead = (c[HEAD + 1][0], s1 - s0) if s1 > s0 else (c[HEAD][0], s0 - s1)
+        else:
+            last_rank, lead = last_lead(c)
         late[last_rank] = late.get(last_rank, 0.0) + lead
     return late
 

@@ -43,9 +43,6 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
     """Group present culprits: all ranks of a multi-rank host -> slow_host, else slow_rank."""
     if not culprits:
         return []
-    per_host: dict[str, list[int]] = {}
-    for r, h in job.rank_host.items():
-        per_host.setdefault(h, []).append(r)
     out = []
     hold = job.cfg.host_hold_steps
     left = set(culprits)
@@ -56,8 +53,13 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
             and job.ranks[r].waited_share >= job.cfg.evidence.waited_bar}
     hosted = left - solo
     # Only a host with a culprit that is not solo can be named or held (below): the
-    # others are never looked at (one step of a large job has a handful).
+    # others are never looked at (one step of a large job has a handful), so only their
+    # members are gathered (in the job's order of ranks, as for every host).
     touched = {job.rank_host.get(r) for r in hosted}
+    per_host: dict[str, list[int]] = {}
+    for r, h in job.rank_host.items():
+        if h in touched:
+            per_host.setdefault(h, []).append(r)
     for h, members in per_host.items():
         if len(members) < 2 or h not in touched:
             continue
