@@ -34,7 +34,7 @@ reductions over the columns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
+from itertools import accumulate, chain
 from operator import itemgetter, methodcaller
 from typing import Any
 
@@ -153,23 +153,18 @@ class CommRows:
             if name in absent:
                 raise SchemaError(f"comm_batch.{name}: a required field is absent")
         c.rank = rank
-        c.ts = _column(obj, "ts", n, absent, required=True)
-        c.w0 = _column(obj, "window_start_ts", n, absent, required=True)
-        c.step = _column(obj, "step", n, absent)
-        c.end = _column(obj, "step_end", n, absent)
-        c.world = _column(obj, "world_size", n, absent)
-        c.gpu = _column(obj, "gpu", n, absent)
-        c.host = _column(obj, "host", n, absent, required=True)
+        c.ts, c.w0 = _columns(obj, _ROW_TIMES, n, absent, required=True)
+        c.step, c.end, c.world, c.gpu = _columns(obj, _ROW_OPTIONAL, n, absent)
+        c.host, = _columns(obj, _ROW_HOST, n, absent, required=True)
         lens = obj["ops_len"]
-        if type(lens) is int:
-            lens = [lens] * n
-        if type(lens) is not list or len(lens) != n:
-            raise SchemaError("comm_batch.ops_len: expected one count a row")
-        at = [0]
-        for k in lens:
-            if type(k) is not int or k < 0:
+        if type(lens) is int and lens >= 0:     # one count for every row (most batches)
+            at = list(range(0, lens * (n + 1), lens)) if lens else [0] * (n + 1)
+        else:
+            if type(lens) is not list or len(lens) != n:
+                raise SchemaError("comm_batch.ops_len: expected one count a row")
+            if set(map(type, lens)) != _INT_ONLY or min(lens) < 0:
                 raise SchemaError("comm_batch.ops_len: expected counts >= 0")
-            at.append(at[-1] + k)
+            at = list(accumulate(lens, initial=0))
         c.at = at
         cols = obj["ops"]
         if type(cols) is not dict:
@@ -178,14 +173,13 @@ class CommRows:
         oabs = obj.get(f"ops_{ABSENT}") or {}
         if type(oabs) is not dict:
             raise SchemaError("comm_batch.ops_absent: expected an object")
-        c.group = _column(cols, "group", total, oabs, required=True)
-        c.op = _column(cols, "op", total, oabs, required=True)
-        c.size = _column(cols, "group_size", total, oabs, required=True)
-        c.cnt = _column(cols, "n", total, oabs, required=True)
-        c.blocked = _column(cols, "blocked_s", total, oabs, required=True)
-        c.nbytes = _column(cols, "bytes", total, oabs, required=True)
-        c.min_s = _column(cols, "min_s", total, oabs, required=True)
-        c.max_s = _column(cols, "max_s", total, oabs, required=True)
+        if not total:       # rows without entries: the batch need not write their columns
+            c.group = c.op = c.size = c.cnt = c.blocked = c.nbytes = c.min_s = c.max_s = ()
+            c.peer = []
+            c._sums = None
+            return c
+        (c.group, c.op, c.size, c.cnt, c.blocked, c.nbytes, c.min_s,
+         c.max_s) = _columns(cols, _OP_COLUMNS, total, oabs, required=True)
         c.peer = _column(cols, "peer", total, oabs)
         c._sums = None
         return c
@@ -268,6 +262,28 @@ class CommRows:
             tot = tot + grid[:, j]
         sums: list[float] = tot.tolist()
         return sums
+
+
+_ROW_TIMES = ("ts", "window_start_ts")
+_ROW_OPTIONAL = ("step", "step_end", "world_size", "gpu")
+_ROW_HOST = ("host",)
+_OP_COLUMNS = ("group", "op", "group_size", "n", "blocked_s", "bytes", "min_s", "max_s")
+_INT_ONLY = {int}
+
+
+def _columns(obj: dict[str, Any], names: tuple[str, ...], n: int, absent: dict[str, Any],
+             required: bool = False) -> list[list[Any]]:
+    """``_column`` of each of ``names``, in order: a list of ``n`` that no row lacks taken
+    as it is (most columns of a batch) without a call per column."""
+    out = []
+    get = obj.get
+    for name in names:
+        v = get(name)
+        if type(v) is list and len(v) == n and name not in absent:
+            out.append(v)
+        else:
+            out.append(_column(obj, name, n, absent, required))
+    return out
 
 
 def _column(obj: dict[str, Any], name: str, n: int, absent: dict[str, Any],

@@ -258,6 +258,12 @@ class SubStep:
             # A group whose ops follow each other with no work between says nothing about
             # the members' work.
             return name, [], {}
+        obs = g.obs
+        observe = closed and (not obs or obs[-1][0] < step)
+        if not observe and min([p[4] for p in pend]) < sp.min_spread:
+            # (below: a burst or a short step gives no value; nor, here, an observation:
+            # what follows would only be computed to be dropped)
+            return name, [], {}
         # A member that waited longer than its peers for a pipeline neighbour (send/recv)
         # arrives that much later at this group's ops: it waited, it is not slow.
         mid5 = _median([p[5] for p in pend])
@@ -273,8 +279,7 @@ class SubStep:
         # The first tick of a step made by a window closed on time (inside the step: never
         # the buckets the step's end cuts) is kept as one observation (``obs``), the last
         # two steps', that ``models.job`` weighs with the member's last step at short steps.
-        obs = g.obs
-        if closed and (not obs or obs[-1][0] < step):
+        if observe:
             # max() and min() written out, the same values (each returns its first argument
             # unless the second is strictly beyond it): a tick of every group, every step
             now: dict[int, tuple[float, float]] = {}

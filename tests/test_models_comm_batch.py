@@ -139,6 +139,61 @@ def test_a_large_batch_sums_its_rows_in_entry_order():
         assert (ball[i], p2p[i]) == (acc, acc_p)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_row_sums_of_any_layout_are_the_loops(seed):
+    """``sums`` of a batch's rows, whatever its layout (rows of equal entries or not, send/recv
+    at the same positions or not), are the floats of a loop over each row's entries, -0.0
+    kept."""
+    import random
+
+    rng = random.Random(seed)
+    grid = 0
+    for _ in range(400):
+        n = rng.randrange(1, 9)
+        k = rng.randrange(0, 4)
+        lens = [k] * n if rng.random() < 0.7 else [rng.randrange(0, 4) for _ in range(n)]
+        kinds = [rng.choice(("allreduce", "send", "recv")) for _ in range(4)]
+        rows = []
+        for r in range(n):
+            row = _window(r, 8 + r, 0, 10.0, 0.1, False)
+            row["ops"] = [dict(row["ops"][0], blocked_s=rng.choice((0.0, -0.0, 1e-17, 0.3, 7.0)),
+                               op=kinds[j] if rng.random() < 0.95 else "allreduce")
+                          for j in range(lens[r])]
+            rows.append(row)
+        ball, p2p, _ = CommRows.of_batch(to_batch(rows)).sums()
+        want = []
+        for row in rows:
+            acc = acc_p = 0.0
+            for e in row["ops"]:
+                acc += e["blocked_s"]
+                if e["op"] in ("send", "recv"):
+                    acc_p += e["blocked_s"]
+            want.append((acc, acc_p))
+        assert repr(list(zip(ball, p2p, strict=True))) == repr(want)
+        grid += len(set(lens)) == 1
+    assert grid > 100
+
+
+def test_a_batch_of_windows_without_entries_is_taken_as_its_rows():
+    """Windows with no entries (valid: the batch then writes no entry columns) are taken,
+    not rejected: the same columns as the rows one by one, and no detector rejection."""
+    rows = [_window(r, 8 + r, 0, 10.0, 0.01, False) for r in range(3)]
+    for row in rows:
+        row["ops"] = []
+    b = to_batch(rows)
+    assert b["ops"] == {}
+    a, e = CommRows.of_batch(b), CommRows.of_events(rows)
+    for name in CommRows.__slots__:
+        if name != "_sums":
+            assert list(getattr(a, name)) == list(getattr(e, name)) \
+                if isinstance(getattr(a, name), (list, tuple)) \
+                else getattr(a, name) == getattr(e, name), name
+    assert a.sums()[:2] == ([0.0] * 3, [0.0] * 3)
+    det = Detector()
+    det.process_batch([b])
+    assert det.rejected == 0 and det.errors == 0, det.last_error
+
+
 def test_a_batch_with_a_broken_layout_is_rejected_not_raised():
     rows = [_window(r, 8 + r, 0, 10.0, 0.01, False) for r in range(3)]
     bad = to_batch(rows)

@@ -131,3 +131,63 @@ def test_long_joined_columns_give_the_verdicts_of_min_and_max(seed, monkeypatch)
         with monkeypatch.context() as mp:
             mp.setattr(schema_fast, "_NP_MIN", 10**9)        # min() and max() only
             assert valid_many(group) == fast
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ordered_pairs_checked_over_joined_columns_as_batch_by_batch(seed):
+    """``valid_many`` checks each (low, high) rule (``window_start_ts <= ts``, ``min_s <=
+    max_s``, ``first_seq <= last_seq``) over the chunk's joined columns: a pair written as
+    two columns, a value for all rows and a column, two values, absent or null in some
+    rows, gives the verdict of checking each batch alone."""
+    rng = random.Random(seed)
+    comm = next(b for b in _batches() if b["kind"] == "comm_batch")
+    pairs = [(comm, "window_start_ts", "ts"), (comm["ops"], "min_s", "max_s"),
+             (comm["ops"], "first_seq", "last_seq")]
+    cases = 0
+    for _ in range(300):
+        group = [copy.deepcopy(comm) for _ in range(rng.randrange(1, 5))]
+        picked = rng.sample(group, rng.randrange(1, len(group) + 1))
+        for m in [m for m in picked for _ in range(rng.randrange(1, 4))]:
+            top = rng.randrange(len(pairs))
+            _, lo, hi = pairs[top]
+            where = m if top == 0 else m["ops"]
+            if lo not in where or hi not in where:
+                continue
+            n = len(where[hi]) if type(where[hi]) is list else len(m["rank"])
+            how = rng.randrange(5)
+            if how == 0:        # one row out of order
+                i = rng.randrange(n)
+                low = where[lo] if type(where[lo]) is list else [where[lo]] * n
+                high = where[hi] if type(where[hi]) is list else [where[hi]] * n
+                where[lo] = list(low)
+                where[lo][i] = (high[i] or 0) + rng.choice((0, 1, 0.5, -1))
+            elif how == 1:      # one value for all rows (in order or not)
+                high = where[hi] if type(where[hi]) is list else [where[hi]] * n
+                high = [v for v in high if v is not None] or [0]
+                where[lo] = rng.choice((min(high), max(high), min(high) - 1))
+            elif how == 2 and top == 2:     # null in a row of an optional field
+                name = rng.choice((lo, hi))
+                if name in where:
+                    col = where[name] if type(where[name]) is list else [where[name]] * n
+                    where[name] = list(col)
+                    where[name][rng.randrange(n)] = None
+            elif how == 3 and top == 2:      # absent from the batch
+                del where[rng.choice((lo, hi))]
+            else:               # the high bound one value for all rows
+                low = where[lo] if type(where[lo]) is list else [where[lo]] * n
+                low = [v for v in low if v is not None] or [0]
+                where[hi] = rng.choice((max(low), min(low)))
+        each = all(valid(o) for o in group)
+        assert valid_many(group) == each, group
+        cases += not each
+    assert cases > 30
+    # a null in a row leaves the rows after it where they are: (5, 4) is out of order, (5, 5)
+    # is not, whichever of its neighbours the null's removal would pair them with
+    total = sum(comm["ops_len"]) if type(comm["ops_len"]) is list \
+        else comm["ops_len"] * len(comm["rank"])
+    for low, high, ok in (([None, 5, 0], [0, 5, 9], True), ([None, 5, 0], [9, 4, 9], False)):
+        m = copy.deepcopy(comm)
+        m["ops"]["first_seq"] = (low * total)[:total]
+        m["ops"]["last_seq"] = (high * total)[:total]
+        assert valid(m) == ok
+        assert valid_many([m, copy.deepcopy(m)]) == ok

@@ -25,8 +25,8 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from itertools import chain, islice
-from operator import itemgetter, methodcaller
+from itertools import chain, islice, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -297,30 +297,27 @@ def ordered_chunks(chunks: Iterable[list[dict]], window: int) -> Iterator[list[d
 
 _first = itemgetter(0)
 _second = itemgetter(1)
-_rank = methodcaller("get", "rank")
-_host = methodcaller("get", "host")
+_AT_LAST = frozenset(kind for kind, bk in BATCH_KINDS.items() if bk.at_last)
 
 
 def _keyed(chunk: list[dict], seq: int) -> list[tuple]:
     """(key, event) of each event of ``chunk``, the key (ts, rank or -1, host or "",
     seq + position): columns taken by C-level maps and zipped (no Python code per event
     unless a rank or host is missing)."""
-    ranks = list(map(_rank, chunk))
+    # dict.get mapped over the chunk: ~5x less than a methodcaller's call per event
+    ranks = list(map(dict.get, chunk, repeat("rank")))
     ts = list(map(_ts, chunk))
     if list in map(type, ts) or list in map(type, ranks):
         # a columnar batch goes where its first row would go; a step_batch where its newest
         # would (``BatchKind.at_last``)
-        ts, ranks = ts[:], ranks[:]
-        for i, ev in enumerate(chunk):
-            bk = BATCH_KINDS.get(ev["kind"])
-            if bk is not None:
-                at = -1 if bk.at_last else 0
-                t, r = ts[i], ranks[i]
-                ts[i] = t[at] if type(t) is list else t
-                ranks[i] = r[at] if type(r) is list else r
+        kinds = list(map(_kind, chunk))
+        ts = [(t[-1] if k in _AT_LAST else t[0]) if type(t) is list and k in BATCH_KINDS
+              else t for t, k in zip(ts, kinds, strict=True)]
+        ranks = [(r[-1] if k in _AT_LAST else r[0]) if type(r) is list and k in BATCH_KINDS
+                 else r for r, k in zip(ranks, kinds, strict=True)]
     if None in ranks:
         ranks = [-1 if r is None else r for r in ranks]
-    hosts = list(map(_host, chunk))
+    hosts = list(map(dict.get, chunk, repeat("host")))
     if None in hosts:
         hosts = [h or "" for h in hosts]
     keys = zip(ts, ranks, hosts, range(seq, seq + len(chunk)), strict=True)
