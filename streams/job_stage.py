@@ -334,17 +334,20 @@ class JobStage:
         flags: tuple[bool, bool] | None = None
         parts = unpack(value)
         steps_topic = self.steps_topic
-        # issue 31: the parts that are no copy of a host's telemetry sent to every
-        # partition decoded and checked together (``decode_values``); a copy is decoded
-        # where it comes, once ``foreign`` (which the parts before it may change) keeps it
-        mine = [i for i, (src, _, report, key, _, _) in enumerate(parts)
-                if report or not key or src == steps_topic]
+        # issue 31: the parts decoded and checked together (``decode_values``). A copy of
+        # a host's telemetry sent to every partition is kept or left where it comes, by
+        # ``foreign``, which the parts before it may change: decoded with the others when
+        # it is kept now (decoding changes nothing), else where it comes if kept then
+        copy = [not report and bool(key) and src != steps_topic
+                for src, _, report, key, _, _ in parts]
+        mine = [i for i, (_, _, _, key, _, _) in enumerate(parts)
+                if not (copy[i] and key and self.foreign(state, key, p, now))]
         decoded = dict(zip(mine, decode_values([(parts[i][4], kinds_of(parts[i][0]))
                                                 for i in mine]), strict=True))
         for i, (src, ts0, report, key, raw, placed) in enumerate(parts):
-            got = decoded.get(i)
-            if got is None and key and self.foreign(state, key, p, now):
+            if copy[i] and key and self.foreign(state, key, p, now):
                 continue
+            got = decoded.get(i)
             want = self.src_kind.get(src)
             if not placed and key and want in _TELEMETRY:
                 # sent to every partition before its host was placed; placed here by now?
