@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -272,12 +271,19 @@ def worker_child(trace: str, partitions: int, profile: bool) -> None:
     print(json.dumps({"worker_cpu_s": cpu, "judged_rank_steps": judged,
                       "partitions_used": sorted(jobs.parts), "snapshot_cpu_s": snap_cpu,
                       "snapshot_bytes": snap_bytes,
-                      # the child's peak RSS (MiB; Linux reports KiB)
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "peak_rss_mib": peak_rss_mib(),
                       "incidents": sum(s.counts["incidents"] for s in jobs.parts.values()),
                       "deadletters": sum(len(v) for v in [sinks["dead"].sent]),
                       "stages": {k: {"cpu_s": v[0], "calls": v[1]}
                                  for k, v in sorted(STAGES.items())}}))
+
+
+def peak_rss_mib() -> float:
+    """This process's own peak RSS (VmHWM, MiB): getrusage's ru_maxrss also counts what
+    the parent held before the exec (bench/detect_flat.py)."""
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return kb / 1024
 
 
 def run_child(args: list[str]) -> tuple[float, str]:
@@ -308,7 +314,13 @@ def main() -> None:
                     help="keep the batched traces here and reuse them when present")
     ap.add_argument("--worker-child", nargs=3, metavar=("TRACE", "PARTS", "PROFILE"),
                     help=argparse.SUPPRESS)
+    ap.add_argument("--write-trace", nargs=4, metavar=("RANKS", "STEPS", "STEP_S", "PATH"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.write_trace:
+        n, steps, step_s, path = args.write_trace
+        print(json.dumps(write_batched(int(n), int(steps), Path(path), float(step_s))))
+        return
     if args.worker_child:
         trace, parts, prof = args.worker_child
         worker_child(trace, int(parts), prof == "1")
@@ -331,7 +343,11 @@ def main() -> None:
             else:
                 if keep is not None:
                     keep.mkdir(parents=True, exist_ok=True)
-                row.update(write_batched(ranks, args.steps, trace, args.step_s))
+                # in a child: the simulator's memory goes back when it exits, not held
+                # by this parent beside the worker child (131,072 ranks: GBs)
+                _, out = run_child([sys.executable, me, "--write-trace", str(ranks),
+                                    str(args.steps), str(args.step_s), str(trace)])
+                row.update(orjson.loads(out.strip().splitlines()[-1]))
             det_cpu, det_out = run_child([sys.executable, "-m", "failslow.cli", "detect",
                                           str(trace), "--out", os.devnull])
             # the same child on the trace's first line: the start (imports), which the
