@@ -193,7 +193,11 @@ class LinkMonitor:
             if a is None:
                 if group in local:
                     continue
-                ranks = member_ranks(c)
+                if len(c) == HEAD + 2:        # a pair: member_ranks without a sort call
+                    r0, r1 = c[HEAD][0], c[HEAD + 1][0]
+                    ranks: tuple[int, ...] = (r0, r1) if r0 <= r1 else (r1, r0)
+                else:
+                    ranks = member_ranks(c)
                 hosts = set(map(rank_host.get, ranks))
                 # Sends and receives of a group larger than a pair (a pipeline group) are
                 # several links at once: ``models.p2p`` judges them per rank pair.
@@ -201,7 +205,27 @@ class LinkMonitor:
                     local.add(group)
                     continue
                 a = agg[group] = _GroupStep(ranks, c[OP] in P2P, hosts)
-            t = transfer(c, offset)
+            if len(c) == HEAD + 2:
+                # a pair (most collectives of a pipeline): ``transfer`` written out, the
+                # same comparisons in the same order
+                (ra, sa, da), (rb, sb, db) = c[HEAD], c[HEAD + 1]
+                if offset:
+                    sa -= offset.get(ra, 0.0)
+                    sb -= offset.get(rb, 0.0)
+                end, last = _INF, -_INF
+                if (e := sa + da) < end:
+                    end = e
+                if sa > last:
+                    last = sa
+                if (e := sb + db) < end:
+                    end = e
+                if sb > last:
+                    last = sb
+                t = end - last
+                if not t > 0.0:
+                    t = 0.0
+            else:
+                t = transfer(c, offset)
             a.transfer_s += t
             a.costs.append(t / nbytes)
         if not agg:
@@ -437,6 +461,7 @@ def _median(xs: list[float]) -> float:
     return xs[k // 2] if k % 2 else 0.5 * (xs[k // 2 - 1] + xs[k // 2])
 
 
+_INF = float("inf")
 _OUTLIER_NAMES = CONGESTION + NIC_ERRORS   # outlier_nics' counters, in its rows' order
 
 

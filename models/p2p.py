@@ -559,16 +559,20 @@ class P2PMonitor:
         # A pair's cost: the slower direction's shortest op (a direction whose ops took no
         # measurable time, an eager send, tells nothing).
         costs: dict[tuple[int, int], float] = {}
+        # the pairs of two hosts, in order
+        names: list[tuple[int, int]] = []
         isfinite = math.isfinite
+        hget = host.get
         for p, v in data.items():
             c0, c1 = v[0], v[1]
             if isfinite(min(c0, c1)):
                 # max(c for c in (c0, c1) if isfinite(c)), without a generator per pair
                 f0, f1 = isfinite(c0), isfinite(c1)
                 costs[p] = (c1 if c1 > c0 else c0) if f0 and f1 else c0 if f0 else c1
-        names = sorted(p for p in costs
-                       if host.get(p[0]) is not None and host.get(p[1]) is not None
-                       and host[p[0]] != host[p[1]])
+                h0, h1 = hget(p[0]), hget(p[1])
+                if h0 is not None and h1 is not None and h0 != h1:
+                    names.append(p)
+        names.sort()
         if not names:
             return self._with_windows(self._close(s, job_s, ts, set(), world, rank_host))
         n = len(names)
