@@ -24,6 +24,10 @@ detect's. A second pass with no wrappers gives the worker's total.
 
     .venv/bin/python bench/streams_worker_cost.py [--ranks 1024 4096 16384] [--steps 6] [--step-s 2]
         [--cprofile 25]   # and the worker path's 25 costliest functions (cProfile, own time)
+    # 131,072 ranks without simulating them (an hour, ~10 GB): cut 4 steps out of the trace
+    # bench/detect_flat.py keeps, then run both on it (detect ~4 CPU min, the worker ~6 a pass)
+    .venv/bin/python bench/streams_worker_cost.py --ranks 131072 --steps 4 --partitions 32 \
+        --trace-dir DIR --cut-from DIR/flat_131072_pp8_2s_12.jsonl
 
 Prints numbers and writes bench/results/streams_worker_cost.json.
 """
@@ -68,6 +72,53 @@ def write_batched(ranks: int, steps: int, path: Path, step_s: float = 2.0) -> di
             f.write(orjson.dumps(obj) + b"\n")
             n += 1
     return {"objects": n, "trace_bytes": path.stat().st_size}
+
+
+def _step_of(obj: dict) -> int | None:
+    s = obj.get("step")
+    return max(s) if isinstance(s, list) else s
+
+
+def _first_ts(obj: dict) -> float:
+    t = obj["ts"]
+    return t[0] if isinstance(t, list) else t
+
+
+def cut_batched(src: Path, steps: int, path: Path) -> dict:
+    """The first ``steps`` steps of a batched trace (bench/detect_flat.py keeps one per size;
+    the same tp8 pp8 job shape, with its one injected slow GPU): the comm and step batches
+    of steps below ``steps``, the device samples up to the last kept step's end. At 131,072
+    ranks this takes minutes where simulating takes about an hour and ~10 GB."""
+    end = 0.0
+    late = None
+    with src.open("rb") as f:   # the last kept step's end: its step batches' newest ts
+        for line in f:
+            if b'"step_batch"' not in line[:40]:
+                continue
+            obj = orjson.loads(line)
+            if (_step_of(obj) or 0) < steps:
+                ts = obj["ts"]
+                end = max(end, max(ts) if isinstance(ts, list) else ts)
+            elif late is None:
+                late = _first_ts(obj)
+            elif _first_ts(obj) > late + 60.0:   # well past the cut: stop reading
+                break
+    n = 0
+    with src.open("rb") as f, path.open("wb") as out:
+        for line in f:
+            obj = orjson.loads(line)
+            t0 = _first_ts(obj)
+            if t0 > end + 30.0:
+                break
+            if obj["kind"] in ("comm_batch", "step_batch", "comm", "step"):
+                step = _step_of(obj)
+                if step is None or step >= steps:
+                    continue
+            elif t0 > end:
+                continue
+            out.write(line)
+            n += 1
+    return {"objects": n, "trace_bytes": path.stat().st_size, "cut_from": str(src)}
 
 
 class _Topic:
@@ -312,6 +363,10 @@ def main() -> None:
                          "4,096): 1,024 gives a 4,096-rank job a 16,384-rank one's 4 shards")
     ap.add_argument("--trace-dir", default=None,
                     help="keep the batched traces here and reuse them when present")
+    ap.add_argument("--cut-from", default=None, metavar="TRACE",
+                    help="make a missing trace by cutting the first --steps steps out of this "
+                         "batched trace of the same size (bench/detect_flat.py --trace-dir "
+                         "keeps one; it carries one slow GPU) instead of simulating")
     ap.add_argument("--worker-child", nargs=3, metavar=("TRACE", "PARTS", "PROFILE"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--write-trace", nargs=4, metavar=("RANKS", "STEPS", "STEP_S", "PATH"),
@@ -325,6 +380,8 @@ def main() -> None:
         trace, parts, prof = args.worker_child
         worker_child(trace, int(parts), prof == "1")
         return
+    if args.cut_from and len(args.ranks) != 1:
+        raise SystemExit("--cut-from: one --ranks, the size of the trace it cuts")
     rows = []
     me = str(Path(__file__).resolve())
     if args.shard_ranks:   # for detect and the worker alike (models/shard.py)
@@ -343,6 +400,9 @@ def main() -> None:
             else:
                 if keep is not None:
                     keep.mkdir(parents=True, exist_ok=True)
+            if args.cut_from and not trace.exists():
+                row.update(cut_batched(Path(args.cut_from), args.steps, trace))
+            elif not trace.exists():
                 # in a child: the simulator's memory goes back when it exits, not held
                 # by this parent beside the worker child (131,072 ranks: GBs)
                 _, out = run_child([sys.executable, me, "--write-trace", str(ranks),
