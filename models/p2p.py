@@ -353,17 +353,8 @@ class P2PMonitor:
                 row = by_cls[cls] = KeyedValues()
             row.set(key, obs)
             self._sets += 1
-            order = self._order
-            if order:                       # ``_note``, inline
-                o = order.get(cls)
-                if o is not None:
-                    o[2].append(obs)
-                if prev is not None:
-                    o = order.get(prev[1])
-                    if o is not None:
-                        o[3].append(prev[0])
-                        if len(o[3]) > len(o[1]):
-                            del order[prev[1]]
+            if self._order:
+                self._note(cls, obs, prev)
             same = row.array()
             run = self.wrun.get(pair)
             slow = False
@@ -456,7 +447,7 @@ class P2PMonitor:
     def _note(self, cls: float | None, obs: float, prev: tuple[float, float] | None) -> None:
         """``obs`` set in size class ``cls`` (None: nothing set), replacing ``prev`` (its
         value and class; None: a new key): noted for the class's sorted copy (``_sorted``).
-        Every change of ``wcls`` is noted so once a copy was made (``_window`` inlines it)."""
+        Every change of ``wcls`` is noted so once a copy was made (``_window`` calls it)."""
         order = self._order
         if order is None:
             return
