@@ -646,6 +646,12 @@ class Detector:
                  len(resolved))
         return out
 
+    def _price_world(self, job_id: str) -> int:
+        """The world size a culprit of ``job_id`` is priced on when it differs from the
+        judged ranks' (0: theirs). A shard of a larger job (``models.shard``) answers the
+        job's, so the paging policy weighs the GPU-hours the incident reports."""
+        return 0
+
     def _judge(self, job: JobState, s: int, findings: list, ts: float, sub: bool = False
                ) -> list[dict[str, Any]]:
         """Step ``s``'s findings -> incident events; ``sub``: a judgement from windows
@@ -656,6 +662,7 @@ class Detector:
         job_hosts = set(job.rank_host.values())
         self._release(job_hosts, ts - self.telemetry_delay_s)
         step_s = job.job_step_s or 1.0
+        price = self._price_world(job.job_id)
         located = []
         nic_memo: dict[Any, Any] = {}    # the job's NIC outliers, found once per judgement
         for f in findings:
@@ -690,6 +697,8 @@ class Detector:
             else:
                 action, why = self.planner.plan(f.fault, cause, f.slowdown_pct,
                                                 max(ts - f.onset_ts, 0.0), step_s, f.lost_s)
+            if price and f.world:
+                f.world = price          # the paging policy weighs the job's cost
             found.append((f, cause, action, why, rc_ev))
         return self.tracker.step(job.job_id, ts, found, sub, job.job_step_s)
 

@@ -23,7 +23,8 @@ What the job level keeps (``ShardedDetector._job_out``, applied to every inciden
   shard ``k > 0`` is ``job_id + SEP + k``; its culprits, ranks and hosts, are its own, so
   ids never collide across shards);
 - the cost: ``gpu_hours_lost`` (and a link's ``world_size``) are priced on the whole
-  job's world size, not the shard's;
+  job's world size, not the shard's, and the paging policy weighs that cost
+  (``_price_world``): a culprit of a job in 32 shards is not graded on 1/32 of it;
 - the job-wide change point (``job_slowdown``) is shard 0's: in synchronous training
   every rank's step time is the job's, so shard 0's median step time is the job's; the
   other shards' are not reported (one incident per job).
@@ -133,6 +134,9 @@ class ShardedDetector(Detector):
         return out
 
     # -- incidents out: the job's ---------------------------------------------------------
+
+    def _price_world(self, job_id: str) -> int:
+        return self._worlds.get(job_id.partition(SEP)[0], 0) if self._worlds else 0
 
     def _job_out(self, incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not self._worlds:

@@ -62,6 +62,13 @@ def test_a_sharded_job_finds_its_culprit_under_the_jobs_own_ids(stage_slow):
     for inc in priced:
         lost = inc["evidence"]["lost_s"]
         assert inc["gpu_hours_lost"] == pytest.approx(64 * lost / 3600.0, abs=1e-6)
+    # and the paging policy weighed that same cost, not the shard's share of it: the
+    # reason an operator reads states the GPU-hours the event reports
+    graded = [inc for inc in priced if "GPU-h lost" in inc["evidence"].get("policy", "")]
+    assert graded
+    for inc in graded:   # 3 significant digits there; lost_s is rounded to 1 ms here
+        weighed = float(inc["evidence"]["policy"].split(" GPU-h lost")[0].split()[-1])
+        assert weighed == pytest.approx(inc["gpu_hours_lost"], rel=0.01)
 
 
 def _worker_like(events: list[dict], shard_ranks: int, partitions: int) -> list[dict]:
