@@ -326,6 +326,11 @@ class DetectorConfig:
     idle_sweeps: int = _p(8, "looks per job_idle_s for jobs that have ended (a job ends "
                           "between job_idle_s and 1/this of it more after its last event)",
                           least=1)
+    telemetry_queue_cap: int = _p(1 << 17, "device samples queued (all hosts) beyond which each "
+                                  "host's older half is applied before the steps cut it: the "
+                                  "queue's memory bound (raise it for clusters of 10,000+ "
+                                  "hosts, whose samples reach it within seconds)",
+                                  least=1)
 
 
 def section_docs(cls: type) -> list[tuple[str, Any, str]]:

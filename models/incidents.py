@@ -40,7 +40,8 @@ JOB_ENDED = "job ended"
 # Resolved incidents still waiting for late telemetry to explain them, at most (oldest go).
 UNEXPLAINED_MAX = 1024
 LATE_FAULTS = ("slow_rank", "slow_host")
-ENDS_N = 33                # step ends kept per job (evidence windows span at most 32)
+ENDS_N = 33   # step ends kept per job at least (evidence windows span at most 32; more when
+#               [policy] period_steps or open_steps_max ask for more: ``period``)
 
 
 class Incident:
@@ -132,8 +133,10 @@ class IncidentTracker:
         kept = self.ends
         ends = kept.get(job_id) or []
         if not ends or ts > ends[-1]:
-            ends = (ends + [ts])[-ENDS_N:]
+            cfg = self.cfg(job_id)   # enough for the period and the open-step count
+            ends = (ends + [ts])[-max(ENDS_N, cfg.period_steps + 1, cfg.open_steps_max + 1):]
             kept[job_id] = ends
+            return _period(ends, cfg.period_steps), ends
         return _period(ends, self.cfg(job_id).period_steps), ends
 
     @staticmethod

@@ -82,10 +82,6 @@ TELEMETRY_KINDS = frozenset(("gpu", "nic", "host"))
 # (``nic_batch``, one queue item, its rows applied in order).
 DEVICE_BATCHES = {"gpu_batch": "gpu", "nic_batch": "nic"}     # kind -> its row key
 QUEUED_KINDS = frozenset((*TELEMETRY_KINDS, *DEVICE_BATCHES))
-# Queued samples beyond which the oldest half of each host's queue is applied regardless
-# of the steps (hosts that run no job here, or jobs that judge no step for a long while,
-# must not grow the queue without bound).
-TELEMETRY_QUEUE_CAP = 1 << 17
 # A job silent this long (event time) has ended. Five minutes: longer than a checkpoint
 # save or an evaluation pass (tens of seconds to a few minutes, steps stop meanwhile),
 # short enough that a finished job's incident does not stay open for long.
@@ -128,6 +124,10 @@ class Detector:
     errors = 0           # class defaults: snapshots taken before these existed restore
     last_error = ""
     job_idle_s = DetectorConfig().job_idle_s     # what a detector pickled before ran with
+    # queued samples beyond which each host's older half is applied regardless of the steps
+    # (hosts that run no job here, or jobs that judge no step for a long while, must not
+    # grow the queue without bound): ``[detector] telemetry_queue_cap``
+    telemetry_queue_cap = DetectorConfig().telemetry_queue_cap
     jobs_ended = 0
     judged_rank_steps = 0
     _now = -math.inf
@@ -156,6 +156,7 @@ class Detector:
         self.telemetry_delay_s = config.detector.telemetry_delay_s \
             if telemetry_delay_s is None else telemetry_delay_s
         self.job_idle_s = config.detector.job_idle_s if job_idle_s is None else job_idle_s
+        self.telemetry_queue_cap = config.detector.telemetry_queue_cap
         self.planner = planner or config.make_planner()
         self.jobs: dict[str, JobState] = {}
         self.store = TelemetryStore(config.detector)
@@ -325,7 +326,7 @@ class Detector:
             except Exception as exc:  # noqa: BLE001 - a defect must not stop the stream
                 self._failed(exc)
         self._queued += queued
-        if self._queued > TELEMETRY_QUEUE_CAP:
+        if self._queued > self.telemetry_queue_cap:
             # every host's older half, applied together (each host's in ts order, as
             # ``_release`` does): a numpy step per round over them all, not a round per
             # host (issue 31: a 131,072-rank job's 16,384 hosts fill the cap in seconds)

@@ -145,6 +145,37 @@ def test_nic_outlier_bar_decides_which_ports_stand_out():
     assert outlier_nics(nics, CauseConfig(nic_agree=3)) == []            # two counters agree
 
 
+def test_telemetry_queue_cap_bounds_the_queue_and_is_set_from_the_tree():
+    from failslow.simulator import SCENARIOS, simulate
+
+    events = list(simulate(SCENARIOS["gpu_thermal_30"], seed=0).events())
+
+    def peak(det: Detector) -> int:
+        most = 0
+        for i in range(0, len(events), 200):
+            det.process_batch(events[i:i + 200])
+            most = max(most, det._queued)
+        return most
+
+    small = Detector(config=DetectionConfig.from_mapping(
+        {"detector": {"telemetry_queue_cap": 20}}))
+    assert small.telemetry_queue_cap == 20
+    unbounded = peak(Detector())                  # the default cap is far above this job
+    assert unbounded > 40
+    assert peak(small) < unbounded                # older halves applied past 20
+
+
+def test_a_job_keeps_the_step_ends_its_policy_counts():
+    default = Detector().tracker
+    wide = Detector(config=DetectionConfig.from_mapping(
+        {"policy": {"period_steps": 40, "open_steps_max": 50}})).tracker
+    for k in range(80):
+        default.period("j", float(k))
+        wide.period("j", float(k))
+    assert len(default.ends["j"]) == 33
+    assert len(wide.ends["j"]) == 51
+
+
 @pytest.mark.parametrize("command", [["detect", "TRACE"], ["worker"], ["demo"]])
 def test_each_command_reads_the_file_and_says_what_is_wrong_in_one_line(tmp_path, command):
     bad = write(tmp_path, "[policy]\npage_stepz = 2\n")
@@ -209,7 +240,6 @@ NOT_THRESHOLDS = {
     "telemetry": {"REASON_GROUPS", "PENDING_MAX"},
     # deployment sizing from FAILSLOW_SHARD_RANKS: how a job is split over workers
     "shard": {"SHARD_RANKS"},
-    "pipeline": {"TELEMETRY_QUEUE_CAP"},   # memory bound of the telemetry queue
     # how stale P2PMonitor._quartile_low's sorted copy may grow (a cache: its bound only
     # skips lower_half_ref, which decides)
     "p2p": {"SNAP_STALE"},
