@@ -35,7 +35,7 @@ from failslow.streams.routing import (
     job_of_key,
     split_value,
 )
-from failslow.streams.sharding import event_shard, shard_partition, shard_parts
+from failslow.streams.sharding import event_shard, shard_of, shard_partition, shard_parts
 
 
 class HostMapReader(threading.Thread):
@@ -167,9 +167,21 @@ class RouteStage:
         home = home_partition(job, parts)
         for ev in items if type(items) is list else (items,):
             host = ev.get("host") if type(ev) is dict else None
-            if type(host) is str:
-                k = event_shard(ev, n)
-                self.place(host, (home + k) % parts if k else home, now)
+            if type(host) is not str:
+                continue
+            ranks = ev.get("rank")
+            if type(ranks) is list:
+                # a host's step_batch: the shards of its rank column. Read as one event
+                # whose rank is no int, every host of a sharded job was placed on the
+                # job's home partition too (shard 0): that partition decoded, ordered and
+                # judged every host's telemetry (16,384 ranks in 4 shards: 2,048 hosts, its
+                # own 512; 280,000 GPU rows of 4 steps, its own 94,000)
+                shards = {shard_of(r, n) for r in ranks if type(r) is int} or {0}
+                for k in sorted(shards):
+                    self.place(host, (home + k) % parts if k else home, now)
+                continue
+            k = event_shard(ev, n)
+            self.place(host, (home + k) % parts if k else home, now)
 
     def learn_gpu_host(self, value: bytes | None, host: str, now: float) -> None:
         """A host not placed yet whose GPU samples name their job and rank (CONTRACT's

@@ -250,3 +250,34 @@ def test_a_gpu_sample_naming_its_job_and_rank_places_its_host_at_once():
     assert [orjson.loads(m["value"]) for m in topics["hostmap"].sent] == [
         {"host": "h3", "partition": shard1}]
     assert metrics.unmapped._value.get() == 1
+
+
+def test_a_hosts_step_batch_places_the_host_on_its_ranks_shard_only():
+    # issue 31: a step_batch's rank is a column; read as an event with no int rank, every
+    # host of a sharded job was placed on the job's home partition too, which then took
+    # (decoded, ordered, judged) the telemetry of every host of the job
+    router, cfg, topics, metrics = _router(partitions=4)
+    router.shard_ranks = 8
+    steps, host_t = cfg.topics.for_kind("step"), cfg.topics.for_kind("host")
+    batches = [{"v": 1, "kind": "step_batch", "ts": [10.0 + r / 100 for r in rs],
+                "job_id": "job5", "host": f"h{rs[0] // 4}", "rank": rs, "world_size": 16,
+                "step": 0, "duration_s": [1.0] * 4} for rs in ([r, r + 1, r + 2, r + 3]
+                                                               for r in range(0, 16, 4))]
+    # h9 runs ranks of two shards (7 and 8): placed on both
+    batches.append({"v": 1, "kind": "step_batch", "ts": [10.5, 10.6], "job_id": "job5",
+                    "host": "h9", "rank": [7, 8], "world_size": 16, "step": 0,
+                    "duration_s": [1.0, 1.0]})
+    samples = {h: orjson.dumps([{"v": 1, "kind": "host", "host": h}])
+               for h in ("h0", "h3", "h9")}
+    asyncio.run(router.route_batch(
+        [_Msg(steps, b"job5", orjson.dumps(batches)),
+         *(_Msg(host_t, h.encode(), v) for h, v in samples.items())], now=100.0))
+    home = home_partition("job5", 4)
+    shard1 = (home + 1) % 4
+    routed = _routed(topics["job"])
+    where = {h: sorted(p for p, part in routed if part[4] == v) for h, v in samples.items()}
+    assert where == {"h0": [home], "h3": [shard1], "h9": sorted({home, shard1})}
+    announced = sorted((orjson.loads(m["value"])["host"], orjson.loads(m["value"])["partition"])
+                       for m in topics["hostmap"].sent)
+    assert announced == sorted([("h0", home), ("h1", home), ("h2", shard1), ("h3", shard1),
+                                ("h9", home), ("h9", shard1)])
