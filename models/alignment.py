@@ -27,7 +27,10 @@ per member in arrival order. ``Detector.process_batch`` appends to it inline
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from failslow.models.config import EvidenceConfig, LinkConfig
 
@@ -36,6 +39,55 @@ from failslow.models.config import EvidenceConfig, LinkConfig
 STEP, GROUP, OP, BYTES = range(4)
 HEAD = 4                     # header entries of an open collective before its members
 Collective = list[Any]
+
+
+class CollArrays:
+    """A step's collectives as arrays (``models.comm`` sums them so): per collective its
+    group and op (``gid``, ``oid``: places in ``groups``, ``ops``), its bytes (as
+    ``float(c[BYTES])``) and member count; per member, collective after collective, its
+    rank, start and duration: the values of the ``Collective`` lists bit for bit
+    (``models.links`` and ``lags`` read these rather than the lists)."""
+
+    __slots__ = ("gid", "groups", "oid", "ops", "nbytes", "size", "at", "rank", "start", "dur",
+                 "finite")
+
+    def __init__(self, gid: np.ndarray, groups: list[str], oid: np.ndarray, ops: list[str],
+                 nbytes: np.ndarray, size: np.ndarray, rank: np.ndarray, start: np.ndarray,
+                 dur: np.ndarray) -> None:
+        self.gid, self.groups, self.oid, self.ops, self.nbytes = gid, groups, oid, ops, nbytes
+        self.size, self.rank, self.start, self.dur = size, rank, start, dur
+        self.at = np.zeros(size.size, dtype=np.int64)     # each collective's first member
+        np.cumsum(size[:-1], out=self.at[1:])
+        # NaN compares unlike in Python and numpy: the readers take the lists then
+        self.finite = bool(size.size and size.min() >= 1 and np.isfinite(start).all()
+                           and np.isfinite(dur).all() and np.isfinite(nbytes).all())
+
+
+class StepColls(list):      # type: ignore[type-arg]
+    """A step's collectives as arrays (``arrays``) and, once a reader needs them
+    (``full``), as ``Collective`` lists; until then the list is empty and ``make`` builds
+    it. Lives within one judged step only (never pickled)."""
+
+    arrays: CollArrays | None = None
+    make: Callable[[], list[Collective]] | None = None
+
+    def full(self) -> StepColls:
+        """The collectives as lists too (built once)."""
+        if self.make is not None:
+            make, self.make = self.make, None
+            self.extend(make())
+        return self
+
+
+def listed(colls: list[Collective]) -> list[Collective]:
+    """A step's collectives as lists (a ``StepColls`` builds them now)."""
+    return colls.full() if isinstance(colls, StepColls) else colls
+
+
+def arrays_of(colls: list[Collective]) -> CollArrays | None:
+    """A step's collectives as arrays where they came so and every value is finite."""
+    arr = getattr(colls, "arrays", None)
+    return arr if arr is not None and arr.finite else None
 
 
 class CollectiveAligner:
@@ -93,14 +145,24 @@ class CollectiveAligner:
             del self.done[s]
 
 
-def lags(colls: list[Collective]) -> dict[int, float]:
+def lags(colls: list[Collective], only: set[int] | frozenset[int] | None = None
+         ) -> dict[int, float]:
     """Arrival lag (seconds) per rank over complete collectives: at each, the
-    last member to start is charged its lead over the second-to-last."""
+    last member to start is charged its lead over the second-to-last. ``only``: the
+    ranks whose lag is read (a pair with neither of them is not looked at; the others'
+    lags may be missing or partial)."""
+    arr = arrays_of(colls)
+    if arr is not None:
+        return _lags_arrays(arr, only)
+    colls = listed(colls)
     late: dict[int, float] = {}
     neg = float("-inf")
     for c in colls:
         k = len(c)
         if k <= HEAD + 1:
+            continue
+        if k == HEAD + 2 and only is not None and c[HEAD][0] not in only \
+                and c[HEAD + 1][0] not in only:
             continue
         if k == HEAD + 2 and (s0 := c[HEAD][1]) > neg and (s1 := c[HEAD + 1][1]) > neg:
             # two members (a send/recv pair, most of a pipeline's): last_lead written out
@@ -108,6 +170,28 @@ def lags(colls: list[Collective]) -> dict[int, float]:
         else:
             last_rank, lead = last_lead(c)
         late[last_rank] = late.get(last_rank, 0.0) + lead
+    return late
+
+
+def _lags_arrays(arr: CollArrays, only: set[int] | frozenset[int] | None) -> dict[int, float]:
+    """``lags`` on a step's arrays, every collective at once: the member that started
+    last is the first with the latest start, its lead over the latest start of the
+    others; summed per rank in the collectives' order (the same floats as the loop)."""
+    size, at, st = arr.size, arr.at, arr.start
+    m = st.size
+    top = np.maximum.reduceat(st, at)
+    cid = np.repeat(np.arange(size.size), size)
+    last = np.minimum.reduceat(np.where(st == top[cid], np.arange(m), m), at)
+    rest = st.copy()
+    rest[last] = -np.inf
+    lead = top - np.maximum.reduceat(rest, at)
+    rank = arr.rank[last]
+    keep = size >= 2
+    if only is not None:
+        keep &= np.isin(rank, np.fromiter(only, dtype=np.int64, count=len(only)))
+    late: dict[int, float] = {}
+    for r, x in zip(rank[keep].tolist(), lead[keep].tolist(), strict=True):
+        late[r] = late.get(r, 0.0) + x
     return late
 
 

@@ -34,13 +34,14 @@ reductions over the columns.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from itertools import accumulate, chain
 from operator import itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
 
-from failslow.models.alignment import Collective
+from failslow.models.alignment import CollArrays, Collective, StepColls, listed
 from failslow.models.config import LinkConfig
 from failslow.schema.batches import ABSENT, ROWS_MAX
 from failslow.schema.events import SchemaError
@@ -416,6 +417,11 @@ class CommWindows:
 
     def take_step(self, step: int) -> list[Collective]:
         """Pop a step's groups as collectives in ``models.alignment``'s layout."""
+        return listed(self.take_colls(step))
+
+    def take_colls(self, step: int) -> list[Collective]:
+        """``take_step``, the lists built only once read: a ``StepColls`` (its arrays
+        are what ``models.links`` and ``lags`` read; ``listed`` gives the lists)."""
         if step != self._step:
             self._sum(step)
         out = self._colls
@@ -486,26 +492,46 @@ class CommWindows:
         end = (np.maximum.reduceat(sums[:, 2], first) * np.minimum.reduceat(shortest, first)
                - least)
         nbytes = np.maximum.reduceat(sums[:, 1], first)
-        # per member (rank, -blocked, transfer end + blocked): the same floats as Python's
+        # per member (rank, -blocked, transfer end + blocked)
         b = sums[:, 0]
-        trip = list(zip(mr.tolist(), (-b).tolist(), (np.repeat(end, size) + b).tolist(),
-                        strict=True))
-        colls = self._colls
+        colls = self._colls = StepColls()
+        keep = np.flatnonzero(size >= 2)       # the links of two members or more
+        if not keep.size:
+            return
+        ks = size[keep]
+        at = first[keep]
+        idx = np.repeat(at - np.concatenate(([0], np.cumsum(ks)[:-1])), ks) \
+            + np.arange(int(ks.sum()))
+        x = np.array(name_key, dtype=np.int64)[mg[at]]
         no = len(oname)
-        for a, k, nb, g in zip(first.tolist(), size.tolist(), nbytes.tolist(),
-                               mg[first].tolist(), strict=True):
-            if k < 2:
-                continue
-            x = name_key[g]
-            c: Collective = [step, gname[x // no], oname[x % no], int(nb)]
-            c.extend(trip[a:a + k])
-            colls.append(c)
+        nb = nbytes[keep]
+        arr = colls.arrays = CollArrays(x // no, gname, x % no, oname, np.trunc(nb), ks,
+                                        mr[idx], -b[idx], (np.repeat(end, size) + b)[idx])
+        # the ``Collective`` lists once a reader needs them (``StepColls.full``: most steps
+        # none does, ``models.links`` and ``lags`` read the arrays)
+        colls.make = partial(_lists, step, arr, nb)
+        if not arr.finite:
+            colls.full()        # as before: a byte count that is not finite raises here
 
     def expire(self, step: int) -> None:
         """Forget the windows of steps older than ``step - max_age`` (never judged)."""
         horizon = step - self.max_age
         for s in [s for s in self.steps if s < horizon]:
             del self.steps[s]
+
+
+def _lists(step: int, arr: CollArrays, nbytes: np.ndarray) -> list[Collective]:
+    """The ``Collective`` lists of a step's arrays: the same values (Python floats of the
+    same doubles; bytes as ``int``)."""
+    trip = list(zip(arr.rank.tolist(), arr.start.tolist(), arr.dur.tolist(), strict=True))
+    groups, ops = arr.groups, arr.ops
+    out: list[Collective] = []
+    for a, k, g, o, nb in zip(arr.at.tolist(), arr.size.tolist(), arr.gid.tolist(),
+                              arr.oid.tolist(), nbytes.tolist(), strict=True):
+        c: Collective = [step, groups[g], ops[o], int(nb)]
+        c.extend(trip[a:a + k])
+        out.append(c)
+    return out
 
 
 def _first_in_time(cols: _Columns, first_at: np.ndarray, inv_key: np.ndarray, n: int

@@ -326,11 +326,12 @@ class Windows:
         # A median and MAD of a few values are no estimate: rows with fewer than
         # ``robust_min_n`` values keep the plain mean and the larger of sigma and their
         # sample deviation (a job's first steps, a rank that just joined).
-        few = cnt < self.p.robust_min_n
-        if few.any():
-            _, m0, sd0 = self.stats(rows, n)
-            mean = np.where(few, m0, mean)
-            spread = np.where(few, np.maximum(sigma, sd0), spread)
+        few = np.flatnonzero(cnt < self.p.robust_min_n)
+        if few.size:
+            # their plain statistics only (a row's are its own: the same bits in any subset)
+            _, m0, sd0 = self.stats(rows[few], n)
+            mean[few] = m0
+            spread[few] = np.maximum(np.broadcast_to(sigma, rows.shape)[few], sd0)
         return cnt, mean, spread
 
     def _mad_pool(self, rows: np.ndarray) -> float:

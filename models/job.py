@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from failslow.models.alignment import Collective, CollectiveAligner, waited_for
+from failslow.models.alignment import Collective, CollectiveAligner, listed, waited_for
 from failslow.models.attribution import Attribution
 from failslow.models.changepoint import BOCPD
 from failslow.models.comm import CommRows, CommWindows
@@ -463,7 +463,11 @@ class JobState(Attribution):
         work, data, dur, groups, ts, ts_max = self._gather(s, row, ranks)
         # the step's complete collectives (after ``_gather``: the comm windows' sums)
         colls = self.aligner.take_step(s)
-        colls.extend(self.comm.take_step(s))
+        windows = self.comm.take_colls(s)
+        if colls:
+            colls.extend(listed(windows))
+        else:
+            colls = windows     # arrays, lists when read (``StepColls``: links reads arrays)
         rel, z, perf, peers, pos, rel2, z2, warm = self._scores(row, ranks, sl, work, groups)
         # ranks with no peer doing the same work (alone in their pipeline stage): their
         # z to peers is no measurement (``models.localize`` leaves it out)
@@ -473,7 +477,8 @@ class JobState(Attribution):
         self.rank_steps += len(ranks)
         recent = self._states(sl, work)
         ev_ = self._verdict(ranks, sl, recent, rel, z, rel2, z2, warm, peers, job_s)
-        self._waited(ev_, ranks, sl, colls if groups.min() == groups.max() else [], job_s)
+        self._waited(ev_, ranks, sl, listed(colls) if groups.min() == groups.max() else [],
+                     job_s)
         # weakly present ones too: no incident, but located
         present = self._judge_ranks(s, ranks, sl, ev_, work, data, dur, ts - dur, pos, rel,
                                     z, rel2, job_s, median(data), self._job_base())

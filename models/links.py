@@ -27,11 +27,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from failslow.models.alignment import BYTES, GROUP, HEAD, OP, Collective, member_ranks, transfer
+from failslow.models.alignment import (
+    BYTES,
+    GROUP,
+    HEAD,
+    OP,
+    CollArrays,
+    Collective,
+    arrays_of,
+    listed,
+    member_ranks,
+    transfer,
+)
 from failslow.models.config import CauseConfig, JobConfig, LinkConfig
 from failslow.models.cusum import capped_increment
 from failslow.models.findings import Finding
@@ -137,6 +149,170 @@ class _Culprit(NamedTuple):
     target: Any                 # (rank, rank) or the host name
 
 
+class _Agg:
+    """The step's cross-host groups as ``_aggregate`` finds them, collective by
+    collective: what ``LinkMonitor.evaluate`` and ``_localize`` read of them."""
+
+    def __init__(self, agg: dict[str, _GroupStep]) -> None:
+        self.agg = agg
+        self.names = list(agg)
+        self.cost = np.array([_median(agg[g].costs) for g in self.names])
+        self.transfer_s = np.array([agg[g].transfer_s for g in self.names])
+
+    def ranks(self, g: str) -> tuple[int, ...]:
+        return self.agg[g].ranks
+
+    def p2p(self, g: str) -> bool:
+        return self.agg[g].p2p
+
+    def hits(self, slow: np.ndarray, healthy: np.ndarray, ends: set[int]
+             ) -> tuple[dict[Any, list[int]], dict[int, set[str]]]:
+        """Per host, how many slow and healthy groups (places in ``names``) it is in;
+        per rank of ``ends``, the names of those groups it is a member of."""
+        host_hits: dict[Any, list[int]] = {}
+        rank_groups: dict[int, set[str]] = {r: set() for r in ends}
+        for side, at in ((0, slow), (1, healthy)):
+            for g in [self.names[i] for i in at.tolist()]:
+                a = self.agg[g]
+                for h in a.hosts:
+                    got = host_hits.get(h)
+                    if got is None:
+                        got = host_hits[h] = [0, 0]
+                    got[side] += 1
+                if ends:
+                    for r in a.ranks:
+                        if r in ends:
+                            rank_groups[r].add(g)
+        return host_hits, rank_groups
+
+
+class _Hosts:
+    """The hosts of a step's members as numbers (``member``: a place in ``names``, -1
+    for a rank placed nowhere), each host value of ``rank_host`` one."""
+
+    def __init__(self, rank: np.ndarray, rank_host: dict[int, str]) -> None:
+        hix: dict[Any, int] = {}
+        rh = {r: hix.setdefault(h, len(hix)) for r, h in rank_host.items()}
+        self.names: list[Any] = list(hix)
+        self._ix = hix
+        self.member = np.fromiter(map(rh.get, rank.tolist(), repeat(-1)), dtype=np.int64,
+                                  count=rank.size)
+
+    def unplaced(self, blank: Any) -> np.ndarray:
+        """Per member: placed nowhere, or on the host value ``blank`` (None, "")."""
+        out = self.member < 0
+        b = self._ix.get(blank)
+        return out | (self.member == b) if b is not None else out
+
+
+class _StepGroups:
+    """The step's cross-host groups in arrays, every collective at once (issue 31: no
+    per-collective Python): the same groups, in the same order, with the same transfer
+    seconds and costs as ``_aggregate`` (min end - max start per collective, on the
+    job's clock; summed and median per group), the members of each group's first
+    collective for ``_localize``. From the arrays the comm windows' sums carry
+    (``StepColls``); collectives without them (``collective`` events) or with a value
+    that is not finite (NaN compares unlike in Python and numpy) are ``_aggregate``'s."""
+
+    names: list[str]
+    cost: np.ndarray
+    transfer_s: np.ndarray
+    _grp: np.ndarray            # per member of a group's first collective: its group,
+    _rank: np.ndarray           # its rank and its host (a number: ``_hosts``)
+    _host: np.ndarray
+    _hosts: list[Any]
+    _bounds: list[int]          # group i's members: [_bounds[i], _bounds[i + 1])
+    _p2p: list[bool]
+    _at: dict[str, int]         # group -> its place in ``names``
+
+    @classmethod
+    def of(cls, arr: CollArrays, hosts: _Hosts, off: np.ndarray | None) -> _StepGroups:
+        """The groups of ``arr`` (``hosts``: its members' hosts; ``off``: each member's
+        clock offset, s, or None for none)."""
+        k = arr.size.size
+        size, nbytes, at = arr.size, arr.nbytes, arr.at
+        start = arr.start if off is None else arr.start - off
+        t = np.minimum.reduceat(start + arr.dur, at) - np.maximum.reduceat(start, at)
+        t = np.where(t > 0.0, t, 0.0)
+        mh = hosts.member
+        unplaced = hosts.unplaced(None)
+        lo, hi = np.minimum.reduceat(mh, at), np.maximum.reduceat(mh, at)
+        p2p = np.array([o in P2P for o in arr.ops], dtype=bool)[arr.oid]
+        nowhere = np.maximum.reduceat(unplaced, at)
+        # inside one host, a rank placed nowhere, or sends and receives of a group larger
+        # than a pair (several links at once: ``models.p2p`` judges them per rank pair)
+        local = nowhere | (lo == hi) | (p2p & (size != 2))
+        # each group's collectives with bytes, the group decided by its first one: groups
+        # in the order of their first such collective
+        valid = np.flatnonzero(nbytes > 0)
+        ug, fi = np.unique(arr.gid[valid], return_index=True)
+        order = np.argsort(fi)
+        fc = valid[fi[order]]
+        place = np.full(len(arr.groups), -1, dtype=np.int64)
+        place[ug[order]] = np.arange(ug.size)
+        gi = np.full(k, -1, dtype=np.int64)
+        gi[valid] = place[arr.gid[valid]]
+        keep = ~local[fc]
+        new = np.cumsum(keep) - 1          # a kept group's place among the kept
+        out = cls()
+        out.names = [arr.groups[g] for g in ug[order][keep].tolist()]
+        n = len(out.names)
+        on = gi >= 0
+        on[on] = keep[gi[on]]
+        cols = np.flatnonzero(on)
+        grp = new[gi[cols]]
+        out.transfer_s = np.bincount(grp, weights=t[cols], minlength=n)  # in order, as +=
+        per = t[cols] / nbytes[cols]
+        cnt = np.bincount(grp, minlength=n)
+        cost = np.zeros(n)
+        one = cnt[grp] == 1
+        cost[grp[one]] = per[one]
+        for j in np.flatnonzero(cnt > 1).tolist():
+            cost[j] = _median(per[grp == j].tolist())
+        out.cost = cost
+        # the members of each kept group's first collective
+        fk = fc[keep]
+        sz = size[fk]
+        idx = np.repeat(at[fk] - np.concatenate(([0], np.cumsum(sz)[:-1])), sz) \
+            + np.arange(int(sz.sum()))
+        out._grp = np.repeat(np.arange(n), sz)
+        out._rank = arr.rank[idx]
+        out._host = mh[idx]
+        out._hosts = hosts.names
+        out._bounds = np.concatenate(([0], np.cumsum(sz))).tolist()
+        out._p2p = p2p[fk].tolist()
+        out._at = {g: i for i, g in enumerate(out.names)}
+        return out
+
+    def ranks(self, g: str) -> tuple[int, ...]:
+        i = self._at[g]
+        return tuple(sorted(self._rank[self._bounds[i]:self._bounds[i + 1]].tolist()))
+
+    def p2p(self, g: str) -> bool:
+        return self._p2p[self._at[g]]
+
+    def hits(self, slow: np.ndarray, healthy: np.ndarray, ends: set[int]
+             ) -> tuple[dict[Any, list[int]], dict[int, set[str]]]:
+        """As ``_Agg.hits``, on arrays."""
+        side = np.full(len(self.names), -1, dtype=np.int64)
+        side[healthy] = 1
+        side[slow] = 0
+        on = side[self._grp] >= 0
+        nh = max(len(self._hosts), 1)
+        pair = np.unique(self._grp[on] * nh + self._host[on])    # (group, host) once
+        ps, ph = side[pair // nh], pair % nh
+        c0 = np.bincount(ph[ps == 0], minlength=nh)
+        c1 = np.bincount(ph[ps == 1], minlength=nh)
+        host_hits = {self._hosts[h]: [a, b] for h, a, b in
+                     zip(np.flatnonzero(c0 + c1).tolist(), c0[c0 + c1 > 0].tolist(),
+                         c1[c0 + c1 > 0].tolist(), strict=True)}
+        rank_groups: dict[int, set[str]] = {}
+        for r in ends:
+            rank_groups[r] = {self.names[j]
+                              for j in np.unique(self._grp[on & (self._rank == r)]).tolist()}
+        return host_hits, rank_groups
+
+
 class LinkMonitor:
     """Per-group transfer baselines of one job, and link localization."""
 
@@ -174,66 +350,74 @@ class LinkMonitor:
             return {}
         return {r: clock.get(h, 0.0) for r, h in rank_host.items()}
 
+    def _clocks_arrays(self, arr: CollArrays, hosts: _Hosts) -> np.ndarray | None:
+        """``_clocks`` on the step's arrays (the same values, every collective at once);
+        returns each member's offset (s), None while no clock is learned."""
+        clock = self.clock
+        at, size = arr.at, arr.size
+        mh = hosts.member
+        # each group's first collective that is no send / recv
+        p2p = np.array([o in P2P for o in arr.ops], dtype=bool)[arr.oid]
+        cand = np.flatnonzero(~p2p)
+        _, fi = np.unique(arr.gid[cand], return_index=True)
+        pick = np.sort(cand[fi])
+        # all members placed, on two hosts or more
+        blank = np.maximum.reduceat(hosts.unplaced(""), at)
+        lo, hi = np.minimum.reduceat(mh, at), np.maximum.reduceat(mh, at)
+        use = pick[~blank[pick] & (lo[pick] != hi[pick])]
+        if use.size:
+            sz = size[use]
+            cid = np.repeat(np.arange(use.size), sz)
+            idx = np.repeat(at[use] - np.concatenate(([0], np.cumsum(sz)[:-1])), sz) \
+                + np.arange(int(sz.sum()))
+            h = mh[idx]
+            known = np.array([clock.get(x, 0.0) for x in hosts.names])
+            ends = (arr.start[idx] + arr.dur[idx]) - known[h]
+            mid = np.empty(use.size)
+            for n in np.unique(sz).tolist():
+                rows = sz == n
+                e = np.sort(ends[rows[cid]].reshape(-1, n), axis=1)
+                mid[rows] = e[:, n // 2] if n % 2 else 0.5 * (e[:, n // 2 - 1] + e[:, n // 2])
+            resid = ends - mid[cid]
+            # per host, the median of its residuals, hosts in the order first seen
+            o = np.lexsort((resid, h))
+            hs, rs = h[o], resid[o]
+            uh, first, cnt = np.unique(hs, return_index=True, return_counts=True)
+            m = cnt // 2
+            med = np.where(cnt % 2 == 1, rs[first + m], 0.5 * (rs[first + m - 1] + rs[first + m]))
+            _, seen = np.unique(h, return_index=True)     # in the order of uh
+            gain = self.cfg.links.clock_gain
+            for j in np.argsort(seen).tolist():
+                name = hosts.names[int(uh[j])]
+                clock[name] = clock.get(name, 0.0) + gain * float(med[j])
+        if not clock:
+            return None
+        off = np.array([clock.get(x, 0.0) for x in hosts.names] + [0.0])
+        return off[mh]          # -1: a rank placed nowhere, offset 0
+
     def evaluate(self, s: int, colls: list[Collective], rank_host: dict[int, str], ts: float,
                  job_s: float) -> list[Finding]:
         """Judge the step's complete collectives (``models.alignment``); a slow_link
         finding, if any group stands out."""
-        if not colls:
-            return []
         cfg = self.cfg
-        offset = self._clocks(colls, rank_host)
-        agg: dict[str, _GroupStep] = {}
-        local: set[str] = set()      # groups of this step inside one host (or unplaced)
-        for c in colls:
-            nbytes = c[BYTES]
-            if nbytes <= 0:
-                continue
-            group = c[GROUP]
-            a = agg.get(group)
-            if a is None:
-                if group in local:
-                    continue
-                if len(c) == HEAD + 2:        # a pair: member_ranks without a sort call
-                    r0, r1 = c[HEAD][0], c[HEAD + 1][0]
-                    ranks: tuple[int, ...] = (r0, r1) if r0 <= r1 else (r1, r0)
-                else:
-                    ranks = member_ranks(c)
-                hosts = set(map(rank_host.get, ranks))
-                # Sends and receives of a group larger than a pair (a pipeline group) are
-                # several links at once: ``models.p2p`` judges them per rank pair.
-                if len(hosts) < 2 or None in hosts or c[OP] in P2P and len(ranks) != 2:
-                    local.add(group)
-                    continue
-                a = agg[group] = _GroupStep(ranks, c[OP] in P2P, hosts)
-            if len(c) == HEAD + 2:
-                # a pair (most collectives of a pipeline): ``transfer`` written out, the
-                # same comparisons in the same order
-                (ra, sa, da), (rb, sb, db) = c[HEAD], c[HEAD + 1]
-                if offset:
-                    sa -= offset.get(ra, 0.0)
-                    sb -= offset.get(rb, 0.0)
-                end, last = _INF, -_INF
-                if (e := sa + da) < end:
-                    end = e
-                if sa > last:
-                    last = sa
-                if (e := sb + db) < end:
-                    end = e
-                if sb > last:
-                    last = sb
-                t = end - last
-                if not t > 0.0:
-                    t = 0.0
-            else:
-                t = transfer(c, offset)
-            a.transfer_s += t
-            a.costs.append(t / nbytes)
-        if not agg:
+        arr = arrays_of(colls)
+        agg: _Agg | _StepGroups
+        if arr is not None:
+            # the comm windows' sums, as arrays: every collective at once
+            hosts = _Hosts(arr.rank, rank_host)
+            agg = _StepGroups.of(arr, hosts, self._clocks_arrays(arr, hosts))
+        else:
+            colls = listed(colls)
+            if not colls:
+                return []
+            offset = self._clocks(colls, rank_host)
+            agg = _Agg(_aggregate(colls, rank_host, offset))
+        names = agg.names
+        if not names:
             return []
-        names = list(agg)
         # Median over the step's transfers: one transfer queued behind other traffic
         # must not make its whole group look slow.
-        cost = np.array([_median(agg[g].costs) for g in names])
+        cost = agg.cost
         # Groups are compared through their cost relative to their own past: paths
         # differ (NVLink, rails, shared NICs), so raw costs of two groups are not
         # comparable, but a healthy network moves every group's ratio alike.
@@ -281,30 +465,33 @@ class LinkMonitor:
                 del run[:-run_max]
         learn = ~weak & (cost > 0)
         G.cost.update(rows[learn], cost[learn])
-        healthy = [names[i] for i in np.flatnonzero(~weak).tolist()]
+        healthy = np.flatnonzero(~weak)
         hit = np.flatnonzero(weak & (cus > 0))
         slow = [names[i] for i in hit.tolist()]
         if hit.size:
             rel = peer_rel[hit]
-            transfer_s = np.array([agg[g].transfer_s for g in slow])
+            transfer_s = agg.transfer_s[hit]
             G.rel[rows[hit]] = rel
             G.extra_s[rows[hit]] = transfer_s * rel / (1.0 + rel)
         self.slow_members = []
         if not slow:
             return []
-        return [self._localize(slow, healthy, agg, rank_host, job_s)]
+        return [self._localize(slow, hit, healthy, agg, rank_host, job_s)]
 
-    def _localize(self, slow: list[str], healthy: list[str], agg: dict[str, _GroupStep],
-                  rank_host: dict[int, str], job_s: float) -> Finding:
+    def _localize(self, slow: list[str], slow_at: np.ndarray, healthy: np.ndarray,
+                  agg: _Agg | _StepGroups, rank_host: dict[int, str], job_s: float
+                  ) -> Finding:
+        """The culprit of the slow groups (``slow``: their names, ``slow_at``: their
+        places in ``agg.names``; ``healthy``: the places of the healthy groups)."""
         cands: list[_Culprit] = []
         for g in slow:
-            ranks = agg[g].ranks
-            if agg[g].p2p and len(ranks) == 2:
+            ranks = agg.ranks(g)
+            if agg.p2p(g) and len(ranks) == 2:
                 cands.append(_Culprit("pair", ranks))
             cands.extend(_Culprit("host", rank_host[r]) for r in ranks)
 
         def covers(c: _Culprit, g: str) -> bool:
-            ranks = agg[g].ranks
+            ranks = agg.ranks(g)
             if c.kind == "pair":
                 return c.target[0] in ranks and c.target[1] in ranks
             return any(rank_host[r] == c.target for r in ranks)
@@ -312,21 +499,7 @@ class LinkMonitor:
         # (slow, healthy) groups each candidate covers, counted in one pass over
         # the groups: a candidate's score is then a lookup.
         ends = {r for c in cands if c.kind == "pair" for r in c.target}
-        host_hits: dict[str, list[int]] = {}
-        rank_groups: dict[int, set[str]] = {r: set() for r in ends}
-        for side, names in ((0, slow), (1, healthy)):
-            for g in names:
-                a = agg[g]
-                ranks = a.ranks
-                for h in a.hosts:
-                    hits = host_hits.get(h)
-                    if hits is None:
-                        hits = host_hits[h] = [0, 0]
-                    hits[side] += 1
-                if ends:
-                    for r in ranks:
-                        if r in ends:
-                            rank_groups[r].add(g)
+        host_hits, rank_groups = agg.hits(slow_at, healthy, ends)
         slow_set = set(slow)
 
         def score(c: _Culprit) -> tuple[int, int]:
@@ -341,7 +514,7 @@ class LinkMonitor:
         best = ranked[0]
         ambiguous = len(ranked) > 1 and score(ranked[1]) == score(best)
         mine = [g for g in slow if covers(best, g)]
-        self.slow_members = [agg[g].ranks for g in mine]
+        self.slow_members = [agg.ranks(g) for g in mine]
         G = self.table
         sts = G.rows_for(mine)
         confirmed = bool((G.streak[sts] > 0).any())
@@ -350,7 +523,7 @@ class LinkMonitor:
         pct = 100.0 * extra / base if base > 0 else 0.0
         evidence = {"slow_groups": sorted(mine)[:16],
                     "transfer_rel_slowdown": round(float(G.rel[sts].max()), 3),
-                    "healthy_groups": len(healthy)}
+                    "healthy_groups": int(healthy.size)}
         evidence["ambiguous"] = ambiguous
         # The worst group's steps of evidence, as a rank's window (``mean_excess`` over
         # ``mean_excess_steps``) and its z this step: a confirmation whose latest step is as
@@ -453,6 +626,59 @@ def refine_with_nics(f: Finding, slow_members: Sequence[tuple[int, ...]], store:
                              host=rank_host[a], peer_host=rank_host[b],
                              hosts=[rank_host[a], rank_host[b]]), True
     return f, False
+
+
+def _aggregate(colls: list[Collective], rank_host: dict[int, str], offset: dict[int, float]
+               ) -> dict[str, _GroupStep]:
+    """The step's cross-host groups, collective by collective (``_StepGroups`` in
+    arrays does the same where every value is finite)."""
+    agg: dict[str, _GroupStep] = {}
+    local: set[str] = set()      # groups of this step inside one host (or unplaced)
+    for c in colls:
+        nbytes = c[BYTES]
+        if nbytes <= 0:
+            continue
+        group = c[GROUP]
+        a = agg.get(group)
+        if a is None:
+            if group in local:
+                continue
+            if len(c) == HEAD + 2:        # a pair: member_ranks without a sort call
+                r0, r1 = c[HEAD][0], c[HEAD + 1][0]
+                ranks: tuple[int, ...] = (r0, r1) if r0 <= r1 else (r1, r0)
+            else:
+                ranks = member_ranks(c)
+            hosts = set(map(rank_host.get, ranks))
+            # Sends and receives of a group larger than a pair (a pipeline group) are
+            # several links at once: ``models.p2p`` judges them per rank pair.
+            if len(hosts) < 2 or None in hosts or c[OP] in P2P and len(ranks) != 2:
+                local.add(group)
+                continue
+            a = agg[group] = _GroupStep(ranks, c[OP] in P2P, hosts)
+        if len(c) == HEAD + 2:
+            # a pair (most collectives of a pipeline): ``transfer`` written out, the
+            # same comparisons in the same order
+            (ra, sa, da), (rb, sb, db) = c[HEAD], c[HEAD + 1]
+            if offset:
+                sa -= offset.get(ra, 0.0)
+                sb -= offset.get(rb, 0.0)
+            end, last = _INF, -_INF
+            if (e := sa + da) < end:
+                end = e
+            if sa > last:
+                last = sa
+            if (e := sb + db) < end:
+                end = e
+            if sb > last:
+                last = sb
+            t = end - last
+            if not t > 0.0:
+                t = 0.0
+        else:
+            t = transfer(c, offset)
+        a.transfer_s += t
+        a.costs.append(t / nbytes)
+    return agg
 
 
 def _median(xs: list[float]) -> float:

@@ -124,7 +124,7 @@ def localize(job: JobState, culprits: list[int], s: int, job_s: float, perf: np.
                         for m in members) >= len(members)
             for m in members if m in hosted and s - job.ranks[m].onset_step < hold}
     pos = {r: i for i, r in enumerate(ranks)}
-    late = lags(colls) if left else {}
+    late = lags(colls, left) if left else {}     # read for the ranks left only
     for r in sorted(left):
         st = job.ranks[r]
         rh = job.rank_host.get(r)
