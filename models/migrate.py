@@ -12,7 +12,9 @@ incident's longest absence and mean step excess (issue 30: a flapping culprit re
 past its own gaps, a link once its step excess faded), 11 NIC ports as one table (issue
 31: ``models.telemetry.NicTable`` of arrays, not a ``Device`` per port), 12 the episodes
 resolved as faded and an incident's mean job slowdown (issue 30: a rule's memory of a
-recovered culprit reopens nothing; a culprit the job no longer waits for resolves).
+recovered culprit reopens nothing; a culprit the job no longer waits for resolves), 13
+a pipeline pair's per-window keys one int (issue 31: ``models.p2p.wkey``, not nested
+tuples, in ``P2PMonitor.wrep`` / ``wlast`` and the size classes' ``KeyedValues``).
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from failslow.models.comm import CommWindows
 from failslow.models.config import JobConfig
 from failslow.models.evidence import WaitedFor
 from failslow.models.links import GroupTable
+from failslow.models.p2p import wkey
 from failslow.models.peers import KeyedValues
 from failslow.models.ranks import EW_STATS, FLOATS, INTS, KIND_CODE, RankTable
 from failslow.models.settings import DetectionConfig
 
-STATE_VERSION = 12
+STATE_VERSION = 13
 
 # Defaults of fields added to slotted objects during version 7's life.
 INCIDENT_SLOTS: dict[str, Callable[[], Any]] = {
@@ -182,5 +185,17 @@ def _from_11(state: dict[str, Any]) -> None:
         _slots(inc, {"cost_level": float})
 
 
+def _from_12(state: dict[str, Any]) -> None:
+    for p2p in state["_p2p"].values():
+        # (pair, direction, rank) -> wkey(rank, peer, direction); (pair, direction) ->
+        # wkey(*pair, direction), each class's keys in their order (their values' places)
+        p2p.wrep = {wkey(r, a + b - r, d): v for ((a, b), d, r), v in p2p.wrep.items()}
+        p2p.wlast = {wkey(a, b, d): v for ((a, b), d), v in p2p.wlast.items()}
+        for row in p2p.wcls.values():
+            row.keys = [wkey(a, b, d) for (a, b), d in row.keys]
+            row.slot = {k: i for i, k in enumerate(row.keys)}
+
+
 STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7, 8: _from_8, 9: _from_9,
-                                                      10: _from_10, 11: _from_11}
+                                                      10: _from_10, 11: _from_11,
+                                                      12: _from_12}

@@ -65,6 +65,13 @@ from failslow.models.peers import KeyedValues, lower_half_ref, sorted_lower_half
 from failslow.models.stats import RollingMedian, median
 
 P2P_OPS = frozenset(("send", "recv"))
+# ``wkey``: a rank (an i32) plus this fits 32 bits
+RANK_OFF = 1 << 31
+
+
+def wkey(rank: int, peer: int, d: int) -> int:
+    """(rank, peer, direction 0/1) as one int: ``P2PMonitor.wrep`` / ``wlast``'s keys."""
+    return (rank + RANK_OFF) << 33 | (peer + RANK_OFF) << 1 | d
 # ``_quartile_low``'s sorted copy of a size class is taken again once the values set since
 # pass 1 / SNAP_STALE of its bound's place (a cache: the bound only skips lower_half_ref)
 SNAP_STALE = 8
@@ -138,10 +145,11 @@ class P2PMonitor:
         observation, and each pair's run of slow observations."""
         self.window_s = 0.0
         self.wstart: dict[int, tuple[int, float]] = {}
-        # (pair, direction, rank) -> (window start, window end, seconds per byte)
-        self.wrep: dict[tuple[tuple[int, int], int, int], tuple[float, float, float]] = {}
-        # (pair, direction) -> (seconds per byte, size class)
-        self.wlast: dict[tuple[tuple[int, int], int], tuple[float, float]] = {}
+        # (rank, its peer, direction) -> (window start, window end, seconds per byte); the
+        # key one int, ``wkey(rank, peer, direction)``
+        self.wrep: dict[int, tuple[float, float, float]] = {}
+        # (pair, direction) -> (seconds per byte, size class); the key ``wkey(*pair, d)``
+        self.wlast: dict[int, tuple[float, float]] = {}
         self.wcls: dict[float, KeyedValues] = {}  # wlast's costs by size class
         # pair -> [since ts, since step, observations, rel (max), extra s, z (max), last ts,
         #          emitted (0/1), its slow direction]
@@ -324,17 +332,19 @@ class P2PMonitor:
             ph = self.hosts.get(peer)
             if peer == r or h is None or ph is None or ph == h:
                 continue
-            pair = (r, peer) if r < peer else (peer, r)
             d = 0 if (op == "send") == (r < peer) else 1
             per_op = nbytes / n
             cost = min_s / per_op
-            self.wrep[(pair, d, r)] = (w0, ts, cost)
-            other = self.wrep.get((pair, d, peer))
+            # ``wkey``, inline: one int per (rank, peer, direction), no nested tuples to hash
+            # and compare in dicts of ~460,000 entries at 131,072 ranks (issue 31)
+            self.wrep[(r + RANK_OFF) << 33 | (peer + RANK_OFF) << 1 | d] = (w0, ts, cost)
+            other = self.wrep.get((peer + RANK_OFF) << 33 | (r + RANK_OFF) << 1 | d)
             if other is None or other[1] <= w0 or other[0] >= ts:
                 continue               # the other side's overlapping window is still to come
             obs = min(cost, other[2])
             cls = round(math.log2(max(per_op, 1.0)) / cfg.p2p.size_bucket)
-            key = (pair, d)
+            pair = (r, peer) if r < peer else (peer, r)
+            key = (pair[0] + RANK_OFF) << 33 | (pair[1] + RANK_OFF) << 1 | d   # wkey(*pair, d)
             prev = self.wlast.get(key)
             self.wlast[key] = (obs, cls)
             # issue 14 (speed): wlast's costs by size class, kept with it (scanning every

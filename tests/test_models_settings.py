@@ -241,8 +241,9 @@ NOT_THRESHOLDS = {
     # deployment sizing from FAILSLOW_SHARD_RANKS: how a job is split over workers
     "shard": {"SHARD_RANKS"},
     # how stale P2PMonitor._quartile_low's sorted copy may grow (a cache: its bound only
-    # skips lower_half_ref, which decides)
-    "p2p": {"SNAP_STALE"},
+    # skips lower_half_ref, which decides); the offset that makes an i32 rank a key's
+    # 32 bits (``wkey``)
+    "p2p": {"SNAP_STALE", "RANK_OFF"},
     # rank-0 steps between two looks for ended jobs (forget_s decides which have ended)
     "actions": {"PRUNE_EVERY"},
     # a step event's fields read per rank and the value of one that is absent (wire format)
