@@ -93,3 +93,21 @@ def test_detect_text_names_hosts_and_links(tmp_path, capsys):
     assert main(["detect", str(path), "--format", "text"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any("host h1" in ln and "slow_link" in ln for ln in lines), lines
+
+
+def test_detect_collects_no_garbage_while_it_runs_and_hands_the_collector_back(thermal):
+    # issue 31: every chunk decoded and judged is frozen, so a collection mid-run walks
+    # the job's state for nothing (184 young ones in a 131,072-rank job's judging): the
+    # collector is off while events stream through, on again and nothing frozen after
+    import gc
+
+    from failslow.commands.detect import detect_lines
+    from failslow.models.pipeline import Detector
+
+    assert gc.isenabled()
+    on: list[bool] = []
+    with thermal.open("rb") as f:
+        n = detect_lines(f, Detector(), lambda inc: on.append(gc.isenabled()),
+                         lambda no, why: None)
+    assert n[2] == len(on) > 0 and not any(on)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
