@@ -332,6 +332,7 @@ class JobStage:
         # per input message, ~1,700 a judged step of a 1,024-rank job
         run: list[tuple] = []      # (src, key, report, events) of the parts of the run
         flags: tuple[bool, bool] | None = None
+        taken: dict[str, int] = {}   # source topic -> its events taken
         parts = unpack(value)
         steps_topic = self.steps_topic
         # issue 31: the parts decoded and checked together (``decode_values``). A copy of
@@ -356,7 +357,7 @@ class JobStage:
             if errors and report:
                 sends.append(("dead", "; ".join(errors), src, key, raw))
             if report:  # count a message sent to several partitions once
-                metrics.events_of(src).inc(rows_of(events))
+                taken[src] = taken.get(src, 0) + rows_of(events)
             if flags is not None and flags != (report, placed):
                 self.ingest_run(state, run, flags[1], offset, now, seen, sends)
                 run = []
@@ -367,6 +368,8 @@ class JobStage:
                 metrics.latency.observe(self.behind)
         if run and flags is not None:
             self.ingest_run(state, run, flags[1], offset, now, seen, sends)
+        for src, n in taken.items():   # one locked update a topic, not one a part
+            metrics.events_of(src).inc(n)
         settle()   # issue 31: what the message left is frozen (streams.gcwork)
         return sends
 

@@ -273,7 +273,8 @@ class JobPartition:
             got = self._batch_marks(ev)
             if got is not None:
                 fresh += got
-                dropped += rows_of([ev]) - rows_of(got)
+                if not got or got[0] is not ev:   # cut: the rows left out were duplicates
+                    dropped += rows_of([ev]) - rows_of(got)
             else:
                 take(expand(ev))   # a comm row at its mark: compared row by row
         if run:

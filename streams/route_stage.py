@@ -140,6 +140,11 @@ class RouteStage:
             for host, p in fresh:
                 await self.out.announce_host(host, p)
         seen: dict[str, list] = {}   # topic -> [messages, last Kafka timestamp]
+        # issue 31: a host's partitions looked up once a batch (its gpu, nic and host
+        # messages), each message routed without a coroutine of its own: only a dead
+        # letter awaits. The map is read after the steps of the batch placed their hosts.
+        homes: dict[str, list[int]] = {}
+        route = self._route
         for msg in messages:
             got = seen.get(msg.topic)
             if got is None:
@@ -147,7 +152,9 @@ class RouteStage:
             got[0] += 1
             if msg.timestamp:
                 got[1] = msg.timestamp
-            await self.route_one(msg, now, packs)
+            dead = route(msg, now, packs, homes)
+            if dead is not None:
+                await self.out.dead_letter(*dead)
         for topic, (count, kafka_ts) in seen.items():
             self.metrics.seen_many(topic, count, kafka_ts, now)
         await self.out.forward(packs)
@@ -221,22 +228,27 @@ class RouteStage:
     async def route_one(self, msg: Any, now: float, packs: dict[int, list[tuple]]) -> None:
         """Add ``msg`` to the packs of its home partition(s); only one copy of a message
         that goes to several partitions reports its bad records to the dead-letter topic."""
+        dead = self._route(msg, now, packs, {})
+        if dead is not None:
+            await self.out.dead_letter(*dead)
+
+    def _route(self, msg: Any, now: float, packs: dict[int, list[tuple]],
+               homes_of: dict[str, list[int]]) -> tuple | None:
+        """``route_one``'s work; returns the dead letter's arguments when ``msg`` is one.
+        ``homes_of``: the host map's answers already read in this batch."""
         kind = self.src_kind[msg.topic]
         key = (msg.key or b"").decode("utf-8", errors="replace")
         ts0 = float(msg.timestamp or 0.0)
-        values = split_value(msg.value or b"")
+        value = msg.value or b""
+        values = [value] if len(value) <= PART_MAX_BYTES else split_value(value)
         if values is None:
-            await self.out.dead_letter(too_large(len(msg.value), PART_MAX_BYTES),
-                                       msg.topic, msg.key, msg.value)
-            return
+            return (too_large(len(msg.value), PART_MAX_BYTES), msg.topic, msg.key, msg.value)
         if kind in ("step", "collective"):
             # the collectives topic carries comm (keyed job_id) and collective (job_id/group)
             job = (job_of_key(key, msg.value or b"") if kind == "collective" else key) or None
             job = job or job_from_value(msg.value)
             if job is None:
-                await self.out.dead_letter("no job_id in the key or the value", msg.topic,
-                                           msg.key, msg.value)
-                return
+                return ("no job_id in the key or the value", msg.topic, msg.key, msg.value)
             home = home_partition(job, self.partitions)
             for v in values:
                 # issue 16: a large job's events go to the partitions of their shards
@@ -247,18 +259,23 @@ class RouteStage:
                 for k, part in by_shard.items():
                     packs.setdefault(shard_partition(job, k, self.partitions), []).append(
                         (msg.topic, ts0, True, msg.key, part))
-            return
+            return None
         if not key:
             events, errors = decode_lenient(msg.value or b"")
             key = events[0]["host"] if events else ""
             if not key:
-                await self.out.dead_letter("; ".join(errors) or "no host", msg.topic, msg.key,
-                                           msg.value)
-                return
-        homes = self.hostmap.partitions(key, now)
+                return ("; ".join(errors) or "no host", msg.topic, msg.key, msg.value)
+        homes = homes_of.get(key)
+        if homes is None:
+            homes = homes_of[key] = self.hostmap.partitions(key, now)
         if not homes:
             self.metrics.unmapped.inc()
         placed = bool(homes)   # the partition admits a placed host's samples at once
         for n, p in enumerate(homes or range(self.partitions)):
-            packs.setdefault(p, []).extend((msg.topic, ts0, n == 0, msg.key, v, placed)
-                                           for v in values)
+            if len(values) == 1:
+                packs.setdefault(p, []).append((msg.topic, ts0, n == 0, msg.key, values[0],
+                                                placed))
+            else:
+                packs.setdefault(p, []).extend((msg.topic, ts0, n == 0, msg.key, v, placed)
+                                               for v in values)
+        return None
