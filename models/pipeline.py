@@ -39,6 +39,7 @@ import logging
 import math
 import pickle
 from bisect import bisect_right
+from itertools import pairwise
 from operator import itemgetter
 from typing import Any, cast
 
@@ -92,6 +93,20 @@ def _qts(ev: dict[str, Any]) -> float:
     """When a queued sample may be applied: its ts; a batch's earliest row's."""
     t = ev["ts"]
     return min(t) if type(t) is list else t
+
+
+def _comm_run(evs: list[Any], k: int) -> list[dict[str, Any]]:
+    """``evs[k]`` (a ``comm_batch``) and the ``comm_batch`` events of its job right after it:
+    in a trace in ts order, a step's window of every host of a job comes in a row."""
+    job = evs[k].get("job_id")
+    j = k + 1
+    n = len(evs)
+    while j < n:
+        e = evs[j]
+        if type(e) is not dict or e.get("kind") != "comm_batch" or e.get("job_id") != job:
+            break
+        j += 1
+    return evs[k:j]
 
 
 log = logging.getLogger("failslow.detector")
@@ -212,14 +227,23 @@ class Detector:
         now = self._now
         next_sweep = (math.floor(now / sweep_every) + 1) * sweep_every \
             if math.isfinite(now) else -math.inf
-        for ev in events:
+        evs = events if type(events) is list else list(events)
+        skip = 0            # the rest of a run of comm_batch events taken together
+        for k, ev in enumerate(evs):
+            if skip:
+                skip -= 1
+                continue
             try:
                 kind = ev["kind"]
                 if kind == "comm_batch" or kind == "step_batch":
                     # a host's windows (steps) as columns, taken row by row in the batch's
-                    # order
-                    out.extend(self._comm_batch(ev) if kind == "comm_batch"
-                               else self._step_batch(ev))
+                    # order; the comm_batch events that follow of the same job with it
+                    if kind == "comm_batch":
+                        run = _comm_run(evs, k)
+                        skip = len(run) - 1
+                        out.extend(self._comm_batch(run))
+                    else:
+                        out.extend(self._step_batch(ev))
                     now = self._now
                     if math.isfinite(now):
                         next_sweep = (math.floor(now / sweep_every) + 1) * sweep_every
@@ -342,16 +366,37 @@ class Detector:
 
     # -- comm windows: one rank's, or a host's batch of them as columns ----------------
 
-    def _comm_batch(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
-        """A host's ``comm_batch`` taken as columns (``models.comm.CommRows``): the same
-        judgements, in the same order, as its rows given one by one as ``comm`` events.
-        Event time moves row by row; a sweep for idle jobs falls between the rows it
-        falls between."""
-        try:
-            c = CommRows.of_batch(obj)
-        except SchemaError:
-            self.rejected += 1
-            return []
+    def _comm_batch(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Hosts' ``comm_batch`` events of one job, in a row (``_comm_run``), taken as
+        columns (``models.comm.CommRows``): the same judgements, in the same order, as
+        their rows given one by one as ``comm`` events. The batches are joined
+        (``CommRows.of_batches``): the models' work per call (set up, look ups) is done
+        once per run of a few dozen hosts, not per host. A batch whose layout is wrong is
+        rejected alone; a defect of the models raised inside a run (``_failed``) skips the
+        rest of the run, not only the batch."""
+        if len(objs) > 1:
+            joined, bad = CommRows.of_batches(objs)
+            self.rejected += bad
+            if joined is None:
+                return []
+            if None not in joined.step:
+                return self._comm_timed(joined)
+        # one batch; or windows that name no step, taken batch by batch (a job without step
+        # events derives its steps window by window)
+        out: list[dict[str, Any]] = []
+        for obj in objs:
+            try:
+                c = CommRows.of_batch(obj)
+            except (SchemaError, KeyError, TypeError, ValueError):
+                if len(objs) == 1:      # (else counted above)
+                    self.rejected += 1
+                continue
+            out.extend(self._comm_timed(c))
+        return out
+
+    def _comm_timed(self, c: CommRows) -> list[dict[str, Any]]:
+        """Rows of ``c`` in order. Event time moves row by row; a sweep for idle jobs
+        falls between the rows it falls between."""
         out: list[dict[str, Any]] = []
         idle = self.job_idle_s
         every = idle / self.config.detector.idle_sweeps
@@ -468,12 +513,42 @@ class Detector:
             steps = [cast(int, s0)] * c.n if one else [
                 int(s) if s is not None else last.get(r, -1) + 1
                 for s, r in zip(c.step, c.rank, strict=True)]
-        done = job.evaluated
-        known = job.rank_host
+        if c.seg is None:
+            return self._comm_rows(job, p2p, c, steps, lo, hi,
+                                   not self._together(job, c, steps, one, lo, hi))
+        # A run of batches joined (``CommRows.joined``): each batch's rows are taken the
+        # way they would be if it came alone (one row at a time, or together); the batches
+        # taken together, in one call. (Taking rows together changes no state that
+        # decides it: their ranks are known, no step is judged in between.)
         out = []
-        if hi - lo == 1 or not (
-                (steps[lo] > done if one else all(steps[i] > done for i in range(lo, hi)))
-                and all(map(known.__contains__, c.rank[lo:hi]))):
+        a = lo
+        for b0, b1 in pairwise([lo, *(x for x in c.seg if lo < x < hi), hi]):
+            if not self._together(job, c, steps, one, b0, b1):
+                if a < b0:
+                    out.extend(self._comm_rows(job, p2p, c, steps, a, b0, False))
+                out.extend(self._comm_rows(job, p2p, c, steps, b0, b1, True))
+                a = b1
+        if a < hi:
+            out.extend(self._comm_rows(job, p2p, c, steps, a, hi, False))
+        return out
+
+    @staticmethod
+    def _together(job: JobState, c: CommRows, steps: list[int], one: bool, lo: int,
+                  hi: int) -> bool:
+        """Whether windows ``lo:hi`` are taken together: more than one, each after the
+        judged steps, all of ranks already known."""
+        done = job.evaluated
+        return hi - lo > 1 and (
+            steps[lo] > done if one else all(steps[i] > done for i in range(lo, hi))) \
+            and all(map(job.rank_host.__contains__, c.rank[lo:hi]))
+
+    def _comm_rows(self, job: JobState, p2p: P2PMonitor, c: CommRows, steps: list[int],
+                   lo: int, hi: int, alone: bool) -> list[dict[str, Any]]:
+        """Windows ``lo:hi`` (``steps``: each row's), one row at a time (``alone``) or
+        together (``_together``)."""
+        done = job.evaluated
+        out = []
+        if alone:
             # one row at a time: a window too late for its step, or a rank's first
             for i in range(lo, hi):
                 job.comm_full = []

@@ -554,8 +554,9 @@ def _rows_alike(kind: str, bk: BatchKind, objs: list[dict[str, Any]]) -> list[in
 def _nested_alike(name: str, objs: list[dict[str, Any]], ns: list[int]
                   ) -> tuple[list[dict[str, Any]], list[int]] | None:
     """``_rows_alike`` for the nested entries (``comm_batch.ops``): their columns and
-    counts when every batch has entries, no field the contract does not name, fields absent only as lists of distinct entries of their
-    own; None: each batch is checked on its own."""
+    counts when every batch has entries, no field the contract does not name, and fields
+    absent only as lists of distinct entries of their own; None: each batch is checked on
+    its own."""
     cols: list[Any] = list(map(dict.get, objs, repeat(name)))
     lens: list[Any] = list(map(dict.get, objs, repeat(f"{name}_len")))
     if set(map(type, cols)) != _DICT_ONLY:
