@@ -367,7 +367,8 @@ class Windows:
 
     def test(self, rows: np.ndarray, sigma: np.ndarray, delta: float, z_crit: float,
              scales: tuple[int, ...] | None = None, robust: bool = False,
-             z_long: float | None = None, memo: dict | None = None
+             z_long: float | None = None, memo: dict | None = None,
+             hits_only: bool = False
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per row: (confirmed, mean excess, z, window) of the best trailing window,
         ``z = (mean - delta / 2) / (max(sigma, sample std) / sqrt(count))``;
@@ -376,16 +377,34 @@ class Windows:
         instead of its mean and sample deviation. ``scales``: the windows (``p.scales``
         unless given). ``z_long``: the bar for windows holding ``p.long_n`` values or more, where lower than ``z_crit``. ``memo``: a dict shared by
         tests of the same rows, ``sigma`` and ``robust`` this step (only ``delta`` and the
-        bars differ): each window's count, mean and standard error are computed once."""
+        bars differ): each window's count, mean and standard error are computed once.
+
+        ``hits_only`` (no ``memo``): the caller reads a row's mean, z and window only
+        where it is confirmed. Only the rows that can confirm (``_may_reach``: a window's
+        mean is at most its largest value) are tested; the others are not confirmed
+        either way, and take mean 0, z -inf, window 0 (the full test's may differ:
+        unread). A tested row's values are the full test's, bit for bit (a row's
+        statistics are its own; the job's spread ``_mad_pool`` is taken over every row)."""
         p = self.p
         k = rows.size
         best_z = np.full(k, -np.inf)
         best_m = np.zeros(k)
         best_n = np.zeros(k, dtype=np.int64)
         ok = np.zeros(k, dtype=bool)
+        floor = p.mean_floor * delta
+        if hits_only and memo is None and floor > 0:
+            at = np.flatnonzero(self._may_reach(rows, floor))
+            if at.size:
+                got = self.test(rows[at], np.broadcast_to(sigma, rows.shape)[at], delta, z_crit,
+                                scales, robust, z_long,
+                                memo={"pool": self._mad_pool(rows) if robust else 0.0})
+                for out, part in zip((ok, best_m, best_z, best_n), got, strict=True):
+                    out[at] = part
+            return ok, best_m, best_z, best_n
         memo = {} if memo is None else memo
         if "sigma" not in memo:
             memo["sigma"] = self.noise(rows, sigma)
+        if "pool" not in memo:
             memo["pool"] = self._mad_pool(rows) if robust else 0.0
         sigma, pool = memo["sigma"], memo["pool"]
         for n in p.scales if scales is None else scales:
@@ -402,7 +421,7 @@ class Windows:
             # the long bar where the window holds long_n values or more (near-normal mean)
             bar = np.where(cnt >= p.long_n, min(z_crit, z_long), z_crit) \
                 if z_long is not None and n >= p.long_n else z_crit
-            hit = (z >= bar) & (mean >= p.mean_floor * delta)
+            hit = (z >= bar) & (mean >= floor)
             # The confirming window wins over a longer, stronger-looking one that did not.
             take = (hit & ~ok) | ((hit == ok) & (z > best_z))
             best_z = np.where(take, z, best_z)
@@ -410,6 +429,21 @@ class Windows:
             best_n = np.where(take, n, best_n)
             ok |= hit
         return ok, best_m, best_z, best_n
+
+    def _may_reach(self, rows: np.ndarray, level: float) -> np.ndarray:
+        """Rows whose window mean (plain, ``stats``, or robust, ``robust_stats``), over
+        any trailing window, can be ``level`` (> 0) or more: those holding a value that high.
+
+        A bound, never a guess: a value clipped from below is raised to at most the
+        window's median, which is at most its largest value, and one clipped from above
+        lowers; a plain mean is at most that largest value, too. A sum of values each at
+        most M > 0, divided by their count, is at most M (1 + count eps) in floating point
+        (rounding is monotone; adding the 0 of a missing value is exact), so a margin of
+        1e-9 of ``level`` covers any window of fewer than 1e6 values. NaN (no value) is
+        skipped; a row of NaN has no window (count 0, never confirmed); +inf reaches."""
+        top = np.fmax.reduce(self.vals[rows], axis=1) if self.width else np.full(rows.size, np.nan)
+        least = level * (1.0 - 1e-9)     # a float tolerance (rounding), not a bar
+        return top >= least
 
     def present(self, rows: np.ndarray, sigma: np.ndarray, delta: float) -> np.ndarray:
         """Still there: over the last 8, 16 or 32 steps (``present_scales``) the mean excess is at least
@@ -577,7 +611,8 @@ class RankEvidence:
         zc = cfg.z_min + p.window_z_extra   # several windows are tested each step
         own_memo: dict = {}     # the two own-past tests share their windows' statistics
         ok_s, m_s, z_s, n_s = self.own.test(rows, sig2, lo, zc, robust=True, memo=own_memo)
-        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=True, z_long=p.long_z)
+        ok_f, m_f, z_f, n_f = self.peer.test(rows, sig_p, far, zc, robust=True, z_long=p.long_z,
+                                              hits_only=True)
         # A large change against its own past (far_rel, as large as the far verdict's
         # offset) over a long window: the far verdict's bar (long_z), its evidence its size.
         ok_l, m_l, z_l, n_l = self.own.test(rows, sig2, far, zc, scales=p.long_scales,
