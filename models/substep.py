@@ -272,25 +272,27 @@ class SubStep:
         # Plain floats for the few members of a group (numpy's fixed cost per call
         # dominates on eight values); the same IEEE operations, so the same values.
         cfg = self.cfg
-        members = sorted(g.pend)
-        pend = [g.pend[m] for m in members]
+        sp = cfg.substep
+        got = g.pend
         g.pend = {}
         g.ready = 0
+        obs = g.obs
+        observe = closed and (not obs or obs[-1][0] < step)
+        if not observe and min([p[4] for p in got.values()]) < sp.min_spread:
+            # (below: a burst or a short step gives no value; nor, here, an observation:
+            # what follows would only be computed to be dropped, as would the work between
+            # the ops, whatever it is: the same empty answer, most ticks at short steps)
+            return name, [], {}
+        members = sorted(got)
+        pend = [got[m] for m in members]
         per_op = [p[0] / p[1] for p in pend]
         # max(d, 0.0) written out (d unless 0.0 is strictly above it: the same value)
         work = [(0.0 if (d := p[2] - p[3]) < 0.0 else d) / p[1] for p in pend]
         ref_work = _median(work)
-        sp = cfg.substep
         fast = cfg.evidence.fast_max
         if ref_work <= sp.min_work * _median([p[2] / p[1] for p in pend]):
             # A group whose ops follow each other with no work between says nothing about
             # the members' work.
-            return name, [], {}
-        obs = g.obs
-        observe = closed and (not obs or obs[-1][0] < step)
-        if not observe and min([p[4] for p in pend]) < sp.min_spread:
-            # (below: a burst or a short step gives no value; nor, here, an observation:
-            # what follows would only be computed to be dropped)
             return name, [], {}
         # A member that waited longer than its peers for a pipeline neighbour (send/recv)
         # arrives that much later at this group's ops: it waited, it is not slow.
