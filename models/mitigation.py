@@ -64,7 +64,8 @@ class Planner:
              step_s: float, lost_s: float | None = None) -> tuple[str, str]:
         """Return ``(mitigation, reason)`` for an incident so far. ``lost_s``: the job's
         measured extra time since the onset (seconds, from step durations); without it
-        (links), slowdown x elapsed time estimates it."""
+        (links), slowdown x elapsed time estimates it. ``step_s``: the job's step time
+        (0.0 while not known: the reason then gives the cost in steps)."""
         if fault == "job_slowdown":
             return "ignore", "whole job slower together (no culprit): information only"
         if slowdown_pct < self.min_pct:
@@ -72,11 +73,12 @@ class Planner:
         lost = lost_s if lost_s is not None else slowdown_pct / 100.0 * elapsed_s
         first = FIRST.get(fault, "rebalance_microbatches")
         steps = self.pipeline_steps if first == "adjust_pipeline" else self.rebalance_steps
-        cost = steps * step_s
+        # a step time not known yet (0.0) prices the action in steps
+        price = f"{steps * step_s:.1f} s" if step_s > 0.0 else f"{steps:g} steps"
         # each step loses slowdown x the step time before it: repaid in steps / slowdown
         choice = first
         why = (f"{slowdown_pct:.0f}% slower, {lost:.1f} s lost so far; {first} costs "
-               f"{cost:.1f} s, repaid in {100.0 * steps / slowdown_pct:.0f} steps")
+               f"{price}, repaid in {100.0 * steps / slowdown_pct:.0f} steps")
         if root_cause in PERSISTENT:
             for action, cost in (("migrate_node", self.migrate_s),
                                  ("checkpoint_restart", self.restart_s)):

@@ -737,7 +737,9 @@ class Detector:
         found = []
         job_hosts = set(job.rank_host.values())
         self._release(job_hosts, ts - self.telemetry_delay_s)
-        step_s = job.job_step_s or 1.0
+        # the job's step time, once its change-point baseline has learned it (before, its
+        # first steps are warm-up and the culprit's: an action is priced in steps)
+        step_s = job.job_step_s
         price = self._price_world(job.job_id)
         located = []
         nic_memo: dict[Any, Any] = {}    # the job's NIC outliers, found once per judgement

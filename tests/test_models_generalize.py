@@ -17,12 +17,14 @@ shifted by that host's clock offset.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
 from failslow import schema
+from failslow.models.mitigation import Planner
 from failslow.models.pipeline import Detector
 
 
@@ -239,3 +241,30 @@ def test_host_clocks_steps_apart_still_find_the_culprit(fields, skew_s, seed, gr
     incs = run(c)
     assert paged(incs) == {("slow_rank", culprit, None)}, [
         (i["fault"], i.get("rank"), i.get("host"), i["severity"]) for i in incs]
+
+
+@pytest.mark.parametrize("onset", [3, 30])
+def test_an_action_is_priced_in_the_jobs_own_step_time(onset):
+    """The mitigation reason prices re-planning in the job's steps (``rebalance_steps`` of
+    them). A culprit found in the job's first steps, before the job's change-point baseline
+    has learned, was priced on a 1 s step ("costs 2.0 s" on a job of 6 s steps)."""
+    c = Cluster(ranks=32, per_host=8, step_s=6.0, slow_rank=5, factor=1.5, onset=onset,
+                steps=onset + 12, seed=3, grain="comm", fields="comm")
+    incs = run(c)
+    why = [i["evidence"]["mitigation_reason"] for i in incs
+           if "rebalance_microbatches costs" in i["evidence"].get("mitigation_reason", "")]
+    assert why and {i.get("rank") for i in incs} == {5}
+    for text in why:
+        m = re.search(r"rebalance_microbatches costs ([0-9.]+) (steps|s),", text)
+        assert m, text
+        if m.group(2) == "s":
+            assert 2 * 0.8 * c.step_s <= float(m.group(1)) <= 2 * 1.5 * c.step_s, text
+        else:
+            assert m.group(1) == "2", text
+    # once the job's baseline has learned its step time, the cost is in seconds
+    assert onset < 10 or all(" s, repaid" in text for text in why), why
+
+
+def test_an_action_before_any_step_is_priced_in_steps():
+    _, why = Planner().plan("slow_rank", "gpu_thermal", 30.0, 2.0, 0.0, lost_s=0.5)
+    assert "rebalance_microbatches costs 2 steps" in why, why
