@@ -380,19 +380,27 @@ def valid(obj: dict[str, Any]) -> bool:
         return False
 
 
+def _rows(obj: dict[str, Any], bk: BatchKind) -> int:
+    """A batch's row count when its version, row column and shared fields are right, else
+    0 (a batch has at least one row)."""
+    v = obj.get("v")
+    if type(v) is not int or v != VERSION:
+        return 0
+    keys = obj.get(bk.row_key)
+    if type(keys) is not list or not 0 < len(keys) <= ROWS_MAX:
+        return 0
+    for name in bk.shared:
+        if type(obj.get(name)) is not str:
+            return 0
+    return len(keys)
+
+
 def _valid(obj: dict[str, Any]) -> bool:
     kind: str = obj["kind"]
     bk = BATCH_KINDS[kind]
-    v = obj.get("v")
-    if type(v) is not int or v != VERSION:
+    n = _rows(obj, bk)
+    if not n:
         return False
-    keys = obj.get(bk.row_key)
-    if type(keys) is not list or not 0 < len(keys) <= ROWS_MAX:
-        return False
-    n = len(keys)
-    for name in bk.shared:
-        if type(obj.get(name)) is not str:
-            return False
     # a column's length and a field's form (a list-typed field is a column) are checked
     # with its values (``columns_ok``); a field the contract does not name is a column
     extra = obj.keys() - _KNOWN[kind]
@@ -467,17 +475,10 @@ def _valid_many(kind: str, objs: list[dict[str, Any]]) -> bool:
     if ns is None:
         ns = []
         for o in objs:           # the layout, batch by batch (``_valid``'s checks)
-            v = o.get("v")
-            if type(v) is not int or v != VERSION:
+            n = _rows(o, bk)
+            if not n:
                 return False
-            keys = o.get(bk.row_key)
-            if type(keys) is not list or not 0 < len(keys) <= ROWS_MAX:
-                return False
-            n = len(keys)
             ns.append(n)
-            for name in bk.shared:
-                if type(o.get(name)) is not str:
-                    return False
             extra = o.keys() - _KNOWN[kind]
             if extra and not _extra_ok(o, extra, n):
                 return False
