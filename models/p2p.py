@@ -335,16 +335,16 @@ class P2PMonitor:
             d = 0 if (op == "send") == (r < peer) else 1
             per_op = nbytes / n
             cost = min_s / per_op
-            # ``wkey``, inline: one int per (rank, peer, direction), no nested tuples to hash
-            # and compare in dicts of ~460,000 entries at 131,072 ranks (issue 31)
-            self.wrep[(r + RANK_OFF) << 33 | (peer + RANK_OFF) << 1 | d] = (w0, ts, cost)
-            other = self.wrep.get((peer + RANK_OFF) << 33 | (r + RANK_OFF) << 1 | d)
+            # one int per (rank, peer, direction), no nested tuples to hash and compare in
+            # dicts of ~460,000 entries at 131,072 ranks (issue 31)
+            self.wrep[wkey(r, peer, d)] = (w0, ts, cost)
+            other = self.wrep.get(wkey(peer, r, d))
             if other is None or other[1] <= w0 or other[0] >= ts:
                 continue               # the other side's overlapping window is still to come
             obs = min(cost, other[2])
             cls = round(math.log2(max(per_op, 1.0)) / cfg.p2p.size_bucket)
             pair = (r, peer) if r < peer else (peer, r)
-            key = (pair[0] + RANK_OFF) << 33 | (pair[1] + RANK_OFF) << 1 | d   # wkey(*pair, d)
+            key = wkey(pair[0], pair[1], d)
             prev = self.wlast.get(key)
             self.wlast[key] = (obs, cls)
             # issue 14 (speed): wlast's costs by size class, kept with it (scanning every
