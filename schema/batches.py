@@ -41,8 +41,10 @@ from itertools import chain, compress, repeat
 from operator import contains, itemgetter, le, lt, mul
 from typing import Any
 
+import numpy as np
+
 from failslow.schema.events import MINIMA, NESTED, OPS_MAX, ORDERED, SPECS, VERSION, SchemaError
-from failslow.schema.fast import _ordered, all_valid, column_check, columns_ok
+from failslow.schema.fast import _PACK, _ordered, all_valid, column_check, columns_ok, packed
 
 
 @dataclass(frozen=True)
@@ -629,6 +631,53 @@ _FIELD_NAMES = {rules: tuple(name for part in spec for name, t in part.items()
                              if t not in NESTED)
                 for rules, spec in (*SPECS.items(), *NESTED.items())}
 _NO_VALUES: list[Any] = []
+_F53 = 2.0 ** 53
+
+
+_ENUMS = {t: frozenset(t) for rules, spec in (*SPECS.items(), *NESTED.items())
+          for part in spec for t in part.values() if type(t) is tuple}
+
+
+def _column_ok(name: str, ftype: Any, opt: bool, x: list[Any], kinds: Any, low: Any,
+               ns: list[int], rowwise: dict[str, Any] | None) -> bool:
+    """One joined column ``x`` of field ``name`` (``kinds``: the types of the dicts' values
+    of it; ``opt``: optional) checked against its contract type ``ftype`` and MINIMA bound
+    ``low``; its values row by row put in ``rowwise`` (given when an ORDERED rule names
+    it) where they are all there."""
+    if type(ftype) is tuple and rowwise is None:
+        # one of a few strings: the set of the values is their check (a value of another
+        # type is none of them; a list or a dict is no member of a set: TypeError)
+        values = set(x)
+        if None in values:
+            if not opt:
+                return False
+            values.discard(None)
+        return values <= _ENUMS[ftype]
+    t = _types(x, _COMMON.get(ftype, str) if type(ftype) is str else str)
+    if rowwise is not None:
+        if kinds == _NONE_ONLY:       # no dict has a value: no rule to check
+            rowwise[name] = _NO_VALUES
+        elif _NONE not in t:
+            if kinds == _LIST_ONLY:
+                rowwise[name] = x
+            elif list not in kinds:   # one value per dict, for each of its rows
+                rowwise[name] = list(chain.from_iterable(map(repeat, x, ns)))
+    if _NONE in t:
+        if not opt:
+            return False
+        t = t - {_NONE}
+        x = [y for y in x if y is not None]
+    return not t or _CHECKS[repr(ftype), low](x, t)
+
+
+def _rowwise(a: np.ndarray, x: list[Any], joined: bool, ns: list[int]) -> Any:
+    """A checked column (``packed``: ``a``, from the values ``x``) row by row over all
+    dicts, for its ORDERED rules: ``x`` as it is when ``joined`` (a list per dict), else
+    each dict's one value repeated for its rows; an array when it holds the values exactly
+    (ints; floats within 2**53, where every int is a float too), else a list."""
+    if a.dtype != np.float64 or -_F53 < a.min() and a.max() < _F53:
+        return a if joined else np.repeat(a, ns)
+    return x if joined else list(chain.from_iterable(map(repeat, x, ns)))
 
 
 def _columns_many(rules: str, dicts: list[dict[str, Any]], ns: list[int]) -> bool:
@@ -653,7 +702,8 @@ def _columns_many(rules: str, dicts: list[dict[str, Any]], ns: list[int]) -> boo
     # so that each (low, high) rule is one C-level pass, not a call per dict
     pairs = ORDERED.get(rules, ())
     wanted = _ORDERED_FIELDS.get(rules, frozenset())
-    rowwise: dict[str, list[Any]] = {}
+    rowwise: dict[str, Any] = {}
+    packs: dict[str, list[tuple[str, Any, bool, list[Any], Any]]] = {}
     for fields, opt in ((spec[0], False), (spec[1], True)):
         for name, ftype in fields.items():
             if ftype in NESTED:
@@ -686,27 +736,34 @@ def _columns_many(rules: str, dicts: list[dict[str, Any]], ns: list[int]) -> boo
                         x += v
                     else:
                         x.append(v)
-            t = _types(x, _COMMON.get(ftype, str) if type(ftype) is str else str)
-            if name in wanted:
-                if kinds == _NONE_ONLY:       # no dict has a value: no rule to check
-                    rowwise[name] = _NO_VALUES
-                elif _NONE not in t:
-                    if kinds == _LIST_ONLY:
-                        rowwise[name] = x
-                    elif list not in kinds:   # one value per dict, for each of its rows
-                        rowwise[name] = list(chain.from_iterable(map(repeat, x, ns)))
-            if _NONE in t:
-                if not opt:
-                    return False
-                t = t - {_NONE}
-                x = [y for y in x if y is not None]
-            if t and not _CHECKS[repr(ftype), lows.get(name)](x, t):
+            if ftype in _PACK and x and kinds != _NONE_ONLY:
+                # the numbers: the columns of a struct format checked together, below
+                packs.setdefault(_PACK[ftype], []).append((name, ftype, opt, x, kinds))
+                continue
+            if not _column_ok(name, ftype, opt, x, kinds, lows.get(name), ns,
+                              rowwise if name in wanted else None):
                 return False
+    for group in packs.values():
+        arrays = packed([(x, ftype, lows.get(name)) for name, ftype, _, x, _ in group])
+        for (name, ftype, opt, x, kinds), a in zip(group, arrays, strict=True):
+            if a is None:       # not certainly valid: the usual way
+                if not _column_ok(name, ftype, opt, x, kinds, lows.get(name), ns,
+                                  rowwise if name in wanted else None):
+                    return False
+            elif name in wanted and (kinds == _LIST_ONLY or list not in kinds):
+                rowwise[name] = _rowwise(a, x, kinds == _LIST_ONLY, ns)
     for lo, hi in pairs:
         a, b = rowwise.get(lo), rowwise.get(hi)
         if a is _NO_VALUES or b is _NO_VALUES:
             continue
         if a is not None and b is not None:
+            if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype:
+                if not (a <= b).all():
+                    return False
+                continue
+            # (an array holds the values exactly: ``_rowwise``)
+            a = a.tolist() if type(a) is np.ndarray else a
+            b = b.tolist() if type(b) is np.ndarray else b
             if not all(map(le, a, b)):
                 return False
             continue

@@ -14,7 +14,9 @@ False
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
+from itertools import accumulate
 from operator import le
 from typing import Any
 
@@ -188,6 +190,66 @@ def lo_hi(x: list, t: frozenset | set) -> tuple[Any, Any]:
             else:
                 return int(a.min()), int(a.max())
     return min(x), max(x)
+
+
+# Contract types whose joined columns ``packed`` checks: the struct format of one value
+_PACK = {"num": "d", "time": "d", "int": "q", "i32": "i"}
+_PACK_DTYPE = {"d": np.float64, "q": np.int64, "i": np.int32}
+_UNSIGNED = {"q": np.uint64, "i": np.uint32}
+_F63 = 2.0 ** 63
+
+
+def packed(cols: list[tuple[list, str, Any]]) -> list[np.ndarray | None]:
+    """Per column ``(x, ftype, low)`` (the values of a joined column of contract type
+    ``ftype``: ``num``, ``time``, ``int`` or ``i32``, all of one struct format: ``_PACK``;
+    ``low``: its MINIMA bound or None), its values as an array when they certainly pass;
+    None when not certainly (the caller checks them the usual way: ``column_check``).
+
+    For values as orjson decodes them (str, int, float, bool, None, list, dict): a
+    ``struct.pack`` of a column is its type check and its conversion at once (it takes
+    only floats and ints for ``d``, only ints within 64 or 32 bits for ``q`` / ``i``); the
+    columns' bytes joined, one ``reduceat`` gives their minima, one their maxima; ``bool``,
+    which ``struct`` takes as 0 / 1, is looked for only among the values equal to 0 or 1.
+    ~2x less than a type pass, a conversion and the bounds of each column."""
+    fmt = _PACK[cols[0][1]]
+    out: list[np.ndarray | None] = [None] * len(cols)
+    parts, took = [], []
+    for i, (x, _, _) in enumerate(cols):
+        try:
+            parts.append(struct.pack(f"={len(x)}{fmt}", *x))
+        except (struct.error, TypeError, OverflowError):
+            continue
+        took.append(i)
+    if not took:
+        return out
+    a = np.frombuffer(parts[0] if len(parts) == 1 else b"".join(parts), _PACK_DTYPE[fmt])
+    at = [0, *accumulate(len(cols[i][0]) for i in took)]
+    starts = at[:-1]
+    los = np.minimum.reduceat(a, starts).tolist()
+    his = np.maximum.reduceat(a, starts).tolist()
+    zero_one = []
+    for k, (i, lo, hi) in enumerate(zip(took, los, his, strict=True)):
+        ftype, low = cols[i][1], cols[i][2]
+        if fmt == "d" and not (
+                TIME_MIN <= lo and hi < TIME_MAX if ftype == "time"
+                # a num's ints in 64 bits (an int beyond them packs to a float >= 2**63 or
+                # <= -2**63; floats that far go the usual way); a NaN fails either
+                else -_F63 < lo and hi < _F63) or low is not None and lo < low:
+            continue
+        out[i] = a[at[k]:at[k + 1]]
+        if lo <= 1 and hi >= 0:
+            zero_one.append(k)
+    if zero_one:
+        maybe = np.flatnonzero((a == 0.0) | (a == 1.0) if fmt == "d"
+                               else a.view(_UNSIGNED[fmt]) <= 1)
+        cut = np.searchsorted(maybe, at).tolist()
+        for k in zero_one:
+            if cut[k] < cut[k + 1]:
+                x = cols[took[k]][0]
+                if bool in set(map(type, map(x.__getitem__,
+                                             (maybe[cut[k]:cut[k + 1]] - at[k]).tolist()))):
+                    out[took[k]] = None
+    return out
 
 
 def _list_ok(ftype, low: Any = None, joined: bool = False) -> str:

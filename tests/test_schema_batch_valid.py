@@ -134,6 +134,45 @@ def test_long_joined_columns_give_the_verdicts_of_min_and_max(seed, monkeypatch)
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_packed_number_columns_give_the_verdicts_of_each_batch_alone(seed):
+    """A chunk's number columns are checked packed (``schema.fast.packed``: one
+    ``struct.pack`` per column, the bounds of all columns of a format at once, a bool looked
+    for among the 0s and 1s): a chunk passes exactly when every batch passes ``valid`` alone,
+    with a bool, a None, a str, NaN, an int beyond 64 or 32 bits or a float in an int column
+    in a list or written once, among columns of 0s and 1s or not."""
+    rng = random.Random(seed)
+    good = _batches()
+    # (what orjson decodes: no NaN nor infinity, whose order min() and max() of a short list
+    # take by position)
+    odd = [x for x in LONG_BAD if type(x) is not float or math.isfinite(x)] + [
+        False, 0, 1, 0.0, 1.0, -1, 2**31 - 1, 2**53 + 1, 1e19, -1e19]
+    verdicts = set()
+    for _ in range(300):
+        group = [copy.deepcopy(b) for b in good for _ in range(rng.randrange(1, 4))]
+        if rng.random() < 0.5:       # columns of 0s and 1s, where a bool hides
+            for b in group:
+                if b["kind"] == "nic_batch":
+                    b["rx_errors_total"] = [rng.randrange(2) for _ in b["nic"]]
+                elif b["kind"] == "gpu_batch":
+                    b["ecc_sbe_total"] = rng.randrange(2)
+        for _ in range(rng.randrange(0, 3)):
+            m = rng.choice(group)
+            where = m["ops"] if "ops" in m and rng.random() < 0.5 else m
+            name = rng.choice(sorted(k for k in where if k not in (
+                "v", "kind", "host", "job_id", "rank", "gpu", "nic", "absent", "ops",
+                "ops_len", "ops_absent")))
+            col = where[name]
+            if type(col) is list and col and type(col[0]) is not list:
+                col[rng.randrange(len(col))] = rng.choice(odd)
+            elif type(col) is not list:
+                where[name] = rng.choice(odd)
+        each = all(valid(o) for o in group)
+        assert valid_many(group) == each, group
+        verdicts.add(each)
+    assert verdicts == {True, False}
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_ordered_pairs_checked_over_joined_columns_as_batch_by_batch(seed):
     """``valid_many`` checks each (low, high) rule (``window_start_ts <= ts``, ``min_s <=
     max_s``, ``first_seq <= last_seq``) over the chunk's joined columns: a pair written as
