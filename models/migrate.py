@@ -14,7 +14,10 @@ past its own gaps, a link once its step excess faded), 11 NIC ports as one table
 resolved as faded and an incident's mean job slowdown (issue 30: a rule's memory of a
 recovered culprit reopens nothing; a culprit the job no longer waits for resolves), 13
 a pipeline pair's per-window keys one int (issue 31: ``models.p2p.wkey``, not nested
-tuples, in ``P2PMonitor.wrep`` / ``wlast`` and the size classes' ``KeyedValues``).
+tuples, in ``P2PMonitor.wrep`` / ``wlast`` and the size classes' ``KeyedValues``), 14 a
+job's pipeline pairs as one table (issue 31: ``models.p2p.PairTable`` of arrays, not a
+``PairState`` of river statistics per pair; its windows' send/recv entries as columns per
+step, ``P2PMonitor.pend_rows``).
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ from failslow.models.comm import CommWindows
 from failslow.models.config import JobConfig
 from failslow.models.evidence import WaitedFor
 from failslow.models.links import GroupTable
-from failslow.models.p2p import wkey
+from failslow.models.p2p import PairTable, wkey
 from failslow.models.peers import KeyedValues
 from failslow.models.ranks import EW_STATS, FLOATS, INTS, KIND_CODE, RankTable
 from failslow.models.settings import DetectionConfig
 
-STATE_VERSION = 13
+STATE_VERSION = 14
 
 # Defaults of fields added to slotted objects during version 7's life.
 INCIDENT_SLOTS: dict[str, Callable[[], Any]] = {
@@ -196,6 +199,37 @@ def _from_12(state: dict[str, Any]) -> None:
             row.slot = {k: i for i, k in enumerate(row.keys)}
 
 
+def _from_13(state: dict[str, Any]) -> None:
+    for p2p in state["_p2p"].values():
+        p2p.__dict__.setdefault("pend_rows", {})     # windows' entries as columns, per step
+        if "pairs" not in p2p.__dict__:
+            continue
+        old = p2p.__dict__.pop("pairs")
+        table = PairTable(p2p.cfg.p2p.cost_window)
+        table.of_pairs(old, [river_window(st.cost) for st in old.values()])
+        p2p.table = table
+
+
+def river_window(m: Any) -> np.ndarray | None:
+    """The values in a ``stats.RollingMedian``'s window, oldest first, read from river's
+    own state (its Rust quantile's: the window's values sorted, then in the order they came,
+    each a count and little-endian doubles); None when that state reads otherwise."""
+    try:
+        raw = m._median._rolling_quantile.__getstate__()
+        word = np.dtype("<f8").itemsize         # the bytes of a count, or of a value
+        k = int.from_bytes(raw[:word], "little")
+        at = word + word * k
+        if int.from_bytes(raw[at:at + word], "little") != k or k > m.window:
+            return None
+        vals = np.frombuffer(raw, dtype="<f8", count=k, offset=at + word).astype(np.float64)
+        ordered = np.frombuffer(raw, dtype="<f8", count=k, offset=word)
+        if not np.array_equal(np.sort(vals), ordered) or k != min(m.n, m.window):
+            return None
+        return vals
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 STEPS: dict[int, Callable[[dict[str, Any]], None]] = {7: _from_7, 8: _from_8, 9: _from_9,
                                                       10: _from_10, 11: _from_11,
-                                                      12: _from_12}
+                                                      12: _from_12, 13: _from_13}

@@ -59,10 +59,10 @@ import numpy as np
 
 from failslow.models.comm import CommRows
 from failslow.models.config import JobConfig
-from failslow.models.cusum import capped_increment, cusum_update
+from failslow.models.cusum import capped_increment
 from failslow.models.findings import Finding
 from failslow.models.peers import KeyedValues, lower_half_ref, sorted_lower_half_ref, sorted_update
-from failslow.models.stats import RollingMedian, median
+from failslow.models.stats import RollingMedian, RollingMedians, median
 
 P2P_OPS = frozenset(("send", "recv"))
 # ``wkey``: a rank (an i32) plus this fits 32 bits
@@ -81,7 +81,8 @@ SNAP_STALE = 8
 
 
 class PairState:
-    """Baseline and evidence of one rank pair."""
+    """Baseline and evidence of one rank pair, as snapshots before version 14 kept them
+    (``models.migrate`` turns them into a ``PairTable``; unpickling them needs the class)."""
 
     __slots__ = ("cost", "cusum", "streak", "onset_ts", "onset_step", "rel", "extra_s",
                  "base_s", "lost_s", "since_s", "since_n", "active", "size")
@@ -102,6 +103,71 @@ class PairState:
         self.size = 0.0                 # bytes per op, smoothed
 
 
+class PairTable:
+    """Every cross-host rank pair of one job, one row each (``row``: pair -> row, ``keys``:
+    the pairs in row order), in arrays (issue 31: one numpy expression per step over all
+    pairs, not a Python object and a river median per pair): its usual seconds per byte
+    (``cost``, a rolling median), its evidence (the capped CUSUM, the steps it confirmed in
+    a row, its onset), its excess over its reference and extra transfer seconds per step
+    (smoothed), the job's step time before its onset, the job time lost since, the step
+    time summed since (and the steps), whether its confirmed finding runs, bytes per op
+    (smoothed)."""
+
+    FLOATS = ("cusum", "onset_ts", "rel", "extra_s", "base_s", "lost_s", "since_s", "size")
+    INTS = ("streak", "onset_step", "since_n")
+
+    def __init__(self, window: int) -> None:
+        self.row: dict[tuple[int, int], int] = {}
+        self.keys: list[tuple[int, int]] = []
+        self.cost = RollingMedians(window)
+        f, i = np.zeros(0), np.zeros(0, dtype=np.int64)
+        self.cusum, self.onset_ts, self.rel, self.extra_s = f, f.copy(), f.copy(), f.copy()
+        self.base_s, self.lost_s, self.since_s, self.size = f.copy(), f.copy(), f.copy(), f.copy()
+        self.streak, self.onset_step, self.since_n = i, i.copy(), i.copy()
+        self.active = np.zeros(0, dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def rows_for(self, pairs: list[tuple[int, int]]) -> np.ndarray:
+        """The rows of ``pairs`` (new ones added, empty)."""
+        row = self.row
+        new = [p for p in pairs if p not in row]
+        if new:
+            for p in new:
+                row[p] = len(self.keys)
+                self.keys.append(p)
+            n, have = len(self.keys), self.active.size
+            if n > have:
+                cap = max(n, 2 * have)
+                for name in (*self.FLOATS, *self.INTS, "active"):
+                    a = getattr(self, name)
+                    b = np.zeros(cap, dtype=a.dtype)
+                    b[:have] = a
+                    setattr(self, name, b)
+                self.cost.grow(cap)
+        return np.fromiter(map(row.__getitem__, pairs), dtype=np.int64, count=len(pairs))
+
+    def of_pairs(self, pairs: dict[tuple[int, int], PairState],
+                 windows: list[np.ndarray | None]) -> None:
+        """Take ``pairs`` as snapshots before version 14 kept them (``windows``: each one's
+        cost window, oldest first, as river held it; None: out of reach, rebuilt from its
+        median and sigma, ``RollingMedians.seed``)."""
+        rows = self.rows_for(list(pairs))
+        w = self.cost.window
+        for i, st, vals in zip(rows.tolist(), pairs.values(), windows, strict=True):
+            for name in (*self.FLOATS, *self.INTS, "active"):
+                getattr(self, name)[i] = getattr(st, name)
+            n = st.cost.n
+            if vals is None:
+                self.cost.seed(i, n, st.cost.median, st.cost.sigma)
+            elif n:
+                k = min(n, w)
+                self.cost.win[i, [(n - k + j) % w for j in range(k)]] = vals[-k:]
+                self.cost.n[i] = n
+        self.cost.refresh(rows)
+
+
 class P2PMonitor:
     """Send/recv evidence of one job, per rank pair; ``evaluate`` once per judged step."""
 
@@ -119,6 +185,10 @@ class P2PMonitor:
     # replaced or taken out of it since] (``_sorted``); never pickled
     _order: dict[float, list[Any]] | None = None
     _sets = 0
+    # (pairs, the hosts, pairs per host) of ``_per_host``; never pickled
+    _hosts_seen: tuple[int, dict[int, str], dict[str, int]] | None = None
+    # the latest ``CommRows`` and its entries as columns (``_entries``); never pickled
+    _cc: tuple[CommRows, Any] | None = None
 
     def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
@@ -126,7 +196,11 @@ class P2PMonitor:
         # step -> pair -> [seconds per byte of the shortest op each way (lower rank sending,
         # higher rank sending), bytes sent, ops]
         self.pending: dict[int, dict[tuple[int, int], list[float]]] = {}
-        self.pairs: dict[tuple[int, int], PairState] = {}
+        # step -> the send/recv entries of its windows with a peer, in chunks of columns
+        # (``_rows_entries``): lower rank, higher rank, seconds per byte each way, bytes
+        # sent, ops (issue 31: added up per pair by ``_step_pairs`` once per step)
+        self.pend_rows: dict[int, list[tuple[np.ndarray, ...]]] = {}
+        self.table = PairTable(cfg.p2p.cost_window)    # the pairs judged so far
         self.hosts: dict[int, str] = {}
         self.hist: list[tuple[int, float]] = []      # (step, job step time)
         self.clean = RollingMedian(cfg.cost.clean_window)   # job step time, no pair out
@@ -212,7 +286,138 @@ class P2PMonitor:
                  ) -> list[int]:
         """Rows ``lo:hi`` of ``c`` (``steps[i]``: row i's step) in order, each as
         ``add_comm`` takes one; the rows where a pair was confirmed. ``stop``: return after
-        the first such row (the caller judges it before the rest)."""
+        the first such row (the caller judges it before the rest). A run of batches
+        (``c.seg``) has its send/recv entries taken as columns, once for all its rows
+        (``_entries``), and added to their steps' ``pend_rows`` in chunks; rows of events,
+        or with an op that names no peer, one by one (``_add_rows_each``)."""
+        got = self._entries(c) if c.seg is not None else None
+        if got is None:
+            return self._add_rows_each(c, steps, lo, hi, stop)
+        seen, starts, cols = got
+        ranks, tss, w0s, ends = c.rank, c.ts, c.w0, c.end
+        mid: float | None = None      # the job's recent step time, for ``_window``
+        ask = True
+        done = []
+        wstart = self.wstart
+        alpha = self.cfg.p2p.window_alpha
+        lw = self.cfg.substep.long_windows
+        end = hi
+        for i in range(lo, hi):
+            rank = ranks[i]
+            step = steps[i]
+            # the producers' window (learned) and the rank's step start
+            ts, w0 = float(tss[i]), float(w0s[i])
+            st = wstart.get(rank)
+            new_st = st is None or st[0] != step
+            wn = self.window_s
+            if not ends[i] and ts > w0:
+                wn = ts - w0 if not wn else (1.0 - alpha) * wn + alpha * (ts - w0)
+            if seen[i]:
+                self.hosts[rank] = c.host[i]
+                if ask:       # the median of the last mid_steps (5), once per call
+                    recent = sorted(d for _, d in self.hist[-self.cfg.p2p.mid_steps:])
+                    mid = recent[len(recent) // 2] if recent else None
+                    ask = False
+                w = wn or 1.0
+                elapsed = ts - (w0 if st is None or new_st else st[1])
+                if not (elapsed < lw * w and (mid is None or mid < lw * w)):
+                    # inside a long step: its window and step start learned, ``_window``
+                    if new_st:
+                        wstart[rank] = (step, w0)
+                    self.window_s = wn
+                    if self._window(c, i, step):
+                        done.append(i)
+                        if stop:
+                            end = i + 1
+                            break
+                    continue
+            # a short step (``_window`` would stop at its first test), or no send/recv
+            if new_st:
+                wstart[rank] = (step, w0)
+            self.window_s = wn
+        # the rows' entries to their steps (read by ``evaluate`` only, nothing above)
+        a = lo
+        while a < end:
+            step = steps[a]
+            b = a + 1
+            while b < end and steps[b] == step:
+                b += 1
+            e0, e1 = starts[a], starts[b]
+            if e0 < e1:
+                got_step = self.pend_rows.get(step)
+                if got_step is None:
+                    got_step = self.pend_rows[step] = []
+                got_step.append(tuple(col[e0:e1] for col in cols))
+            a = b
+        return done
+
+    def _entries(self, c: CommRows) -> tuple[list[bool], list[int], tuple[np.ndarray, ...]] | None:
+        """The send/recv entries of ``c`` as ``add_rows`` adds them up (``_take``'s rule), made
+        once per ``c`` (cached while it is the latest): per row, whether it has one with a
+        peer, and where its kept ones start; the kept entries as columns (lower rank, higher
+        rank, seconds per byte each way (infinity the other way), bytes sent, ops). None
+        when one names no peer (a group of two's, ``_orphan``) or a column is not numbers."""
+        cc = self._cc
+        if cc is not None and cc[0] is c:
+            return cc[1]
+        got = self._entries_of(c)
+        self._cc = (c, got)
+        return got
+
+    @staticmethod
+    def _entries_of(c: CommRows) -> tuple[list[bool], list[int], tuple[np.ndarray, ...]] | None:
+        ops = c.op
+        rows = c.n
+        isp = np.fromiter(map(P2P_OPS.__contains__, ops), dtype=bool, count=len(ops))
+        js = np.flatnonzero(isp)
+        if not js.size:
+            empty = np.zeros(0)
+            return [False] * rows, [0] * (rows + 1), (empty.astype(np.int64),
+                                                      empty.astype(np.int64), empty, empty,
+                                                      empty, empty)
+        jl = js.tolist()
+        peers = list(map(c.peer.__getitem__, jl))
+        if None in peers:
+            return None
+        at = c.at
+        width = at[1] - at[0]
+        if width and at == list(range(0, at[-1] + 1, width)):
+            erow = js // width          # every row the same entries (most batches)
+        else:
+            erow = np.searchsorted(np.array(at), js, side="right") - 1
+        seen = np.zeros(rows, dtype=bool)
+        seen[erow] = True
+        k = js.size
+        try:
+            rank = np.array(c.rank, dtype=np.int64)[erow]
+            peer = np.array(peers)
+            nb, n, secs = (np.fromiter(map(col.__getitem__, jl), dtype=np.float64, count=k)
+                           for col in (c.nbytes, c.cnt, c.min_s))
+        except (TypeError, ValueError):
+            return None
+        if peer.dtype.kind not in "iuf":
+            return None
+        peer = peer.astype(np.int64)
+        send = np.fromiter(map("send".__eq__, map(ops.__getitem__, jl)), dtype=bool, count=k)
+        # ``_take``: an entry with its own rank as peer, no bytes or no ops is left out
+        keep = (peer != rank) & ~(nb <= 0) & ~(n <= 0)
+        if not keep.all():
+            erow, rank, peer, nb, n, secs, send = (
+                x[keep] for x in (erow, rank, peer, nb, n, secs, send))
+        # seconds per byte (``secs / (nb / n)``: the same IEEE operations; infinity for an
+        # op that took no measurable time), direction 0: the lower rank sends
+        timed = secs > 0
+        cost = np.divide(secs, nb / n, out=np.full(secs.size, math.inf), where=timed)
+        d0 = send == (rank < peer)
+        inf = np.full(cost.size, math.inf)
+        cols = (np.minimum(rank, peer), np.maximum(rank, peer), np.where(d0, cost, inf),
+                np.where(d0, inf, cost), np.where(send, nb, 0.0), n)
+        starts = np.searchsorted(erow, np.arange(rows + 1)).tolist()
+        return seen.tolist(), starts, cols
+
+    def _add_rows_each(self, c: CommRows, steps: list[int], lo: int, hi: int,
+                       stop: bool = False) -> list[int]:
+        """``add_rows``, row by row (its send/recv entries into ``pending``)."""
         at, ranks, ops, peers, sizes = c.at, c.rank, c.op, c.peer, c.size
         min_s, nbytes, cnt, tss, w0s, ends = c.min_s, c.nbytes, c.cnt, c.ts, c.w0, c.end
         mid: float | None = None      # the job's recent step time, for ``_window``
@@ -260,7 +465,7 @@ class P2PMonitor:
                         seen = True
                         self._orphan(step, c.group[j], rank, op, min_s[j], nbytes[j], cnt[j])
                         per_step = None
-            # ``_window_time`` (the producers' window, the rank's step start), inline
+            # the producers' window (learned) and the rank's step start
             ts, w0 = float(tss[i]), float(w0s[i])
             st = wstart.get(rank)
             new_st = st is None or st[0] != step
@@ -276,8 +481,11 @@ class P2PMonitor:
                 w = wn or 1.0
                 elapsed = ts - (w0 if st is None or new_st else st[1])
                 if not (elapsed < lw * w and (mid is None or mid < lw * w)):
-                    # inside a long step: ``_window`` (which learns the window itself)
-                    if self._window(c, i, step, mid):
+                    # inside a long step: its window and step start learned, ``_window``
+                    if new_st:
+                        wstart[rank] = (step, w0)
+                    self.window_s = wn
+                    if self._window(c, i, step):
                         done.append(i)
                         if stop:
                             return done
@@ -290,140 +498,190 @@ class P2PMonitor:
 
     # -- inside a long step: window by window -------------------------------------------
 
-    def _window_time(self, r: int, ts: float, w0: float, end: Any, step: int) -> float:
-        """Learn the producers' window and the rank's step start; the seconds the rank's
-        step has run at this window's end."""
-        ts, w0 = float(ts), float(w0)
-        st = self.wstart.get(r)
-        if st is None or st[0] != step:
-            st = self.wstart[r] = (step, w0)
-        if not end and ts > w0:
-            self.window_s = ts - w0 if not self.window_s \
-                else (1.0 - self.cfg.p2p.window_alpha) * self.window_s \
-                + self.cfg.p2p.window_alpha * (ts - w0)
-        return ts - st[1]
-
-    def _window(self, c: CommRows, i: int, step: int, mid: float | None) -> bool:
-        """The send/recv entries of one window (row ``i`` of ``c``) as per-window
-        observations (module doc); ``mid``: the job's recent step time (None: none yet)."""
+    def _window(self, c: CommRows, i: int, step: int) -> bool:
+        """The send/recv entries of one window inside a long step (row ``i`` of ``c``; the
+        caller learned its window and step start) as per-window observations (module
+        doc). The common observation (its class known, a bound that tells it is within its
+        peers) is taken here; any other by ``_observe``, the rest of an uncertain one by
+        ``_judge_obs``."""
         r = c.rank[i]
-        elapsed = self._window_time(r, c.ts[i], c.w0[i], c.end[i], step)
-        w = self.window_s or 1.0
-        lw = self.cfg.substep.long_windows
-        if elapsed < lw * w and (mid is None or mid < lw * w):
-            return False               # a short step: the step rule
         if c.world[i]:
             self.world = max(self.world, int(cast(int, c.world[i])))
-        h = self.hosts.get(r)
+        hosts = self.hosts
+        h = hosts.get(r)
+        if h is None:
+            return False
         ts, w0 = float(c.ts[i]), float(c.w0[i])
         cfg = self.cfg
+        bar = 1.0 + cfg.far_rel
+        bucket = cfg.p2p.size_bucket
+        ops, cnt, nbytes_, mins, peers = c.op, c.cnt, c.nbytes, c.min_s, c.peer
+        wrep, wlast, by_cls, runs = self.wrep, self.wlast, self.wcls, self.wrun
+        lows, exact = self._low, self._lowkey
+        kr = r + RANK_OFF
+        log2 = math.log2
         new = False
         for j in range(c.at[i], c.at[i + 1]):
-            op, n, nbytes, min_s = c.op[j], c.cnt[j], c.nbytes[j], c.min_s[j]
+            op, n, nbytes, min_s = ops[j], cnt[j], nbytes_[j], mins[j]
             if op not in P2P_OPS or n <= 0 or nbytes <= 0 or min_s <= 0:
                 continue
-            peer = c.peer[j]
+            peer = peers[j]
             if peer is None:
                 ranks = self.duo.get(c.group[j], ())
                 if c.size[j] != 2 or len(ranks) != 2 or r not in ranks:
                     continue
                 peer = ranks[0] + ranks[1] - r
             peer = int(peer)
-            ph = self.hosts.get(peer)
-            if peer == r or h is None or ph is None or ph == h:
+            ph = hosts.get(peer)
+            if peer == r or ph is None or ph == h:
                 continue
             d = 0 if (op == "send") == (r < peer) else 1
             per_op = nbytes / n
             cost = min_s / per_op
             # one int per (rank, peer, direction), no nested tuples to hash and compare in
-            # dicts of ~460,000 entries at 131,072 ranks (issue 31)
-            self.wrep[wkey(r, peer, d)] = (w0, ts, cost)
-            other = self.wrep.get(wkey(peer, r, d))
+            # dicts of ~460,000 entries at 131,072 ranks (issue 31): ``wkey``'s, inline
+            kp = peer + RANK_OFF
+            mine = kr << 33 | kp << 1 | d
+            theirs = kp << 33 | kr << 1 | d
+            wrep[mine] = (w0, ts, cost)
+            other = wrep.get(theirs)
             if other is None or other[1] <= w0 or other[0] >= ts:
                 continue               # the other side's overlapping window is still to come
             obs = min(cost, other[2])
-            cls = round(math.log2(max(per_op, 1.0)) / cfg.p2p.size_bucket)
-            pair = (r, peer) if r < peer else (peer, r)
-            key = wkey(pair[0], pair[1], d)
-            prev = self.wlast.get(key)
-            self.wlast[key] = (obs, cls)
-            # issue 14 (speed): wlast's costs by size class, kept with it (scanning every
-            # direction for each entry was half of a 1,024-rank job's detect time); the
-            # order of ``same`` does not matter (lower_half_ref sorts)
-            by_cls = self.wcls
-            exact = self._lowkey
-            if exact is None:
-                exact = self._lowkey = {}
-            if prev is not None and prev[1] != cls:
-                by_cls[prev[1]].discard(key)
-                if exact.get(prev[1]) == key:
-                    del exact[prev[1]]          # its class's smallest value left it
-            row = by_cls.get(cls)
-            if row is None:
-                row = by_cls[cls] = KeyedValues()
+            cls = round(log2(max(per_op, 1.0)) / bucket)
+            if r < peer:
+                pair, key = (r, peer), mine
+            else:
+                pair, key = (peer, r), theirs
+            prev = wlast.get(key)
+            wlast[key] = (obs, cls)
+            if lows is None or exact is None or prev is not None and prev[1] != cls \
+                    or (low := lows.get(cls)) is None:
+                if self._observe(key, pair, obs, cls, prev, d, w0, ts, other, n, per_op, step,
+                                 h, ph):
+                    new = True
+                lows, exact = self._low, self._lowkey
+                continue
+            # ``_observe`` for a key staying in its class, whose bound is known
+            row = by_cls[cls]
             row.set(key, obs)
             self._sets += 1
             if self._order:
                 self._note(cls, obs, prev)
-            same = row.array()
-            run = self.wrun.get(pair)
-            slow = False
-            rel = z = 0.0
-            # ``surely_within`` only skips work (an observation it passes is never slow),
-            # so a lower bound of the class's smallest value does as well as the value:
-            # kept per class, lowered by each observation, made exact when it cannot tell
-            # (and known exact while the key holding it is not raised: ``_lowkey``)
-            lows = self._low
-            if lows is None:
-                lows = self._low = {}
-            low = lows.get(cls)
-            if low is None or obs < low:
-                if low is not None:
-                    exact[cls] = key            # below every other value: the smallest
-                low = lows[cls] = obs if low is not None else float(same.min())
+            if obs < low:
+                exact[cls] = key            # below every other value: the smallest
+                low = lows[cls] = obs
             elif obs > low and exact.get(cls) == key:
-                del exact[cls]                  # the smallest value rose: a bound again
-            unsure = len(same) >= cfg.p2p.peers_min and not (
-                low > 0 and obs < (1.0 + cfg.far_rel) * low * (1.0 - 1e-9))
-            if unsure and cls not in exact:
-                # the bound could not tell: exact again, and tested as ``surely_within``
-                # tests the smallest value (an exact bound that could not tell: neither can it)
-                at_min = int(same.argmin())
-                low = lows[cls] = float(same[at_min])
-                exact[cls] = row.keys[at_min]
-                unsure = not (low > 0 and obs < (1.0 + cfg.far_rel) * low * (1.0 - 1e-9))
-            if unsure and not self._quartile_low(cls, row, obs):
-                ref, sig = self._reference(cls, row)
-                if ref > 0:
-                    rel = obs / ref - 1.0
-                    z = rel / max(sig / ref, cfg.p2p.noise_floor)
-                    slow = rel >= cfg.far_rel and z >= cfg.z_min
-            if not slow:
-                if run is not None and d == run[8]:
-                    del self.wrun[pair]     # the slow direction back within its peers
+                del exact[cls]              # the smallest value rose: a bound again
+            if low > 0 and obs < bar * low * (1.0 - 1e-9):
+                # surely within its peers (``_judge_obs``'s first test): never slow
+                if runs:
+                    run = runs.get(pair)
+                    if run is not None and d == run[8]:
+                        del runs[pair]      # the slow direction back within its peers
                 continue
-            extra = n * (obs - ref) * per_op
-            if run is None:
-                self.wrun[pair] = run = [min(w0, other[0]), float(step), 0.0, 0.0, 0.0, 0.0,
-                                         ts, 0.0, float(d)]
-            if run[8] != d and rel < run[3]:
-                continue
-            run[8] = float(d)
-            run[2] += 1
-            run[3] = max(run[3], rel)
-            run[4] += extra
-            run[5] = max(run[5], z)
-            run[6] = ts
-            if not run[7] and run[2] >= 2 and ts - run[0] >= cfg.sustain_s - 1e-9:
-                if any(set(q) & set(pair) or {self.hosts.get(q[0]), self.hosts.get(q[1])}
-                       & {h, ph} for q in self.wrun if q != pair):
-                    continue           # several slow pairs on one end: the step grouping
-                run[7] = 1.0
-                f = self._window_finding(pair)
-                self.last = [g for g in self.last if g.key != f.key] + [f]
-                self.members[f.key] = [pair]
+            if self._judge_obs(cls, row, key, pair, obs, low, d, w0, ts, other, n, per_op,
+                               step, h, ph):
                 new = True
         return new
+
+    def _observe(self, key: int, pair: tuple[int, int], obs: float, cls: float,
+                 prev: tuple[float, float] | None, d: int, w0: float, ts: float,
+                 other: tuple[float, float, float], n: float, per_op: float, step: int,
+                 h: Any, ph: Any) -> bool:
+        """An observation ``obs`` of direction ``key`` (of ``pair``) in size class ``cls``
+        (``prev``: its last one, value and class) kept by its class, then judged
+        (``_judge_obs``); True when its pair was just confirmed."""
+        # issue 14 (speed): wlast's costs by size class, kept with it (scanning every
+        # direction for each entry was half of a 1,024-rank job's detect time); the
+        # order of ``same`` does not matter (lower_half_ref sorts)
+        by_cls = self.wcls
+        exact = self._lowkey
+        if exact is None:
+            exact = self._lowkey = {}
+        if prev is not None and prev[1] != cls:
+            by_cls[prev[1]].discard(key)
+            if exact.get(prev[1]) == key:
+                del exact[prev[1]]          # its class's smallest value left it
+        row = by_cls.get(cls)
+        if row is None:
+            row = by_cls[cls] = KeyedValues()
+        row.set(key, obs)
+        self._sets += 1
+        if self._order:
+            self._note(cls, obs, prev)
+        # ``surely_within`` only skips work (an observation it passes is never slow),
+        # so a lower bound of the class's smallest value does as well as the value:
+        # kept per class, lowered by each observation, made exact when it cannot tell
+        # (and known exact while the key holding it is not raised: ``_lowkey``)
+        lows = self._low
+        if lows is None:
+            lows = self._low = {}
+        low = lows.get(cls)
+        if low is None or obs < low:
+            if low is not None:
+                exact[cls] = key            # below every other value: the smallest
+            low = lows[cls] = obs if low is not None else float(row.array().min())
+        elif obs > low and exact.get(cls) == key:
+            del exact[cls]                  # the smallest value rose: a bound again
+        return self._judge_obs(cls, row, key, pair, obs, low, d, w0, ts, other, n, per_op,
+                               step, h, ph)
+
+    def _judge_obs(self, cls: float, row: KeyedValues, key: int, pair: tuple[int, int],
+                   obs: float, low: float, d: int, w0: float, ts: float,
+                   other: tuple[float, float, float], n: float, per_op: float, step: int,
+                   h: Any, ph: Any) -> bool:
+        """An observation kept by its class (``low``: a lower bound of the class's values)
+        against the class's latest others, and the run of its pair; True when its pair was
+        just confirmed."""
+        cfg = self.cfg
+        exact = cast(dict[float, Any], self._lowkey)
+        lows = cast(dict[float, float], self._low)
+        same = row.array()
+        unsure = len(same) >= cfg.p2p.peers_min and not (
+            low > 0 and obs < (1.0 + cfg.far_rel) * low * (1.0 - 1e-9))
+        if unsure and cls not in exact:
+            # the bound could not tell: exact again, and tested as ``surely_within``
+            # tests the smallest value (an exact bound that could not tell: neither can it)
+            at_min = int(same.argmin())
+            low = lows[cls] = float(same[at_min])
+            exact[cls] = row.keys[at_min]
+            unsure = not (low > 0 and obs < (1.0 + cfg.far_rel) * low * (1.0 - 1e-9))
+        slow = False
+        rel = z = ref = 0.0
+        if unsure and not self._quartile_low(cls, row, obs):
+            ref, sig = self._reference(cls, row)
+            if ref > 0:
+                rel = obs / ref - 1.0
+                z = rel / max(sig / ref, cfg.p2p.noise_floor)
+                slow = rel >= cfg.far_rel and z >= cfg.z_min
+        run = self.wrun.get(pair)
+        if not slow:
+            if run is not None and d == run[8]:
+                del self.wrun[pair]     # the slow direction back within its peers
+            return False
+        extra = n * (obs - ref) * per_op
+        if run is None:
+            self.wrun[pair] = run = [min(w0, other[0]), float(step), 0.0, 0.0, 0.0, 0.0,
+                                     ts, 0.0, float(d)]
+        if run[8] != d and rel < run[3]:
+            return False
+        run[8] = float(d)
+        run[2] += 1
+        run[3] = max(run[3], rel)
+        run[4] += extra
+        run[5] = max(run[5], z)
+        run[6] = ts
+        if not run[7] and run[2] >= 2 and ts - run[0] >= cfg.sustain_s - 1e-9:
+            if any(set(q) & set(pair) or {self.hosts.get(q[0]), self.hosts.get(q[1])}
+                   & {h, ph} for q in self.wrun if q != pair):
+                return False           # several slow pairs on one end: the step grouping
+            run[7] = 1.0
+            f = self._window_finding(pair)
+            self.last = [g for g in self.last if g.key != f.key] + [f]
+            self.members[f.key] = [pair]
+            return True
+        return False
 
     def _quartile_low(self, cls: float, row: KeyedValues, obs: float) -> bool:
         """True when ``obs`` is certainly under ``1 + far_rel`` times the reference
@@ -509,6 +767,8 @@ class P2PMonitor:
         state.pop("_order", None)       # a cache (``_sorted``): made again
         state.pop("_sets", None)
         state.pop("_lowkey", None)      # a cache (``_window``): exact again when needed
+        state.pop("_cc", None)          # a cache (``_entries``): made again
+        state.pop("_hosts_seen", None)  # a cache (``_per_host``): made again
         return state
 
     def _window_finding(self, pair: tuple[int, int]) -> Finding:
@@ -537,13 +797,15 @@ class P2PMonitor:
         slow_link findings of slow pairs (confirmed or still present)."""
         for k in [k for k in self.pending if k < s - self.max_age]:
             del self.pending[k]
+        for k in [k for k in self.pend_rows if k < s - self.max_age]:
+            del self.pend_rows[k]
         for k in [k for k in self.orphans if k < s - self.max_age]:
             del self.orphans[k]
         for group, rank, op, secs, nbytes, n in self.orphans.pop(s, ()):
             ranks = self.duo.get(group, ())
             if len(ranks) == 2 and rank in ranks:
                 self._take(s, rank, ranks[0] + ranks[1] - rank, op, secs, nbytes, n)
-        data = self.pending.pop(s, None)
+        data = self._step_pairs(s)
         self.hist.append((s, job_s))
         if len(self.hist) > self.cfg.cost.history_steps:
             del self.hist[0]
@@ -553,58 +815,40 @@ class P2PMonitor:
         for p in [p for p, run in runs.items()
                   if run[6] < ts - job_s - 2.0 * (self.window_s or 1.0)]:
             del runs[p]                # no observation of it for a step: its run is over
-        if not data:
+        if data is None:
             return self._with_windows(self._close(s, job_s, ts, set(), world, rank_host))
         cfg = self.cfg
         host = {**self.hosts, **rank_host}
+        pa, pb, c0, c1, sent, ops = data
         # A pair's cost: the slower direction's shortest op (a direction whose ops took no
-        # measurable time, an eager send, tells nothing).
-        costs: dict[tuple[int, int], float] = {}
-        # the pairs of two hosts, in order
-        names: list[tuple[int, int]] = []
-        isfinite = math.isfinite
+        # measurable time, an eager send, tells nothing): Python's min and max, in where's.
+        f0, f1 = np.isfinite(c0), np.isfinite(c1)
+        both = np.where(c1 > c0, c1, c0)
+        # the pairs of two hosts (in order: ``_step_pairs`` sorts them)
         hget = host.get
-        for p, v in data.items():
-            c0, c1 = v[0], v[1]
-            if isfinite(min(c0, c1)):
-                # max(c for c in (c0, c1) if isfinite(c)), without a generator per pair
-                f0, f1 = isfinite(c0), isfinite(c1)
-                costs[p] = (c1 if c1 > c0 else c0) if f0 and f1 else c0 if f0 else c1
-                h0, h1 = hget(p[0]), hget(p[1])
-                if h0 is not None and h1 is not None and h0 != h1:
-                    names.append(p)
-        names.sort()
-        if not names:
+        keep = np.isfinite(np.where(c1 < c0, c1, c0)) & np.fromiter(
+            (h0 is not None and h1 is not None and h0 != h1
+             for h0, h1 in zip(map(hget, pa.tolist()), map(hget, pb.tolist()), strict=True)),
+            dtype=bool, count=pa.size)
+        if not keep.any():
             return self._with_windows(self._close(s, job_s, ts, set(), world, rank_host))
+        names = list(zip(pa[keep].tolist(), pb[keep].tolist(), strict=True))
         n = len(names)
-        cost = np.array([costs[p] for p in names])
-        cost_l = cost.tolist()
-        size = np.array([data[p][2] / max(data[p][3] / 2, 1.0) for p in names])
-        sts = []
-        # per pair in Python floats (the same IEEE values as numpy's), then arrays
-        ratio_l = [0.0] * n
-        own_l = [0.0] * n
-        warm_l = [False] * n
-        pairs, warm_steps = self.pairs, cfg.warm_steps
-        for i, p in enumerate(names):
-            st = pairs.get(p)
-            if st is None:
-                st = pairs[p] = PairState(cfg.p2p.cost_window)
-            sts.append(st)
-            b = st.cost
-            # its median read once (a rolling quantile's ``get`` a read)
-            m = b.median if b.n >= warm_steps else 0.0
-            if m > 0:
-                ratio_l[i] = cost_l[i] / m
-                own_l[i] = b.sigma / m
-                warm_l[i] = True
-        ratio = np.array(ratio_l)
-        own = np.array(own_l)
-        warm = np.array(warm_l, dtype=bool)
+        cost = np.where(f0 & f1, both, np.where(f0, c0, c1))[keep]
+        sent = sent[keep]
+        size = sent / np.maximum(ops[keep] / 2, 1.0)
+        t = self.table
+        rows = t.rows_for(names)
+        # its usual cost (the rolling median) once warm
+        pp = cfg.p2p
+        med = t.cost.med[rows]
+        warm = (t.cost.n[rows] >= cfg.warm_steps) & (med > 0)
+        safe = np.where(warm, med, 1.0)
+        ratio = np.where(warm, cost / safe, 0.0)
+        own = np.where(warm, t.cost.sig[rows] / safe, 0.0)
         # Against its own past, normalized by the other pairs' same ratio.
         rel_o = np.zeros(n)
         z_o = np.zeros(n)
-        pp = cfg.p2p
         if warm.sum() >= pp.warm_min:
             ref, sig = lower_half_ref(ratio[warm])
             if ref > 0:
@@ -632,35 +876,72 @@ class P2PMonitor:
         half_z = cfg.z_min / 2
         weak = (((rel_o >= cfg.min_rel / 2) & (z_o >= half_z))
                 | ((rel_p >= cfg.far_rel) & (z_p >= half_z)))
-        slow: list[tuple[int, int]] = []
         # each pair's noise sigmas this step, by the reference it stands out against
         step_z = np.maximum(z_o, np.where(rel_p >= cfg.far_rel, z_p, 0.0))
-        start = ts - job_s
-        inc_l, size_l, weak_l, rel_l = inc.tolist(), size.tolist(), weak.tolist(), rel.tolist()
-        a = cfg.p2p.pair_alpha
-        confirm_z = cfg.confirm_z
-        for i, p in enumerate(names):
-            st = sts[i]
-            x = inc_l[i]
-            if x > 0 and st.cusum == 0.0 and not st.active:
-                st.onset_ts, st.onset_step = start, s
-            st.cusum = cusum_update(st.cusum, x, cfg)
-            st.streak = st.streak + 1 if st.cusum >= confirm_z else 0
-            sz = size_l[i]
-            st.size = sz if st.size == 0.0 else (1.0 - a) * st.size + a * sz
-            w = weak_l[i]
-            if not w and st.cusum == 0.0:
-                st.cost.update(cost_l[i])
-            if w and (st.cusum > 0 or st.active):
-                r = rel_l[i]
-                extra = cost_l[i] * data[p][2] * r / (1.0 + r)
-                fresh = st.rel == 0.0
-                st.rel = r if fresh else (1.0 - a) * st.rel + a * r
-                st.extra_s = extra if fresh else (1.0 - a) * st.extra_s + a * extra
-                slow.append(p)
-        slow_set = set(slow)
-        zs = {p: (float(step_z[i]), float(rel[i])) for i, p in enumerate(names) if p in slow_set}
+        # the evidence of every pair at once: ``cusum_update`` (Python's min and max, in
+        # where's: the same values, ties and signs included), the onset of a new run, the
+        # streak, the smoothed op size, the baseline learned from clean steps
+        a = pp.pair_alpha
+        was = t.cusum[rows]
+        active = t.active[rows]
+        onset = rows[(inc > 0) & (was == 0.0) & ~active]
+        t.onset_ts[onset] = ts - job_s
+        t.onset_step[onset] = s
+        up = was + inc
+        up = np.where(up > 0.0, up, 0.0)
+        cap = cfg.confirm_z + cfg.z_min
+        cu = np.where(cap < up, cap, up)
+        t.cusum[rows] = cu
+        t.streak[rows] = np.where(cu >= cfg.confirm_z, t.streak[rows] + 1, 0)
+        old = t.size[rows]
+        t.size[rows] = np.where(old == 0.0, size, (1.0 - a) * old + a * size)
+        learn = ~weak & (cu == 0.0)
+        t.cost.update(rows[learn], cost[learn])
+        # slow this step: its excess and extra transfer seconds, smoothed
+        hit = weak & ((cu > 0) | active)
+        if not hit.any():
+            return self._with_windows(self._close(s, job_s, ts, set(), world, host))
+        at = np.flatnonzero(hit)
+        r = rel[at]
+        extra = cost[at] * sent[at] * r / (1.0 + r)
+        rs = rows[at]
+        prev_rel, prev_extra = t.rel[rs], t.extra_s[rs]
+        fresh = prev_rel == 0.0
+        t.rel[rs] = np.where(fresh, r, (1.0 - a) * prev_rel + a * r)
+        t.extra_s[rs] = np.where(fresh, extra, (1.0 - a) * prev_extra + a * extra)
+        slow_set = {names[i] for i in at.tolist()}
+        zs = {names[i]: (z, x) for i, z, x in
+              zip(at.tolist(), step_z[at].tolist(), rel[at].tolist(), strict=True)}
         return self._with_windows(self._close(s, job_s, ts, slow_set, world, host, zs))
+
+    def _step_pairs(self, s: int) -> tuple[np.ndarray, ...] | None:
+        """Step ``s``'s send/recv evidence, taken out of ``pend_rows`` (windows' entries, a
+        chunk of columns per run of rows) and ``pending`` (per pair, from collectives and
+        ops without a peer): per pair (in order), its ranks, the shortest op per byte each
+        way, the bytes sent and the ops; None when there is none."""
+        chunks = self.pend_rows.pop(s, None) or []
+        data = self.pending.pop(s, None)
+        if data:
+            keys = list(data)
+            vals = np.array(list(data.values()), dtype=np.float64)
+            chunks.append((np.array([k[0] for k in keys], dtype=np.int64),
+                           np.array([k[1] for k in keys], dtype=np.int64),
+                           vals[:, 0], vals[:, 1], vals[:, 2], vals[:, 3]))
+        if not chunks:
+            return None
+        cols = chunks[0] if len(chunks) == 1 else tuple(
+            np.concatenate(x) for x in zip(*chunks, strict=True))
+        pa, pb = cols[0], cols[1]
+        order = np.lexsort((pb, pa))
+        pa, pb = pa[order], pb[order]
+        new = np.empty(pa.size, dtype=bool)
+        new[:1] = True
+        new[1:] = (pa[1:] != pa[:-1]) | (pb[1:] != pb[:-1])
+        first = np.flatnonzero(new)
+        # each way's shortest op, and sums of whole numbers (exact in any order)
+        return (pa[first], pb[first], np.minimum.reduceat(cols[2][order], first),
+                np.minimum.reduceat(cols[3][order], first),
+                np.add.reduceat(cols[4][order], first), np.add.reduceat(cols[5][order], first))
 
     def _with_windows(self, out: list[Finding]) -> list[Finding]:
         """The step's findings, and those of pairs confirmed from windows whose run goes on
@@ -683,23 +964,31 @@ class P2PMonitor:
         """Account the step's cost to the running findings, end the ones gone, and
         locate the slow pairs: a host or each pair (``zs``: each slow pair's noise sigmas
         and excess this step)."""
-        for p, st in self.pairs.items():
-            if p in slow:
-                if not st.active and st.streak > 0:
-                    self._activate(st)
-                if st.active:
-                    st.since_s += job_s
-                    st.since_n += 1
-                    # no clean past (slow since the first steps): its own extra seconds
-                    st.lost_s += min(max(job_s - st.base_s, 0.0), st.extra_s) \
-                        if st.base_s > 0 else min(st.extra_s, job_s)
-            elif st.active or st.rel:
-                if st.cusum == 0.0 and st.active:
-                    st.active = False
-                if st.cusum == 0.0:
-                    st.rel = 0.0
-                    st.extra_s = 0.0
-        if not any(st.active or st.cusum > 0 for st in self.pairs.values()):
+        t = self.table
+        k = len(t)
+        active, cusum = t.active[:k], t.cusum[:k]
+        hit = np.zeros(k, dtype=bool)
+        if slow:
+            hit[[t.row[p] for p in slow]] = True
+            for i in np.flatnonzero(hit & ~active & (t.streak[:k] > 0)).tolist():
+                self._activate(i)
+            on = np.flatnonzero(hit & active)
+            if on.size:
+                t.since_s[on] += job_s
+                t.since_n[on] += 1
+                # Python's min and max, in where's; no clean past (slow since the first
+                # steps): its own extra seconds
+                base, extra = t.base_s[on], t.extra_s[on]
+                over = job_s - base
+                over = np.where(0.0 > over, 0.0, over)
+                t.lost_s[on] += np.where(base > 0, np.where(extra < over, extra, over),
+                                         np.where(job_s < extra, job_s, extra))
+        gone = ~hit & (active | (t.rel[:k] != 0)) & (cusum == 0.0)
+        if gone.any():
+            active[gone] = False
+            t.rel[:k][gone] = 0.0
+            t.extra_s[:k][gone] = 0.0
+        if not (active | (cusum > 0)).any():
             self.clean.update(job_s)
         self.members = {}
         if not slow:
@@ -707,18 +996,15 @@ class P2PMonitor:
         # Slow pairs touching one host that explain most of that host's pairs: its NICs.
         # Only pairs with a full step of evidence or more are grouped: a pair weakly
         # above its noise for a step does not turn a slow pair into a slow host.
-        strong = {p for p in slow if self.pairs[p].cusum >= self.cfg.z_min}
+        strong = {p for p in slow if t.cusum[t.row[p]] >= self.cfg.z_min}
         per_host: dict[str, list[tuple[int, int]]] = {}
         for p in sorted(strong):
             for h in {host[p[0]], host[p[1]]}:
                 per_host.setdefault(h, []).append(p)
         out: list[Finding] = []
         left = set(strong)
-        total = {h: 0 for h in per_host}
-        for p in self.pairs:
-            for e in {host.get(p[0], ""), host.get(p[1], "")}:
-                if e in total:
-                    total[e] += 1
+        every = self._per_host(host)
+        total = {h: every.get(h, 0) for h in per_host}
         # The host most of whose pairs are slow first: the far end of a slow host's pairs
         # has healthy pairs too.
         for h in sorted(per_host, key=lambda h: (-len(per_host[h]) / total[h],
@@ -744,21 +1030,39 @@ class P2PMonitor:
                                      hosts=[host[a], host[b]]))
         return out
 
-    def _activate(self, st: PairState) -> None:
-        """A pair's first confirmed step: the job's step time before its onset, and what
-        the job lost since (measured step times over that, bounded by its extra)."""
-        st.active = True
+    def _per_host(self, host: dict[int, str]) -> dict[str, int]:
+        """Per host, how many of the table's pairs touch it (``host``: the ranks' hosts);
+        kept while neither the pairs nor the hosts change (``_hosts_seen``)."""
+        t = self.table
+        seen = self._hosts_seen
+        if seen is not None and seen[0] == len(t) and seen[1] == host:
+            return seen[2]
+        every: dict[str, int] = {}
+        for p in t.keys:
+            for e in {host.get(p[0], ""), host.get(p[1], "")}:
+                every[e] = every.get(e, 0) + 1
+        self._hosts_seen = (len(t), host, every)
+        return every
+
+    def _activate(self, i: int) -> None:
+        """A pair's first confirmed step (row ``i`` of the table): the job's step time
+        before its onset, and what the job lost since (measured step times over that,
+        bounded by its extra)."""
+        t = self.table
+        t.active[i] = True
+        onset, extra = int(t.onset_step[i]), float(t.extra_s[i])
         cc = self.cfg.cost
-        before = [d for k, d in self.hist if k < st.onset_step][-cc.base_steps:]
+        before = [d for k, d in self.hist if k < onset][-cc.base_steps:]
         mean = sum(before) / len(before) if len(before) >= cc.base_min_steps else 0.0
         usual = self.clean.median if self.clean.n else 0.0
         # Fewer than four steps before the onset: slow since the job's first steps, no
         # clean step time to compare with (base 0: priced by its own extra seconds).
-        st.base_s = (min(mean, usual) if usual > 0 else mean) if mean > 0 else 0.0
-        since = [d for k, d in self.hist if k >= st.onset_step]
-        st.since_s, st.since_n = sum(since), len(since)
-        st.lost_s = sum(min(max(d - st.base_s, 0.0), st.extra_s) if st.base_s > 0
-                        else min(st.extra_s, d) for d in since)
+        base = (min(mean, usual) if usual > 0 else mean) if mean > 0 else 0.0
+        since = [d for k, d in self.hist if k >= onset]
+        t.base_s[i] = base
+        t.since_s[i], t.since_n[i] = sum(since), len(since)
+        t.lost_s[i] = sum(min(max(d - base, 0.0), extra) if base > 0
+                          else min(extra, d) for d in since)
 
     def price(self, f: Finding, world: int) -> None:
         """A pair finding of the collective groups (``models.links``): remember its
@@ -768,22 +1072,24 @@ class P2PMonitor:
             return
         self.link_pct[f.key] = (f.slowdown_pct, f.own_pct)
         pair = (min(f.rank, f.peer_rank), max(f.rank, f.peer_rank))
-        st = self.pairs.get(pair)
-        if st is None or not st.active or f.lost_s is not None:
+        i = self.table.row.get(pair)
+        if i is None or not self.table.active[i] or f.lost_s is not None:
             return
         f.lost_s, f.world = self._finding(f.key, [pair], world).lost_s, world
 
     def _finding(self, key: str, pairs: list[tuple[int, int]], world: int,
                  zs: dict[tuple[int, int], tuple[float, float]] | None = None,
                  nic_rank: int | None = None, **where: Any) -> Finding:
-        sts = [self.pairs[p] for p in pairs]
+        t = self.table
+        ix = [t.row[p] for p in pairs]
         self.members[key] = pairs
-        confirmed = any(st.streak > 0 for st in sts)
-        rel = max(st.rel for st in sts)
-        extra = max(st.extra_s for st in sts)
-        lost = max(st.lost_s for st in sts)
-        base = max(st.base_s for st in sts)
-        now = max((st.since_s / st.since_n for st in sts if st.since_n), default=0.0)
+        confirmed = bool((t.streak[ix] > 0).any())
+        rel = max(t.rel[ix].tolist())
+        extra = max(t.extra_s[ix].tolist())
+        lost = max(t.lost_s[ix].tolist())
+        base = max(t.base_s[ix].tolist())
+        now = max((a / b for a, b in zip(t.since_s[ix].tolist(), t.since_n[ix].tolist(),
+                                         strict=True) if b), default=0.0)
         if base > 0 and now > 0:
             pct = 100.0 * min(max(now / base - 1.0, 0.0), extra / base)
         elif extra > 0:
@@ -797,15 +1103,15 @@ class P2PMonitor:
         evidence = {"slow_pairs": [f"r{a}-r{b}" for a, b in pairs][:16],
                     "transfer_rel_slowdown": round(rel, 3),
                     "extra_transfer_s": round(extra, 4),
-                    "evidence_z": round(max(st.cusum for st in sts), 1),
+                    "evidence_z": round(max(t.cusum[ix].tolist()), 1),
                     "located_by": "p2p timing"}
         if nic_rank is not None:
             evidence["nic_of_rank"] = nic_rank
         if base > 0:
             evidence["baseline_step_s"] = round(base, 4)
         return Finding(key=key, fault="slow_link", confirmed=confirmed,
-                       onset_ts=min(st.onset_ts for st in sts),
-                       onset_step=min(st.onset_step for st in sts), slowdown_pct=pct,
+                       onset_ts=min(t.onset_ts[ix].tolist()),
+                       onset_step=min(t.onset_step[ix].tolist()), slowdown_pct=pct,
                        own_pct=100.0 * rel, lost_s=lost, world=world, evidence=evidence,
                        step_z=None if zs is None else max(zs.get(p, (0.0, 0.0))[0] for p in pairs),
                        step_rel=None if zs is None else max(zs.get(p, (0.0, 0.0))[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import io
+import math
 import pickle
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import orjson
 import pytest
 
 from failslow.models.migrate import INCIDENT_SLOTS, JOB_FIELDS, STATE_VERSION
-from failslow.models.p2p import RANK_OFF
+from failslow.models.p2p import RANK_OFF, PairState, PairTable
 from failslow.models.pipeline import Detector, _PackageUnpickler
 from failslow.simulator import SCENARIOS, simulate
 
@@ -105,7 +106,8 @@ def _as_version_12(snap: dict) -> dict:
     """A snapshot as version 12 wrote it: a pipeline pair's per-window keys nested tuples
     (``P2PMonitor.wrep``: (pair, direction, rank); ``wlast`` and its size classes' keys:
     (pair, direction)), not ``wkey``'s ints."""
-    state = _PackageUnpickler(io.BytesIO(base64.b64decode(snap["state"]))).load()
+    # and its pipeline pairs as version 13 kept them
+    state = _PackageUnpickler(io.BytesIO(base64.b64decode(_as_version_13(snap)["state"]))).load()
 
     def parts(k: int) -> tuple[int, int, int]:
         return (k >> 33) - RANK_OFF, ((k >> 1) & 0xFFFFFFFF) - RANK_OFF, k & 1
@@ -148,3 +150,66 @@ def test_version_12_pipeline_pair_windows_restore_and_judge_alike():
     rest = [e for b in batches[cut:] for e in old.process_batch(b)] + old.flush()
     assert rest == [e for b in batches[cut:] for e in twin.process_batch(b)] + twin.flush()
     assert any(e["evidence"].get("p2p_windows") for e in rest)
+
+
+def _as_version_13(snap: dict) -> dict:
+    """A snapshot as version 13 wrote it: a job's pipeline pairs each a ``PairState`` of
+    river statistics (``P2PMonitor.pairs``), not rows of a ``PairTable``."""
+    state = _PackageUnpickler(io.BytesIO(base64.b64decode(snap["state"]))).load()
+    for p2p in state["_p2p"].values():
+        t = p2p.__dict__.pop("table")
+        w = t.cost.window
+        pairs = {}
+        for p, i in t.row.items():
+            st = pairs[p] = PairState(w)
+            for name in (*PairTable.FLOATS, *PairTable.INTS, "active"):
+                setattr(st, name, getattr(t, name)[i].item())
+            n = int(t.cost.n[i])
+            k = min(n, w)
+            for j in range(k):       # its window, oldest first, as river learned it
+                st.cost.update(float(t.cost.win[i, (n - k + j) % w]))
+            st.cost.n = n
+        p2p.pairs = pairs
+        # windows' entries still to judge, added up per pair in ``pending`` as then
+        for step, chunks in p2p.__dict__.pop("pend_rows").items():
+            per = p2p.pending.setdefault(step, {})
+            for chunk in chunks:
+                for a, b, c0, c1, sent, n in zip(*(x.tolist() for x in chunk), strict=True):
+                    got = per.setdefault((a, b), [math.inf, math.inf, 0.0, 0])
+                    got[0], got[1] = min(got[0], c0), min(got[1], c1)
+                    got[2] += sent
+                    got[3] += n
+    blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    return {"version": 13, "state": base64.b64encode(blob).decode("ascii"),
+            "queued": snap["queued"]}
+
+
+def test_version_13_pipeline_pairs_restore_into_the_table_and_judge_alike():
+    # a slow pipeline link judged from its steps: cut while its finding runs (a pair
+    # active, its baseline and lost time under way)
+    batches = list(simulate(SCENARIOS["p2p_link_pp"], seed=0).batches())
+    det, twin = Detector(), Detector()
+    cut = None
+    for i, b in enumerate(batches):
+        det.process_batch(b)
+        twin.process_batch(b)
+        (now,) = det._p2p.values()
+        if now.table.active.any():
+            cut = i + 1
+            break
+    assert cut is not None and cut < len(batches) - 5
+    t = now.table
+    old = Detector.from_state(_as_version_13(det.state_dict()))
+    (p2p,) = old._p2p.values()
+    assert "pairs" not in p2p.__dict__ and p2p.table.row == t.row and len(t) > 10
+    assert p2p.pend_rows == {} and p2p.pending
+    k = len(t)
+    for name in (*PairTable.FLOATS, *PairTable.INTS, "active"):
+        assert getattr(p2p.table, name)[:k].tolist() == getattr(t, name)[:k].tolist(), name
+    # the cost windows read back from river's state exactly: the same medians and sigmas
+    assert p2p.table.cost.n[:k].tolist() == t.cost.n[:k].tolist()
+    assert p2p.table.cost.med[:k].tolist() == t.cost.med[:k].tolist()
+    assert p2p.table.cost.sig[:k].tolist() == t.cost.sig[:k].tolist()
+    rest = [e for b in batches[cut:] for e in old.process_batch(b)] + old.flush()
+    assert rest == [e for b in batches[cut:] for e in twin.process_batch(b)] + twin.flush()
+    assert any(e["fault"] == "slow_link" for e in rest)
