@@ -65,6 +65,7 @@ eight rows per tick), the same values; a snapshot learns first (``SubStep.__gets
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -72,7 +73,7 @@ import numpy as np
 from failslow.models.comm import CommRows
 from failslow.models.config import JobConfig, SubstepConfig
 from failslow.models.evidence import Windows
-from failslow.models.peers import lower_half_ref
+from failslow.models.peers import LOWER_HALF_MAD, PARTITION_MIN, lower_half_ref
 
 P2P = frozenset(("send", "recv"))
 # Thresholds: ``SubstepConfig`` (``[rules.substep]``): ``width`` ticks kept per member,
@@ -326,7 +327,8 @@ class SubStep:
             # value for the windowed test.
             return name, [], {}
         # the spread before that correction, which only ever lowers a lateness, to zero
-        _, sig = lower_half_ref(np.log1p(np.array([max(x / ref_work, -fast) for x in late])))
+        sig = _lower_half_sigma(
+            np.log1p(np.array([max(x / ref_work, -fast) for x in late])).tolist())
         rel = [max((x - min(w, max(x, 0.0))) / ref_work, -fast)
                for x, w in zip(late, waited, strict=True)]
         val = np.log1p(np.array(rel))
@@ -407,21 +409,50 @@ def _median(xs: list[float]) -> float:
     return a[k] if len(a) % 2 else (a[k - 1] + a[k]) / 2
 
 
+def _lower_half_sigma(xs: list[float]) -> float:
+    """``lower_half_ref(np.array(xs))[1]`` for a group's few values, in plain floats
+    (numpy's fixed cost per call is most of it on eight values): the same sort, the lower
+    half's middle, the middle of the absolute deviations from it, the same float
+    operations, so the same value. NaN (which a sort places apart): ``lower_half_ref``."""
+    if len(xs) >= PARTITION_MIN or any(x != x for x in xs):
+        return lower_half_ref(np.array(xs))[1]
+    low = sorted(xs)[:max(1, (len(xs) + 1) // 2)]
+    k = len(low)
+    m = k // 2
+    q25 = low[m] if k % 2 else 0.5 * (low[m - 1] + low[m])
+    dev = sorted([abs(x - q25) for x in low])
+    mid = dev[m] if k % 2 else 0.5 * (dev[m - 1] + dev[m])
+    return mid / LOWER_HALF_MAD
+
+
 def _may_pass(w: Windows, rows: np.ndarray, half: float, scales: tuple[int, ...]) -> bool:
     """Whether some trailing window of ``scales`` of some row has a mean above ``half``
     (delta / 2 of ``Windows.test``; a margin far above rounding): else that test
-    confirms nothing and every z it returns is at most zero."""
-    vals = w.vals[rows, -min(max(scales), w.width):].tolist()
+    confirms nothing and every z it returns is at most zero.
+
+    Most ticks no value comes near: when the largest value (NaN left out) is under
+    ``half`` by more than any sum of ``k`` such values can round off, no mean can pass
+    and the windows are not summed (the same answer, from two reductions)."""
+    k = min(max(scales), w.width)
+    a = w.vals[rows, -k:]
     floor = half - 1e-9
-    for v in vals:
+    top = float(np.fmax.reduce(a, axis=None)) if a.size else math.nan
+    if top != top:                   # every value NaN: no window holds one
+        return False
+    # the most a sum of k values at most ``big`` each, compared with ``floor * k``, rounds
+    # off (k ulps of each term), with room to spare
+    big = max(abs(top), abs(float(np.fmin.reduce(a, axis=None))))
+    if top < floor - (k + 2) ** 2 * sys.float_info.epsilon * (big + abs(floor)):
+        return False
+    for v in a.tolist():
         tot = 0.0
         cnt = 0
-        k = 0
+        j = 0
         for x in reversed(v):
-            k += 1
+            j += 1
             if x == x:           # not NaN
                 tot += x
                 cnt += 1
-            if k in scales and cnt and tot > floor * cnt:
+            if j in scales and cnt and tot > floor * cnt:
                 return True
     return False

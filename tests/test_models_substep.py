@@ -325,3 +325,56 @@ def test_a_short_step_job_whose_culprit_makes_its_steps_long_pages_in_the_second
     assert starts[(key[0], key[1], key[2] + 1)] < first["ts"] < ends[(key[0], key[1], key[2] + 1)]
     page = next(i for i in incs if i.get("rank") == fault["rank"] and i["severity"] != "info")
     assert page["ts"] == pytest.approx(ends[(key[0], key[1], key[2] + 3)], abs=0.5)
+
+
+def _may_pass_loop(w, rows, half, scales):
+    """``_may_pass`` as every trailing window's sum, the newest value first, NaN skipped."""
+    floor = half - 1e-9
+    for v in w.vals[rows, -min(max(scales), w.width):].tolist():
+        tot, cnt = 0.0, 0
+        for k, x in enumerate(reversed(v), 1):
+            if x == x:
+                tot += x
+                cnt += 1
+            if k in scales and cnt and tot > floor * cnt:
+                return True
+    return False
+
+
+def test_may_pass_answers_as_summing_every_window_does():
+    """The tick's shortcut (no test when no trailing mean can pass) answers as summing each
+    window does: values far under the bar, at it to the last bit, NaN, every row NaN."""
+    from failslow.models.evidence import Windows
+    from failslow.models.substep import _may_pass
+
+    rng = np.random.default_rng(7)
+    answers = set()
+    for _ in range(3000):
+        w = Windows(32)
+        rows = w.rows_for(list(range(int(rng.integers(1, 10)))))
+        half = float(rng.uniform(0.02, 0.3))
+        for _ in range(int(rng.integers(0, 40))):
+            x = rng.normal(rng.uniform(-0.1, 0.3), 0.05, rows.size)
+            x[rng.random(rows.size) < 0.15] = np.nan
+            if rng.random() < 0.1:       # at the bar: means that round either way
+                x[:] = half - 1e-9 + float(rng.choice([-1e-15, 0.0, 1e-15]))
+            w.push(rows, x)
+        scales = tuple(sorted({int(s) for s in rng.integers(1, 40, 3)}))
+        want = _may_pass_loop(w, rows, half, scales)
+        assert _may_pass(w, rows, half, scales) is want
+        answers.add(want)
+    assert answers == {True, False}
+
+
+def test_lower_half_sigma_is_lower_half_refs_bit_for_bit():
+    from failslow.models.peers import lower_half_ref
+    from failslow.models.substep import _lower_half_sigma
+
+    rng = np.random.default_rng(3)
+    for n in range(1, 20):
+        for _ in range(200):
+            xs = np.log1p(rng.uniform(-0.9, 1.0, n))
+            xs[rng.random(n) < 0.2] = float(rng.choice([0.0, -0.0, xs[0]]))
+            assert _lower_half_sigma(xs.tolist()) == lower_half_ref(xs)[1]
+    xs = [0.1, float("nan"), 0.2]
+    assert np.isnan(_lower_half_sigma(xs)) == np.isnan(lower_half_ref(np.array(xs))[1])
