@@ -551,12 +551,14 @@ class CommWindows:
         """``take_step``, the lists built only once read: a ``StepColls`` (its arrays
         are what ``models.links`` and ``lags`` read; ``listed`` gives the lists)."""
         if step != self._step:
-            self._sum(step)
+            self._sum(step, times=False)     # the step's times are not read (taken whole)
         out = self._colls
         self._step, self._time, self._colls = None, {}, []
         return out
 
-    def _sum(self, step: int) -> None:
+    def _sum(self, step: int, times: bool = True) -> None:
+        """The step's windows summed: per link its members (``take_colls``) and, with
+        ``times``, per rank its seconds in ops (``take_time``)."""
         self._step = step
         self._time, self._colls = {}, []
         cols = self.steps.pop(step, None)
@@ -600,7 +602,8 @@ class CommWindows:
         v[:, 2] = cols.cnt
         v[:, 3] = cols.min_s
         blocked = v[:, 0]
-        self._time = _by_rank(rank, blocked)
+        if times:
+            self._time = _by_rank(rank, blocked)
         gid = to_link[key_id[inv_key.reshape(-1)]]
         # one member per (link, rank): sums, and the shortest op
         span = int(rank.max()) + 1

@@ -94,6 +94,9 @@ class Windows:
     # the ranks of the last ``rows_for`` and their rows (a step's ranks come again and
     # again: one list comparison, not a lookup per rank); never pickled
     _last: tuple[list[int], np.ndarray] | None = None
+    # job-wide statistics of the learned moments (``_pools``), for ``mom`` as it is until
+    # the next ``learn`` (whatever rows a test reads): (that ``mom``, the memo); never pickled
+    _pool: tuple[np.ndarray, dict] | None = None
 
     # What a Windows unpickled from before its settings were stored ran with.
     p: EvidenceConfig = EvidenceConfig()
@@ -126,9 +129,28 @@ class Windows:
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        for name in ("_rows_key", "_vm", "_mm", "_last"):
+        for name in ("_rows_key", "_vm", "_mm", "_last", "_pool"):
             d.pop(name, None)
         return d
+
+    def _pools(self) -> dict:
+        """The memo of job-wide statistics of the learned moments (medians over every
+        row whose noise is learned): they hold until ``mom`` changes (``learn``, or new
+        rows), for the step's tests and for tests of a few rows alike."""
+        got = self._pool
+        if got is None or got[0] is not self.mom:
+            got = self._pool = (self.mom, {})
+        return got[1]
+
+    def _known(self) -> tuple[np.ndarray, bool]:
+        """Per row: its noise learned (``noise_min`` steps); whether enough rows' are to
+        pool them (``pool_min_ranks``)."""
+        memo = self._pools()
+        got = memo.get("known")
+        if got is None:
+            known = self.mom[:, 3] >= self.p.noise_min
+            got = memo["known"] = (known, bool(known.sum() >= self.p.pool_min_ranks))
+        return got
 
     def begin(self, rows: np.ndarray) -> None:
         """A judged step's tests of ``rows`` start (memos for them from now on)."""
@@ -159,6 +181,7 @@ class Windows:
         d = p.noise_delay
         if self._mm:
             self._mm = {}
+        self._pool = None
         x, y = self.vals[rows, -1 - d], self.vals[rows, -2 - d]
         ok = mask & ~np.isnan(x)
         pair = ~np.isnan(y[ok])         # the correlation needs the step before, too
@@ -207,6 +230,7 @@ class Windows:
         for w, _, _ in items:
             if w._mm:
                 w._mm = {}
+            w._pool = None
         vals = np.concatenate([w.vals[rows] for w, rows, _ in items])
         mom = np.concatenate([w.mom[rows] for w, rows, _ in items])
         x, y = vals[:, -1 - d], vals[:, -2 - d]
@@ -275,17 +299,21 @@ class Windows:
         m = self.mom[rows]
         rho = np.where(m[:, 1] > 0, m[:, 2] / np.maximum(m[:, 1], 1e-12), 0.0)
         rho = (m[:, 3] * rho + p.rho_prior_n * p.rho_prior) / (m[:, 3] + p.rho_prior_n)
-        known = self.mom[:, 3] >= p.noise_min
-        if known.sum() >= p.pool_min_ranks:
-            k = self.mom[known]
-            rho = np.maximum(rho, float(np.median(k[:, 2] / np.maximum(k[:, 1], 1e-12))))
+        known, enough = self._known()
+        if enough:
+            pools = self._pools()
+            med = pools.get("rho")
+            if med is None:
+                k = self.mom[known]
+                med = pools["rho"] = float(np.median(k[:, 2] / np.maximum(k[:, 1], 1e-12)))
+            rho = np.maximum(rho, med)
         return np.clip(rho, 0.0, p.rho_max)
 
     def learned(self, rows: np.ndarray) -> np.ndarray:
         """Whether each row's noise is known: learned over enough clean steps, its own
         or (``_pooled``) that of three or more peers."""
-        known = self.mom[:, 3] >= self.p.noise_min
-        return known[rows] | (known.sum() >= self.p.pool_min_ranks)
+        known, enough = self._known()
+        return known[rows] | enough
 
     def _pooled(self, rows: np.ndarray, col: int) -> np.ndarray:
         """Column ``col`` of the learned moments of ``rows``, between the median over the
@@ -297,12 +325,15 @@ class Windows:
         if memo is not None and ("pooled", col) in memo:
             return memo["pooled", col]
         m, p = self.mom, self.p
-        known = m[:, 3] >= p.noise_min
+        known, enough = self._known()
         own = np.where(known[rows], np.maximum(m[rows, col], 0.0), 0.0)
-        if known.sum() >= p.pool_min_ranks:
+        if enough:
             # A rank whose noise is not learned yet (new, or slow since before it
             # could be) takes its peers'.
-            pool = float(np.median(m[known, col]))
+            pools = self._pools()
+            pool = pools.get(("pool", col))
+            if pool is None:
+                pool = pools["pool", col] = float(np.median(m[known, col]))
             own = np.where(known[rows], np.clip(own, p.pool_floor ** 2 * pool, p.pool_cap ** 2 * pool), pool)
         if memo is not None:
             memo["pooled", col] = own
@@ -499,21 +530,32 @@ class Windows:
         least = level * (1.0 - 1e-9)     # a float tolerance (rounding), not a bar
         return top >= least
 
-    def present(self, rows: np.ndarray, sigma: np.ndarray, delta: float) -> np.ndarray:
+    def present(self, rows: np.ndarray, sigma: np.ndarray, delta: float,
+                memo: dict | None = None) -> np.ndarray:
         """Still there: over the last 8, 16 or 32 steps (``present_scales``) the mean excess is at least
         ``delta / 2`` and one standard error above zero, and so is the mean of that
         window's newest quarter (``present_recent``: the excess has not left the recent
         steps). Looser than ``test``, so an open incident outlives noisy steps, and
         clears once the recent steps are clean: a long window's mean alone would keep
         an episode that ended alive for most of its length (a 12-step stall, over, in a
-        32-step window)."""
+        32-step window).
+
+        ``memo``: a dict shared by calls for the same rows and ``sigma`` (only ``delta``
+        differs): each window's statistics are computed once."""
         out = np.zeros(rows.size, dtype=bool)
-        sigma = self.noise(rows, sigma)
+        memo = {} if memo is None else memo
+        if "sigma" not in memo:
+            memo["sigma"] = self.noise(rows, sigma)
+        sigma = memo["sigma"]
         for n in self.p.present_scales:
-            cnt, mean, sd = self.stats(rows, n)
-            se = self.mean_se(rows, sigma, sd, cnt, n)
-            _, recent, _ = self.stats(rows, max(n // self.p.present_recent,
-                                                 self.p.present_recent_min))
+            got = memo.get(n)
+            if got is None:
+                cnt, mean, sd = self.stats(rows, n)
+                se = self.mean_se(rows, sigma, sd, cnt, n)
+                _, recent, _ = self.stats(rows, max(n // self.p.present_recent,
+                                                     self.p.present_recent_min))
+                got = memo[n] = (cnt, mean, se, recent)
+            cnt, mean, se, recent = got
             out |= (cnt >= self.p.min_fill * n) & (mean >= delta / 2) & (mean >= se) \
                 & (recent >= delta / 2)
         return out
@@ -700,8 +742,10 @@ class RankEvidence:
         self.peer.learn(rows, learn)
         self.own.learn(rows, learn)
         if need is None:
-            present = self.own.present(rows, sig2, lo) | self.peer.present(rows, sig_p, far)
-            imb_present = self.peer.present(rows, sig_p, cfg.min_rel)
+            peer_memo: dict = {}     # the two peer tests share their windows' statistics
+            present = self.own.present(rows, sig2, lo) | self.peer.present(rows, sig_p, far,
+                                                                           peer_memo)
+            imb_present = self.peer.present(rows, sig_p, cfg.min_rel, peer_memo)
         else:
             # Only the rows whose "still there" is read (``need``: an open finding or
             # imbalance); a row's tests are its own, so theirs are the same values.
@@ -710,12 +754,15 @@ class RankEvidence:
             at = np.flatnonzero(need)
             if at.size:
                 r_at, sp_at = rows[at], sig_p[at]
+                peer_memo = {}
                 present[at] = self.own.present(r_at, np.broadcast_to(sig2, rows.shape)[at], lo) \
-                    | self.peer.present(r_at, sp_at, far)
-                imb_present[at] = self.peer.present(r_at, sp_at, cfg.min_rel)
+                    | self.peer.present(r_at, sp_at, far, peer_memo)
+                imb_present[at] = self.peer.present(r_at, sp_at, cfg.min_rel, peer_memo)
         confirmed = ok_s | ok_f
         back = np.zeros(rows.size, dtype=np.int64)
-        for i in np.flatnonzero(confirmed | (inc > 0)):
+        # read only where a finding opens (``models.attribution``: a rank without one,
+        # ``clean``), so found only there
+        for i in np.flatnonzero((confirmed | (inc > 0)) & clean):
             # The shift is the confirming window's mean (the last steps' for the fast path).
             shift = np.log1p(m_s[i]) if ok_s[i] else np.log1p(m_f[i]) if ok_f[i] else None
             back[i] = self.onset_back(int(rows[i]), lo, shift)

@@ -29,6 +29,7 @@ from failslow.models.comm import CommRows, CommWindows
 from failslow.models.config import JobConfig
 from failslow.models.evidence import RankEvidence
 from failslow.models.findings import Finding
+from failslow.models.layout import Layout
 from failslow.models.links import LinkMonitor
 from failslow.models.localize import imbalances, localize
 from failslow.models.peers import has_peers, lower_half_ref, peer_scores
@@ -52,6 +53,8 @@ class JobState(Attribution):
     # steps carrying ``samples`` (issue 32's rebalance): the step's fixed cost, estimated
     # from the job's changes of shares; a class default (None until such a step)
     fixed_cost: FixedCost | None = None
+    # the ranks by host while ``rank_host`` does not change (``layout``); never pickled
+    _layout: Layout | None = None
 
     def __init__(self, job_id: str, cfg: JobConfig) -> None:
         self.job_id = job_id
@@ -91,6 +94,19 @@ class JobState(Attribution):
         self.nostep_acc: dict[int, list[Any]] = {}   # rank -> [step, start, blocked s, end]
         self.comm_full: list[int] = []   # steps the last add_comm judged in full (derived)
 
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d.pop("_layout", None)       # derived from rank_host (``layout``)
+        return d
+
+    def layout(self) -> Layout:
+        """The job's ranks by host (``models.localize.Layout``), made again only once
+        ``rank_host`` has changed."""
+        got = self._layout
+        if got is None or not got.holds(self.rank_host):
+            got = self._layout = Layout(self.rank_host)
+        return got
+
     def _init_substep(self) -> None:
         self.substep = SubStep(self.cfg)
         self.sub_seen: dict[int, tuple[int, dict[str, Any]]] = {}   # rank -> (step, hit)
@@ -115,6 +131,43 @@ class JobState(Attribution):
         s, r, w = b["step"], b["rank"][i], b["world_size"]
         return self._add_step(s[i] if type(s) is list else s, r,
                               w[i] if type(w) is list else w, (b, i))
+
+    def add_step_rows(self, b: dict[str, Any], lo: int, hi: int
+                      ) -> tuple[list[tuple[int, list[Finding], float]], int]:
+        """Rows ``lo:hi`` of a valid ``step_batch``, as ``add_step_row`` takes them one by
+        one, up to the first row that judges steps: (what it judged, the row after the
+        last one taken). The rows of one step that can judge nothing (the step's ranks
+        stay under half the world after them, or under the world once most ranks reached
+        it) are taken in one loop: each its ``_add_step``'s dict writes, no call, no
+        check of the step's progress per row."""
+        if not self.real_steps:
+            self.add_step_real()
+        s, w = b["step"], b["world_size"]
+        if type(s) is not int or type(w) is not int:   # rows of several steps: one by one
+            return self.add_step_row(b, lo), lo + 1
+        row: Any = self.pending.get(s)        # rank -> its event, or (batch, row)
+        if row is None:
+            if s <= self.evaluated:
+                return [], hi              # too late: that step was already judged
+            row = self.pending[s] = {}
+        # rows that judge nothing even if each brings a new rank: ``_add_step`` moves
+        # progress once more than half the world is in (2 * len > world), judges once all is
+        room = w - 1 - len(row)
+        if s > self.progress:
+            room = min(room, w // 2 - len(row))
+        k = min(hi - lo, room)
+        ranks = b["rank"]
+        if k <= 0:
+            return self._add_step(s, ranks[lo], w, (b, lo)), lo + 1
+        last, moved, p = self.last_step, self.moved, self.progress
+        for i in range(lo, lo + k):
+            r = ranks[i]
+            row[r] = (b, i)
+            if s > last.get(r, -1):
+                moved[r] = p
+            last[r] = s
+        self.world = w
+        return [], lo + k
 
     def add_step_real(self) -> None:
         """The first real step event: steps made otherwise give way. Those already judged
@@ -735,7 +788,7 @@ class JobState(Attribution):
         findings.extend(imbalances(self, ranks, self.job_recent or job_s))
         # issue 19 hook (owner of models/incidents.py): a link's price needs the world size,
         # carried in its evidence (refine_with_nics rebuilds the finding, keeps evidence)
-        for f in self.links.evaluate(s, colls, self.rank_host, ts_max, job_s):
+        for f in self.links.evaluate(s, colls, self.rank_host, ts_max, job_s, self.layout()):
             f.world = self.world
             f.evidence["world_size"] = self.world
             findings.append(f)

@@ -47,6 +47,7 @@ from failslow.models.alignment import (
 from failslow.models.config import CauseConfig, JobConfig, LinkConfig
 from failslow.models.cusum import capped_increment
 from failslow.models.findings import Finding
+from failslow.models.layout import Layout
 from failslow.models.peers import lower_half_ref
 from failslow.models.rootcause import CONGESTION, NIC_ERRORS, lower_quartiles
 from failslow.models.stats import RollingMedian, RollingMedians
@@ -96,7 +97,19 @@ class GroupTable:
         self.z = np.zeros(0)
         self.runs: dict[int, list[float]] = {}
 
+    # the names of the last ``rows_for`` and their rows (a step's groups come again and
+    # again: one list comparison, not a lookup per group; rows are never taken out)
+    _last: tuple[list[str], np.ndarray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d.pop("_last", None)          # never pickled
+        return d
+
     def rows_for(self, names: list[str]) -> np.ndarray:
+        last = self._last
+        if last is not None and last[0] == names:
+            return last[1].copy()
         rows = self.rows
         new = [g for g in names if g not in rows]
         if new:
@@ -112,7 +125,9 @@ class GroupTable:
                     b[:have] = a
                     setattr(self, name, b)
                 self.cost.grow(cap)
-        return np.fromiter(map(rows.__getitem__, names), dtype=np.int64, count=len(names))
+        out = np.fromiter(map(rows.__getitem__, names), dtype=np.int64, count=len(names))
+        self._last = (list(names), out.copy())
+        return out
 
     @classmethod
     def of_groups(cls, groups: dict[str, Any]) -> GroupTable:
@@ -190,10 +205,19 @@ class _Hosts:
     """The hosts of a step's members as numbers (``member``: a place in ``names``, -1
     for a rank placed nowhere), each host value of ``rank_host`` one."""
 
-    def __init__(self, rank: np.ndarray, rank_host: dict[int, str]) -> None:
+    names: list[Any]
+    _ix: dict[Any, int]
+
+    def __init__(self, rank: np.ndarray, rank_host: dict[int, str],
+                 layout: Layout | None = None) -> None:
+        if layout is not None:
+            # the same numbers, from the job's layout (made from this ``rank_host``)
+            self.names, self._ix = layout.names, layout.order
+            self.member = layout.host_index(rank)
+            return
         hix: dict[Any, int] = {}
         rh = {r: hix.setdefault(h, len(hix)) for r, h in rank_host.items()}
-        self.names: list[Any] = list(hix)
+        self.names = list(hix)
         self._ix = hix
         self.member = np.fromiter(map(rh.get, rank.tolist(), repeat(-1)), dtype=np.int64,
                                   count=rank.size)
@@ -299,7 +323,7 @@ class _StepGroups:
         side[slow] = 0
         on = side[self._grp] >= 0
         nh = max(len(self._hosts), 1)
-        pair = np.unique(self._grp[on] * nh + self._host[on])    # (group, host) once
+        pair = _uniq(self._grp[on] * nh + self._host[on])    # (group, host) once
         ps, ph = side[pair // nh], pair % nh
         c0 = np.bincount(ph[ps == 0], minlength=nh)
         c1 = np.bincount(ph[ps == 1], minlength=nh)
@@ -309,7 +333,7 @@ class _StepGroups:
         rank_groups: dict[int, set[str]] = {}
         for r in ends:
             rank_groups[r] = {self.names[j]
-                              for j in np.unique(self._grp[on & (self._rank == r)]).tolist()}
+                              for j in _uniq(self._grp[on & (self._rank == r)]).tolist()}
         return host_hits, rank_groups
 
 
@@ -374,7 +398,7 @@ class LinkMonitor:
             known = np.array([clock.get(x, 0.0) for x in hosts.names])
             ends = (arr.start[idx] + arr.dur[idx]) - known[h]
             mid = np.empty(use.size)
-            for n in np.unique(sz).tolist():
+            for n in _uniq(sz).tolist():
                 rows = sz == n
                 e = np.sort(ends[rows[cid]].reshape(-1, n), axis=1)
                 mid[rows] = e[:, n // 2] if n % 2 else 0.5 * (e[:, n // 2 - 1] + e[:, n // 2])
@@ -396,15 +420,16 @@ class LinkMonitor:
         return off[mh]          # -1: a rank placed nowhere, offset 0
 
     def evaluate(self, s: int, colls: list[Collective], rank_host: dict[int, str], ts: float,
-                 job_s: float) -> list[Finding]:
+                 job_s: float, layout: Layout | None = None) -> list[Finding]:
         """Judge the step's complete collectives (``models.alignment``); a slow_link
-        finding, if any group stands out."""
+        finding, if any group stands out. ``layout``: ``rank_host``'s (``models.layout``),
+        where the caller keeps one."""
         cfg = self.cfg
         arr = arrays_of(colls)
         agg: _Agg | _StepGroups
         if arr is not None:
             # the comm windows' sums, as arrays: every collective at once
-            hosts = _Hosts(arr.rank, rank_host)
+            hosts = _Hosts(arr.rank, rank_host, layout)
             agg = _StepGroups.of(arr, hosts, self._clocks_arrays(arr, hosts))
         else:
             colls = listed(colls)
@@ -679,6 +704,13 @@ def _aggregate(colls: list[Collective], rank_host: dict[int, str], offset: dict[
         a.transfer_s += t
         a.costs.append(t / nbytes)
     return agg
+
+
+def _uniq(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` of an integer array (its distinct values, sorted) by a sort: numpy
+    2's hash table takes ~5x as long on a few thousand integers (issue 31)."""
+    s = np.sort(a)
+    return s[np.concatenate(([True], s[1:] != s[:-1]))] if s.size > 1 else s
 
 
 def _median(xs: list[float]) -> float:

@@ -424,7 +424,9 @@ class Detector:
         """A host's ``step_batch`` (schema.batches): its rows, in order, judged as the
         ``step`` events they expand to, read from the columns (``JobState.add_step_row``:
         no event made per row). Event time moves row by row, a sweep for idle jobs falls
-        between the rows it falls between (as in ``process_batch``)."""
+        between the rows it falls between (as in ``process_batch``); a batch where no row
+        can sweep or jump (the usual one) is taken in runs of rows that judge nothing
+        (``JobState.add_step_rows``), not row by row."""
         ranks, ts = b["rank"], b["ts"]
         n = len(ranks) if type(ranks) is list else 0
         if type(ts) is not list:
@@ -440,6 +442,26 @@ class Detector:
         now = self._now
         next_sweep = (math.floor(now / every) + 1) * every if math.isfinite(now) else -math.inf
         seen = self._seen
+        if not self._jump and math.isfinite(now):
+            top = max(ts)
+            if top - now <= idle and top < next_sweep:
+                # Every row moves event time (to the newest so far) and none sweeps: the
+                # rows go to the job together (``JobState.add_step_rows``), each run of
+                # them that judges nothing in one call.
+                if top > now:
+                    self._now = top
+                jb = self.jobs.get(job_id) or self.jobs.setdefault(
+                    job_id, JobState(job_id, self._job_cfg(job_id)))
+                if job_id not in self._p2p:
+                    self._p2p[job_id] = P2PMonitor(jb.cfg)
+                if top > seen.get(job_id, -math.inf):
+                    seen[job_id] = top
+                i = 0
+                while i < n:
+                    judged, i = jb.add_step_rows(b, i, n)
+                    for s, findings, tj in judged:
+                        out.extend(self._judge(jb, s, findings, tj))
+                return out
         job = None
         for i, t in enumerate(ts):
             if t > now:

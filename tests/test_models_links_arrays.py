@@ -71,11 +71,13 @@ def test_links_judge_the_arrays_as_the_lists(name, monkeypatch):
     evaluate = links.LinkMonitor.evaluate
     seen = {"arrays": 0, "found": 0}
 
-    def twin(self, s, colls, rank_host, ts, job_s):
+    def twin(self, s, colls, rank_host, ts, job_s, layout=None):
         if getattr(colls, "arrays", None) is None:
-            return evaluate(self, s, colls, rank_host, ts, job_s)
+            return evaluate(self, s, colls, rank_host, ts, job_s, layout)
         other = copy.deepcopy(self)
-        a = evaluate(self, s, colls, rank_host, ts, job_s)
+        # the arrays with the job's layout (its hosts as numbers), the lists without
+        assert layout is not None and layout.holds(rank_host)
+        a = evaluate(self, s, colls, rank_host, ts, job_s, layout)
         b = evaluate(other, s, list(listed(colls)), rank_host, ts, job_s)
         assert repr(a) == repr(b)
         assert list(self.clock.items()) == list(other.clock.items())
