@@ -302,6 +302,10 @@ class P2PMonitor:
         alpha = self.cfg.p2p.window_alpha
         lw = self.cfg.substep.long_windows
         end = hi
+        # the producers' window, learned row by row (``_window`` does not read it: kept
+        # here, set once the rows are taken)
+        wn = self.window_s
+        hosts, host_of = self.hosts, c.host
         for i in range(lo, hi):
             rank = ranks[i]
             step = steps[i]
@@ -309,32 +313,26 @@ class P2PMonitor:
             ts, w0 = float(tss[i]), float(w0s[i])
             st = wstart.get(rank)
             new_st = st is None or st[0] != step
-            wn = self.window_s
+            if new_st:
+                wstart[rank] = (step, w0)
             if not ends[i] and ts > w0:
                 wn = ts - w0 if not wn else (1.0 - alpha) * wn + alpha * (ts - w0)
             if seen[i]:
-                self.hosts[rank] = c.host[i]
+                hosts[rank] = host_of[i]
                 if ask:       # the median of the last mid_steps (5), once per call
                     recent = sorted(d for _, d in self.hist[-self.cfg.p2p.mid_steps:])
                     mid = recent[len(recent) // 2] if recent else None
                     ask = False
-                w = wn or 1.0
+                long_s = lw * (wn or 1.0)
                 elapsed = ts - (w0 if st is None or new_st else st[1])
-                if not (elapsed < lw * w and (mid is None or mid < lw * w)):
-                    # inside a long step: its window and step start learned, ``_window``
-                    if new_st:
-                        wstart[rank] = (step, w0)
-                    self.window_s = wn
-                    if self._window(c, i, step):
-                        done.append(i)
-                        if stop:
-                            end = i + 1
-                            break
-                    continue
-            # a short step (``_window`` would stop at its first test), or no send/recv
-            if new_st:
-                wstart[rank] = (step, w0)
-            self.window_s = wn
+                # inside a long step (a short one: ``_window`` would stop at its first test)
+                if not (elapsed < long_s and (mid is None or mid < long_s)) \
+                        and self._window(c, i, step):
+                    done.append(i)
+                    if stop:
+                        end = i + 1
+                        break
+        self.window_s = wn
         # the rows' entries to their steps (read by ``evaluate`` only, nothing above)
         a = lo
         while a < end:
