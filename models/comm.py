@@ -33,7 +33,7 @@ reductions over the columns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from itertools import accumulate, chain
 from operator import itemgetter, methodcaller
@@ -52,6 +52,19 @@ _NUMS = itemgetter("blocked_s", "bytes", "n", "min_s")
 _PEER = methodcaller("get", "peer")
 _ENTRY_KEYS = ("group", "op", "group_size", "n", "blocked_s", "bytes", "min_s", "max_s")
 _ENTRY = itemgetter(*_ENTRY_KEYS)
+
+
+def step_runs(steps: Sequence[int], lo: int, hi: int) -> Iterator[tuple[int, int]]:
+    """The runs ``(a, b)`` of rows ``lo:hi`` that belong to one step (``steps[i]``: row
+    ``i``'s), in order."""
+    a = lo
+    while a < hi:
+        step = steps[a]
+        b = a + 1
+        while b < hi and steps[b] == step:
+            b += 1
+        yield a, b
+        a = b
 
 
 class CommRows:
@@ -516,13 +529,9 @@ class CommWindows:
     def add_rows(self, c: CommRows, steps: list[int], lo: int, hi: int) -> None:
         """Take rows ``lo:hi`` of ``c``; ``steps[i]``: the step row ``i`` belongs to."""
         at = c.at
-        i = lo
-        while i < hi:
-            # a run of rows of one step (a host's batch: all of them), taken at once
+        # a run of rows of one step (a host's batch: all of them), taken at once
+        for i, j in step_runs(steps, lo, hi):
             step = steps[i]
-            j = i + 1
-            while j < hi and steps[j] == step:
-                j += 1
             a, b = at[i], at[j]
             if b > a:
                 cols = self.steps.get(step)
@@ -543,7 +552,6 @@ class CommWindows:
                     cols.ranks += c.rank[i:j]
                     cols.ts += c.ts[i:j]
                     cols.counts += counts
-            i = j
 
     def take_time(self, rank: int, step: int) -> float | None:
         """Pop the seconds a rank spent in collectives in a step (None if none counted)."""

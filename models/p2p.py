@@ -57,7 +57,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from failslow.models.comm import CommRows
+from failslow.models.comm import CommRows, step_runs
 from failslow.models.config import JobConfig
 from failslow.models.cusum import capped_increment
 from failslow.models.findings import Finding
@@ -334,19 +334,14 @@ class P2PMonitor:
                         break
         self.window_s = wn
         # the rows' entries to their steps (read by ``evaluate`` only, nothing above)
-        a = lo
-        while a < end:
-            step = steps[a]
-            b = a + 1
-            while b < end and steps[b] == step:
-                b += 1
+        for a, b in step_runs(steps, lo, end):
             e0, e1 = starts[a], starts[b]
             if e0 < e1:
+                step = steps[a]
                 got_step = self.pend_rows.get(step)
                 if got_step is None:
                     got_step = self.pend_rows[step] = []
                 got_step.append(tuple(col[e0:e1] for col in cols))
-            a = b
         return done
 
     def _entries(self, c: CommRows) -> tuple[list[bool], list[int], tuple[np.ndarray, ...]] | None:

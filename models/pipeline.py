@@ -196,6 +196,16 @@ class Detector:
                         self.critical_pct, self.planner.clone(), self.telemetry_delay_s,
                         self.job_idle_s, self.config)
 
+    def _job(self, job_id: str) -> tuple[JobState, P2PMonitor]:
+        """A job's state and its pipeline pairs, made at its first event."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self.jobs[job_id] = JobState(job_id, self._job_cfg(job_id))
+        p2p = self._p2p.get(job_id)
+        if p2p is None:
+            p2p = self._p2p[job_id] = P2PMonitor(job.cfg)
+        return job, p2p
+
     def _job_cfg(self, job_id: str) -> JobConfig:
         """A job's rule thresholds: the tree's, with the job's override if one matches."""
         own = self.config.for_job(job_id)
@@ -450,10 +460,7 @@ class Detector:
                 # them that judges nothing in one call.
                 if top > now:
                     self._now = top
-                jb = self.jobs.get(job_id) or self.jobs.setdefault(
-                    job_id, JobState(job_id, self._job_cfg(job_id)))
-                if job_id not in self._p2p:
-                    self._p2p[job_id] = P2PMonitor(jb.cfg)
+                jb = self._job(job_id)[0]
                 if top > seen.get(job_id, -math.inf):
                     seen[job_id] = top
                 i = 0
@@ -477,10 +484,7 @@ class Detector:
             elif self._jump and now - t <= idle:
                 self._jump = False
             if job is None:
-                job = self.jobs.get(job_id) or self.jobs.setdefault(
-                    job_id, JobState(job_id, self._job_cfg(job_id)))
-                if job_id not in self._p2p:
-                    self._p2p[job_id] = P2PMonitor(job.cfg)
+                job = self._job(job_id)[0]
             if t > seen.get(job_id, -math.inf):
                 seen[job_id] = t
             for s, findings, tj in job.add_step_row(b, i):
@@ -492,9 +496,7 @@ class Detector:
         if lo >= hi:
             return []
         job_id = c.job_id
-        job = self.jobs.get(job_id) or self.jobs.setdefault(
-            job_id, JobState(job_id, self._job_cfg(job_id)))
-        p2p = self._p2p.get(job_id) or self._p2p.setdefault(job_id, P2PMonitor(job.cfg))
+        job, p2p = self._job(job_id)
         t = max(c.ts[lo:hi])
         if t > self._seen.get(job_id, -math.inf):
             self._seen[job_id] = t
