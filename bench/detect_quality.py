@@ -41,8 +41,6 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from substep_hook import hooked  # noqa: E402
-
 from failslow.models.pipeline import Detector  # noqa: E402
 from failslow.simulator import GRAINS, SCENARIOS, simulate  # noqa: E402
 
@@ -61,9 +59,9 @@ def culprit_ok(inc: dict, f: dict) -> bool:
     return inc.get("host") == f["host"] and inc.get("rank") is None
 
 
-def run_one(name: str, seed: int, grain: str = "comm", hook: bool = False) -> dict:
+def run_one(name: str, seed: int, grain: str = "comm") -> dict:
     trace = simulate(SCENARIOS[name], seed=seed, grain=grain)
-    det = hooked() if hook else Detector()
+    det = Detector()
     incidents: list[dict] = []
     step_end: dict[tuple[str, int], float] = {}
     # (job, step) -> rank -> start of the rank's step (its first op of the step)
@@ -306,9 +304,6 @@ def main() -> int:
     ap.add_argument("--grain", choices=GRAINS, default="comm",
                     help="collective timing in the traces: comm windows (default) or per-op "
                     "collective events")
-    ap.add_argument("--substep-hook", action="store_true",
-                    help="judge the sub-step findings of comm windows (bench/substep_hook.py: "
-                    "the pipeline hook issue 15 needs, until models/pipeline.py has it)")
     ap.add_argument("--explain", action="store_true",
                     help="print, per fault, when its first incident and page came and from "
                     "which evidence")
@@ -323,7 +318,7 @@ def main() -> int:
     runs = []
     for name in names:
         for seed in range(args.seeds):
-            r = run_one(name, seed, args.grain, args.substep_hook)
+            r = run_one(name, seed, args.grain)
             runs.append(r)
             bad = [f["kind"] for f in r["faults"] if not f["localized"]]
             print(f"{name:28s} seed {seed}: {r['events']:7d} events {r['seconds']:6.2f} s"
@@ -366,9 +361,9 @@ def main() -> int:
           f"max {policy['resolve_max']}; louder after the end {policy['louder_after_end']}; "
           f"faults with more than one incident {policy['split']}; slow_link incidents "
           f"naming both ends {policy['links_both_ends']}/{policy['links']}")
-    print(f"grain: {args.grain}" + ("  (sub-step hook)" if args.substep_hook else ""))
+    print(f"grain: {args.grain}")
     suffix = ("" if args.grain == "comm" else f"_{args.grain}") + (
-        "_substep" if args.substep_hook else "") + ("_policy" if args.policy else "")
+        "_policy" if args.policy else "")
     out = Path(args.out).resolve() if args.out else \
         ROOT / "bench" / "results" / f"detect_quality{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
