@@ -100,7 +100,7 @@ class JobState(Attribution):
         return d
 
     def layout(self) -> Layout:
-        """The job's ranks by host (``models.localize.Layout``), made again only once
+        """The job's ranks by host (``models.layout.Layout``), made again only once
         ``rank_host`` has changed."""
         got = self._layout
         if got is None or not got.holds(self.rank_host):

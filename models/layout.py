@@ -54,7 +54,7 @@ class Layout:
             keys = list(self.seen)
             order = self.order
             if keys and all(type(r) is int for r in keys) \
-                    and max(keys) - min(keys) < len(keys) + len(keys):
+                    and max(keys) - min(keys) < 2 * len(keys):
                 # dense rank numbers (a job's, a shard's block): an array from the lowest
                 self._lo = min(keys)
                 rix = np.full(max(keys) - self._lo + 1, -1, dtype=np.int64)
